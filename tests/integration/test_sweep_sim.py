@@ -1,0 +1,160 @@
+"""The interference sweep end to end against the simulated engine, whose step times are known."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from microbench.records import RunRecord, read_record
+from microbench.sweep import main
+
+pytestmark = pytest.mark.integration
+
+STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
+
+
+def _sweep_file(tmp_path: Path, **over: object) -> Path:
+    sweep = {
+        "chunks": [512],
+        "decode_batch_sizes": [0, 4],
+        "prefill_tokens": [256, 2048],
+        "repetitions": 2,
+        "decode_context": 256,
+        "engine": {"kind": "sim", "extra_args": STEP_ARGS},
+    } | over
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def _records(run: Path) -> list[RunRecord]:
+    return [read_record(p, RunRecord) for p in sorted((run / "runs").rglob("*.json"))]
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("sweep")
+    assert main(["--sweep", str(_sweep_file(tmp)), "--out", str(tmp), "--run-id", "r1"]) == 0
+    return tmp / "r1"
+
+
+def test_every_point_is_valid_and_files_are_where_the_design_says(sim_run: Path) -> None:
+    records = _records(sim_run)
+    assert len(records) == 2 * 2 * 2
+    assert all(r.validity.valid for r in records), [r.validity.reasons for r in records]
+    assert all(r.interference.prefix_cache_hits == 0 for r in records)
+    for r in records:
+        assert (sim_run / r.raw_file).is_file()
+    manifest = json.loads((sim_run / "manifest.json").read_text())
+    assert manifest["sweep"]["prefill_tokens"] == [256, 2048] and manifest["engine_version"].startswith("sim")
+    assert (sim_run / "baselines" / "512" / "D4_b0.json").is_file()
+    assert (sim_run / "telemetry" / "512.parquet").is_file()
+    table = pd.read_csv(sim_run / "interference_table.csv")
+    assert list(table.columns[:9]) == [
+        "chunk_size",
+        "decode_batch_size",
+        "new_prefill_tokens",
+        "tpot_baseline_ms",
+        "tpot_interference_ms",
+        "tpot_penalty_ms",
+        "penalty_ratio",
+        "num_chunks",
+        "prefill_duration_ms",
+    ]
+    assert len(table) == 4 and (table.repetitions == 2).all()
+
+
+def test_chunk_counts_match_the_engine(sim_run: Path) -> None:
+    for r in _records(sim_run):
+        d, p, c = r.config.decode_batch_size, r.config.new_prefill_tokens, r.config.chunk_size
+        # the sim schedules like vLLM V1: D decode tokens first, then chunk − D prefill tokens a step
+        assert (
+            r.interference.num_chunks_actual == math.ceil(p / (c - d)) == r.interference.num_chunks_expected
+        )
+        assert r.interference.num_chunks_source == "engine_log"
+
+
+def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -> None:
+    # Step model of the sim: 4 ms + 0.2 ms per decode token + 0.02 ms per prefill token + 20 ns per
+    # chunk token × context token. Decode-only step with D = 4: 4.8 ms.
+    decode_step = 4 + 0.2 * 4
+    for r in _records(sim_run):
+        if r.config.decode_batch_size == 0:
+            continue
+        steps = r.interference.engine_steps_log
+        truth_per_stream = sum(s.elapsed_ms - decode_step for s in steps)  # extra time each decode waited
+        measured = r.derived.aggregate_decode_delay_ms / r.config.decode_batch_size
+        assert measured == pytest.approx(truth_per_stream, rel=0.2, abs=3.0), r.config
+        # the baseline the client saw is the decode step the sim ran
+        assert r.baseline.tpot_p50_ms == pytest.approx(decode_step, rel=0.1)
+        if r.config.new_prefill_tokens == 2048:  # 5 chunks: the window median is a mixed step
+            mixed = sorted(s.elapsed_ms for s in steps)
+            assert mixed[0] * 0.9 <= r.interference.tpot_during_prefill_p50_ms <= mixed[-1] * 1.1
+            assert r.derived.tpot_penalty_ratio > 2
+
+
+def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monkeypatch) -> None:
+    # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
+    import microbench.protocol as protocol
+
+    fixed = protocol.cold_prompt(1024, protocol.TokenSpace(0, 256))
+    monkeypatch.setattr(protocol, "cold_prompt", lambda n, space: fixed[:n])
+    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0], prefill_tokens=[1024], max_attempts=2)
+    assert main(["--sweep", str(sweep), "--out", str(tmp_path), "--run-id", "hit"]) == 0
+    r0, r1 = _records(tmp_path / "hit")
+    assert r0.validity.valid
+    assert not r1.validity.valid and r1.validity.attempt == 1
+    assert any("hit the prefix cache" in why for why in r1.validity.reasons)
+    assert len(list((tmp_path / "hit" / "invalid").rglob("*.json"))) == 2  # both attempts kept
+    table = pd.read_csv(tmp_path / "hit" / "interference_table.csv")
+    assert table.repetitions.tolist() == [1] and table.invalid.tolist() == [2]  # attempts; never averaged in
+
+
+def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -> None:
+    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0, 4], prefill_tokens=[256, 1024, 2048], repetitions=2)
+    cmd = [
+        sys.executable,
+        "-m",
+        "microbench.sweep",
+        "--sweep",
+        str(sweep),
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "k",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs = tmp_path / "k" / "runs"
+    deadline = time.monotonic() + 120
+    while len(list(runs.rglob("*.json"))) < 5:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its sim engine, with no chance to clean up
+    proc.wait()
+    first = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
+    assert 5 <= len(first) < 12
+    assert main(["--resume", "--run-id", "k", "--out", str(tmp_path)]) == 0
+    after = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
+    assert len(after) == 12
+    assert all(after[name] == t for name, t in first.items())  # kept, not measured again
+
+
+def test_bad_sweep_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("chunks: [2048]\nrepetitons: 3\n")
+    assert main(["--sweep", str(bad), "--out", str(tmp_path)]) == 2
+    assert "repetitons: Extra inputs are not permitted" in capsys.readouterr().err
+    assert main(["--chunk", "8", "--D", "12", "--out", str(tmp_path)]) == 2
+    assert "leave no room for prefill" in capsys.readouterr().err
+    assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
+    assert "no run with a manifest" in capsys.readouterr().err

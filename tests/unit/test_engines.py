@@ -1,0 +1,106 @@
+"""EngineSpec → argv/env for every kind and preset, and clear errors for bad settings."""
+
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from engine_harness.engines import DEFAULT_MODEL, EngineSpec, engine_kind, resolve_spec
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_cpu_preset_vllm_argv_carries_every_setting() -> None:
+    spec = resolve_spec("cpu", chunk_size=2048, log_iteration_details=True, extra_args=["--seed", "7"])
+    argv = engine_kind("vllm").argv(spec, 8123)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert _flag(argv, "--model") == DEFAULT_MODEL
+    assert _flag(argv, "--served-model-name") == "qwen3-moe-tiny"
+    assert _flag(argv, "--host") == "127.0.0.1"
+    assert _flag(argv, "--port") == "8123"
+    assert _flag(argv, "--max-num-batched-tokens") == "2048"
+    assert _flag(argv, "--load-format") == "dummy"
+    assert "--enable-chunked-prefill" in argv and "--enable-prefix-caching" in argv
+    assert "--enable-logging-iteration-details" in argv
+    assert "--block-size" not in argv  # CPU attention wants multiples of 32: the engine picks
+    assert argv[-2:] == ["--seed", "7"]
+    env = engine_kind("vllm").env(spec)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+@pytest.mark.parametrize("preset", ["h100", "h20"])
+def test_gpu_presets_follow_seed_table(preset: str) -> None:
+    spec = resolve_spec(preset)
+    argv = engine_kind("vllm").argv(spec, 9000)
+    assert _flag(argv, "--gpu-memory-utilization") == "0.9"
+    assert _flag(argv, "--block-size") == "16"
+    assert _flag(argv, "--max-num-batched-tokens") == "8192"
+    assert "--enable-prefix-caching" in argv and "--enable-chunked-prefill" in argv
+    assert "--load-format" not in argv  # real weights on a GPU
+
+
+def test_sglang_argv_maps_the_same_settings_to_its_flags() -> None:
+    spec = EngineSpec(
+        kind="sglang",
+        model="Qwen/Qwen3-Coder-30B-A3B-Instruct",
+        chunk_size=4096,
+        prefix_caching=False,
+        enforce_eager=True,
+        gpu_memory_utilization=0.85,
+        mixed_chunk=True,
+    )
+    argv = engine_kind("sglang").argv(spec, 30000)
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert _flag(argv, "--chunked-prefill-size") == "4096"
+    assert _flag(argv, "--mem-fraction-static") == "0.85"
+    assert {
+        "--disable-radix-cache",
+        "--disable-cuda-graph",
+        "--enable-metrics",
+        "--enable-mixed-chunk",
+    } <= set(argv)
+
+
+def test_sim_argv_and_prefix_caching_off() -> None:
+    argv = engine_kind("sim").argv(EngineSpec(kind="sim", chunk_size=512, prefix_caching=False), 7000)
+    assert argv[:3] == [sys.executable, "-m", "engine_harness.sim"]
+    assert _flag(argv, "--max-num-batched-tokens") == "512"
+    assert "--no-prefix-caching" in argv
+
+
+def test_vllm_prefix_caching_off_and_eager() -> None:
+    argv = engine_kind("vllm").argv(EngineSpec(prefix_caching=False, enforce_eager=True), 1)
+    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
+
+
+def test_external_needs_url_and_is_never_launched() -> None:
+    with pytest.raises(ValidationError, match="needs url"):
+        EngineSpec(kind="external")
+    spec = EngineSpec(kind="external", url="http://127.0.0.1:9/", api_key_env="MY_KEY")
+    with pytest.raises(RuntimeError, match="not launched"):
+        engine_kind("external").argv(spec, 1)
+    with pytest.raises(ValidationError, match="only for kind 'external'"):
+        EngineSpec(kind="vllm", url="http://127.0.0.1:9")
+
+
+def test_unknown_kind_preset_and_misspelled_setting_are_clear_errors() -> None:
+    with pytest.raises(
+        ValueError, match="unknown engine kind 'tgi'; known kinds: external, sglang, sim, vllm"
+    ):
+        engine_kind("tgi")
+    with pytest.raises(ValueError, match="unknown preset 'a100'"):
+        resolve_spec("a100")
+    with pytest.raises(ValidationError, match="chunk_sise"):
+        EngineSpec(chunk_sise=2048)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="greater than 0"):
+        EngineSpec(chunk_size=0)
+
+
+def test_missing_engine_package_names_the_setup_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"needs the Python package 'sglang'.*bash scripts/setup.sh"):
+        engine_kind("sglang").check_installed()

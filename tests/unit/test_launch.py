@@ -1,0 +1,107 @@
+"""The launcher on a stand-in engine: health wait, version, log capture, stop of the whole group."""
+
+import dataclasses
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine_harness.engines import EngineSpec
+from engine_harness.launch import _LIVE, EngineProcess, EngineStartError
+
+FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake_engine.py")
+
+
+def fake_engine(spec: EngineSpec, log: Path, *flags: str, **kw) -> EngineProcess:
+    """An EngineProcess whose argv runs the stand-in engine instead of a real one."""
+    proc = EngineProcess(spec, log, **kw)
+    proc.kind = dataclasses.replace(
+        proc.kind, package=None, argv=lambda s, port: [sys.executable, FAKE, "--port", str(port), *flags]
+    )
+    return proc
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_start_reports_version_and_stop_kills_the_group(tmp_path: Path) -> None:
+    child_file = tmp_path / "child.pid"
+    engine = fake_engine(EngineSpec(kind="sim"), tmp_path / "e.log", "--child-pid-file", str(child_file))
+    async with engine:
+        assert engine.version == "fake-1.0"
+        assert engine.base_url.startswith("http://127.0.0.1:")
+        assert engine.startup_s is not None and engine.startup_s > 0
+        pid, child = engine.pid, int(child_file.read_text())
+        assert engine.alive()
+    assert pid is not None and _gone(pid) and _gone(child)
+    assert "fake engine ready" in (tmp_path / "e.log").read_text()
+    assert not _LIVE
+
+
+async def test_engine_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    engine = fake_engine(EngineSpec(kind="sim"), tmp_path / "e.log", "--ignore-term", stop_grace_s=0.5)
+    await engine.start()
+    pid = engine.pid
+    t0 = time.monotonic()
+    await engine.stop()
+    assert pid is not None and _gone(pid)
+    assert time.monotonic() - t0 < 10
+
+
+async def test_engine_dying_during_startup_raises_with_the_log_tail(tmp_path: Path) -> None:
+    engine = fake_engine(EngineSpec(kind="sim"), tmp_path / "e.log", "--die-after", "0.2")
+    with pytest.raises(EngineStartError) as err:
+        await engine.start()
+    msg = str(err.value)
+    assert "exited with code 3 during start-up" in msg
+    assert "ValueError: fake engine could not load the model" in msg  # the error line, quoted first
+    assert "loading model..." in msg  # and the tail
+    assert engine.proc is None
+
+
+async def test_startup_timeout_is_an_error_and_reaps_the_engine(tmp_path: Path) -> None:
+    engine = fake_engine(
+        EngineSpec(kind="sim"), tmp_path / "e.log", "--die-after", "30", startup_timeout_s=1.0
+    )
+    with pytest.raises(EngineStartError, match="not healthy after 1 s"):
+        await engine.start()
+    assert not _LIVE
+
+
+async def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        engine = fake_engine(EngineSpec(kind="sim", port=port), tmp_path / "e.log")
+        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is already in use"):
+            await engine.start()
+
+
+async def test_restart_applies_new_settings(tmp_path: Path) -> None:
+    engine = fake_engine(EngineSpec(kind="sim", chunk_size=512), tmp_path / "e.log")
+    async with engine:
+        first = engine.pid
+        await engine.restart(engine.spec.model_copy(update={"chunk_size": 1024}))
+        assert engine.spec.chunk_size == 1024 and engine.pid != first and engine.alive()
+        assert first is not None and _gone(first)
+
+
+def test_engine_env_drops_unlisted_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_harness.engines import engine_kind
+    from engine_harness.launch import _engine_env
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
+    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2))
+    assert "OPENAI_API_KEY" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the spec wins over the inherited value
+    assert signal.SIGTERM  # keep the import honest for readers: stop uses SIGTERM then SIGKILL
