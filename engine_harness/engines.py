@@ -250,9 +250,11 @@ def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
         str(port),
     ]
     argv += _opt("--max-num-batched-tokens", spec.chunk_size) + _opt("--max-num-seqs", spec.max_num_seqs)
-    argv += _opt("--block-size", spec.block_size)
+    argv += _opt("--block-size", spec.block_size) + _opt("--max-model-len", spec.max_model_len)
     if not spec.prefix_caching:
         argv.append("--no-prefix-caching")
+    if spec.mixed_chunk:
+        argv += ["--mode", "sglang-mixed"]
     return argv + list(spec.extra_args)
 
 

@@ -9,7 +9,8 @@
 The engine runs in its own process group bound to ``spec.host`` (127.0.0.1 by default) on a free port.
 Start-up races the ``/health`` poll against the process exiting; a failure raises ``EngineStartError``
 with the tail of the log. Stopping sends SIGTERM to the whole group, then SIGKILL after a grace period;
-an ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included).
+an ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included),
+and on Linux the engine gets SIGTERM from the kernel if the suite's process is killed outright.
 An engine of kind ``external`` is only reached, never started or stopped.
 """
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +57,7 @@ _ENV_ALLOW = (
 _ENV_ALLOW_PREFIXES = ("VLLM_", "SGLANG_", "NCCL_", "UCX_")
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
+_PR_SET_PDEATHSIG = 1
 
 
 class EngineError(RuntimeError):
@@ -126,6 +130,12 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 def _reap_all() -> None:
     for proc in list(_LIVE):
         _kill_group(proc, grace_s=5)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the suite's process dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _engine_env(kind: EngineKind, spec: EngineSpec) -> dict[str, str]:
@@ -219,6 +229,7 @@ class EngineProcess:
                 stdin=subprocess.DEVNULL,
                 env=_engine_env(self.kind, self.spec),
                 start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         _LIVE.add(self.proc)
 

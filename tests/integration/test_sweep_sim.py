@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
@@ -139,8 +140,12 @@ def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -
     while len(list(runs.rglob("*.json"))) < 5:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its sim engine, with no chance to clean up
+    engines = psutil.Process(proc.pid).children()  # the sim engine runs in a session of its own
+    assert engines
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep, with no chance to clean up
     proc.wait()
+    _, alive = psutil.wait_procs(engines, timeout=15)
+    assert not alive, "the engine outlived the killed sweep"
     first = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
     assert 5 <= len(first) < 12
     assert main(["--resume", "--run-id", "k", "--out", str(tmp_path)]) == 0
