@@ -1,0 +1,27 @@
+"""A simulated engine with vLLM's HTTP and /metrics surface and a known step-time model.
+
+Start it in-process with ``SimServer`` (tests, benchmarks) or as a process with
+``python -m engine_harness.sim`` (engine kind ``sim``). Its ground truth is the step log:
+``SimServer.step_log``, ``GET /sim/steps`` or ``--step-log FILE.jsonl``.
+"""
+
+from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
+from engine_harness.sim.params import FaultConfig, SimConfig, StepModel, load_config
+from engine_harness.sim.scheduler import Scheduler, SimRequest, StepPlan
+from engine_harness.sim.server import SIM_VERSION, SimServer
+
+__all__ = [
+    "SIM_VERSION",
+    "EngineDead",
+    "FaultConfig",
+    "RequestStream",
+    "Scheduler",
+    "SimConfig",
+    "SimEngine",
+    "SimRequest",
+    "SimServer",
+    "StepModel",
+    "StepPlan",
+    "StepRecord",
+    "load_config",
+]

@@ -1,0 +1,127 @@
+"""Command line of the simulated engine: ``python -m engine_harness.sim --model NAME --port N [...]``.
+
+Accepts the flags ``engine_harness.engines`` passes for kind ``sim`` (``--model --host --port
+--max-num-batched-tokens --max-num-seqs --block-size --no-prefix-caching``) and its own (step-time model,
+mode, time scale, faults, step log). Settings: defaults → ``--params FILE.yaml`` (or a preset name) →
+flags. On the die faults the process exits at once with status 70, like a crashed engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine_harness.sim.params import SimConfig, load_config
+from engine_harness.sim.server import SIM_VERSION, SimServer
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+DIE_EXIT_STATUS = 70
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine_harness.sim", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--params", help="YAML file of settings (or the name of a file in engine_harness/sim/presets)")
+    a("--model", help="served model name")
+    a("--host")
+    a("--port", type=int)
+    a("--mode", choices=["vllm", "sglang", "sglang-mixed"])
+    a("--max-num-batched-tokens", type=int, help="token budget per step (chunk size)")
+    a("--max-num-seqs", type=int)
+    a("--block-size", type=int)
+    a("--kv-blocks", type=int, dest="num_kv_blocks", help="KV blocks in the pool")
+    a("--max-model-len", type=int)
+    a("--no-prefix-caching", action="store_const", const=False, dest="enable_prefix_caching")
+    a("--enable-prompt-tokens-details", action="store_const", const=True)
+    a("--alpha-ms", type=float, help="step model: fixed cost per step (ms)")
+    a("--beta-d-ms", type=float, help="step model: cost per decode token (ms)")
+    a("--beta-c-ms", type=float, help="step model: cost per prefill token (ms)")
+    a("--gamma-ns", type=float, help="step model: cost per chunk token × context token (ns)")
+    a("--jitter", type=float, help="step model: relative std of a seeded Gaussian factor")
+    a("--time-scale", type=float, help="wall seconds per model second (0: as fast as possible)")
+    a("--busy-wait-ms", type=float)
+    a("--seed", type=int)
+    a("--eos-probability", type=float)
+    a("--step-log", type=Path, dest="step_log_path", help="append every step to this JSONL file")
+    a("--step-log-max", type=int, help="steps kept in memory for /sim/steps")
+    a("--error-500-fraction", type=float)
+    a("--error-429-fraction", type=float)
+    a("--cut-after-chunks", type=int)
+    a("--cut-fraction", type=float)
+    a("--slow-start-s", type=float)
+    a("--die-after-requests", type=int)
+    a("--die-at-s", type=float)
+    a("--stall-step", type=int)
+    a("--stall-s", type=float)
+    return p
+
+
+_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "jitter")
+_FAULT_KEYS = (
+    "error_500_fraction",
+    "error_429_fraction",
+    "cut_after_chunks",
+    "cut_fraction",
+    "slow_start_s",
+    "die_after_requests",
+    "die_at_s",
+    "stall_step",
+    "stall_s",
+)
+
+
+def config_from_args(argv: list[str] | None = None) -> SimConfig:
+    """Parse the command line into one validated ``SimConfig``."""
+    ns = vars(build_parser().parse_args(argv))
+    params = ns.pop("params")
+    overrides: dict[str, Any] = {k: v for k, v in ns.items() if k not in _STEP_KEYS + _FAULT_KEYS}
+    overrides["step"] = {k: ns[k] for k in _STEP_KEYS}
+    overrides["faults"] = {k: ns[k] for k in _FAULT_KEYS}
+    return load_config(params, overrides)
+
+
+async def _serve(config: SimConfig) -> int:
+    server = SimServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(
+        f"{SIM_VERSION} serving {config.model!r} on {server.base_url} (mode {config.mode}, "
+        f"budget {config.max_num_batched_tokens}, time_scale {config.time_scale})",
+        flush=True,
+    )
+    died = asyncio.create_task(server.died.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({died, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if server.died.is_set():
+        print(f"sim engine died: {server.engine.dead}", flush=True)
+        await asyncio.sleep(0.02)  # let the requests that finished before the death write their last bytes
+        os._exit(DIE_EXIT_STATUS)  # like a crash: no orderly shutdown, connections reset
+    stopped.cancel()
+    died.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(stopped, died)
+    await server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = config_from_args(argv)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""The simulated engine's step loop: plan a step, wait its modelled duration, emit tokens, log the step.
+
+``SimEngine`` owns the ``Scheduler``, the seeded random generators, the metrics and the ground-truth
+step log. It knows nothing of HTTP: a caller ``submit``s a request and reads tokens from the returned
+``RequestStream``; ``abort`` frees the request's KV blocks at once.
+
+Timing: a step of model duration ``d`` occupies ``d × time_scale`` wall seconds (``time_scale`` 0: no
+waiting at all, only a yield to the event loop). The event loop's timers have millisecond granularity, so
+the last ``busy_wait_ms`` (+1 ms) pass in short naps between loop yields (see ``_wait_until``).
+Tokens are handed to their streams when the step ends; while the engine runs back to back, a step starts
+where the previous one ended, so host work between steps counts in the step and wall times follow the
+model. ``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times as
+they happened (a step the host made late is logged late); ``model_duration_s`` is unscaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import IO
+
+from engine_harness.sim.params import SimConfig
+from engine_harness.sim.scheduler import EOS_TOKEN_ID, Scheduler, SimRequest, StepPlan
+from engine_harness.sim.tokenizer import sample_token
+from engine_harness.sim.vllm_metrics import SimMetrics
+
+__all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
+
+_NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
+
+
+class EngineDead(RuntimeError):
+    """The engine died (fault injection) while the request was in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """Ground truth of one engine step."""
+
+    index: int
+    t_start_ns: int
+    duration_ns: int
+    model_duration_s: float
+    decode_tokens: int
+    prefill_tokens: int
+    chunk_context: int
+    num_decode_reqs: int
+    num_prefill_reqs: int
+    preemptions: int
+    request_ids: tuple[str, ...]
+    prefill_chunks: tuple[tuple[str, int, int], ...]  # (request id, chunk tokens, context before it)
+
+    @property
+    def t_end_ns(self) -> int:
+        """When the step's tokens were handed to their streams."""
+        return self.t_start_ns + self.duration_ns
+
+    @property
+    def num_tokens(self) -> int:
+        return self.decode_tokens + self.prefill_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class RequestStream:
+    """Tokens of one request as the engine produces them; read with ``await next()``."""
+
+    __slots__ = (
+        "_event",
+        "_rng",
+        "eos_probability",
+        "error",
+        "finish_reason",
+        "finished",
+        "num_emitted",
+        "pending",
+        "request",
+        "t_arrival_ns",
+        "t_first_token_ns",
+        "t_last_token_ns",
+        "t_scheduled_ns",
+    )
+
+    def __init__(self, request: SimRequest, rng: random.Random, eos_probability: float) -> None:
+        self.request = request
+        self.pending: list[int] = []
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.num_emitted = 0
+        self.t_arrival_ns = time.perf_counter_ns()
+        self.t_scheduled_ns: int | None = None
+        self.t_first_token_ns: int | None = None
+        self.t_last_token_ns: int | None = None
+        self.eos_probability = eos_probability
+        self._rng = rng
+        self._event = asyncio.Event()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def draw(self) -> int:
+        """The next generated token id (EOS with probability ``eos_probability``)."""
+        if self.eos_probability and self._rng.random() < self.eos_probability:
+            return EOS_TOKEN_ID
+        return sample_token(self._rng)
+
+    def _push(self, token: int, finish_reason: str | None) -> None:
+        self.pending.append(token)
+        self.num_emitted += 1
+        if finish_reason is not None:
+            self.finished, self.finish_reason = True, finish_reason
+        self._event.set()
+
+    def _end(self, finish_reason: str | None, error: str | None = None) -> None:
+        self.finished, self.finish_reason, self.error = True, finish_reason, error
+        self._event.set()
+
+    async def next(self) -> list[int]:
+        """Wait for new tokens and take them; ``[]`` once the request has finished and all are taken.
+
+        Raises ``EngineDead`` if the engine died while the request was in flight.
+        """
+        while not self.pending and not self.finished:
+            self._event.clear()
+            await self._event.wait()
+        if self.error is not None:
+            raise EngineDead(self.error)
+        tokens, self.pending = self.pending, []
+        return tokens
+
+
+class SimEngine:
+    """Scheduler + step-time model + clock; one asyncio task runs the steps."""
+
+    def __init__(self, config: SimConfig, metrics: SimMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or SimMetrics(config.model)
+        self.scheduler = Scheduler(
+            mode=config.mode,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.step_log: deque[StepRecord] = deque(maxlen=config.step_log_max)
+        self.num_steps = 0
+        self.num_arrivals = 0
+        self.num_finished = 0
+        self.dead: str | None = None
+        self.on_die: Callable[[str], None] | None = None
+        self._jitter_rng = random.Random(config.seed)
+        self._streams: dict[str, RequestStream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._log_file: IO[str] | None = None
+        self._counted = (0, 0, 0)  # prefix queries, hits, preemptions already added to the counters
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.step_log_path is not None:
+            self.config.step_log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = self.config.step_log_path.open("a", encoding="utf-8")
+        self._task = asyncio.create_task(self._run(), name="sim-engine-steps")
+
+    async def stop(self) -> None:
+        """Stop stepping; requests still in flight end with an error."""
+        await self._cancel_task()
+        for stream in list(self._streams.values()):
+            self._drop(stream, None, "engine stopped")
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def kill(self, reason: str) -> None:
+        """Die now (fault injection): every request in flight fails, nothing runs any more."""
+        if self.dead is not None:
+            return
+        self.dead = reason
+        if self._task is not None:
+            self._task.cancel()
+        for stream in list(self._streams.values()):
+            self._drop(stream, None, f"engine died: {reason}")
+        if self._log_file is not None:
+            self._log_file.flush()
+        if self.on_die is not None:
+            self.on_die(reason)
+
+    async def _cancel_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> RequestStream:
+        """Queue a request; its generated tokens come from a generator seeded by (seed, arrival index)."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+        if len(prompt_token_ids) + max_tokens > self.config.context_limit or not prompt_token_ids:
+            raise ValueError(
+                f"a request of {len(prompt_token_ids)} prompt + {max_tokens} completion tokens does not fit "
+                f"(context limit {self.config.context_limit}, empty prompts refused)"
+            )
+        index = self.num_arrivals
+        self.num_arrivals += 1
+        rid = request_id or f"sim-{index}"
+        req = SimRequest(rid, list(prompt_token_ids), max_tokens, min_tokens, ignore_eos)
+        stream = RequestStream(req, random.Random(f"{self.config.seed}:{index}"), self.config.eos_probability)
+        self._streams[rid] = stream
+        self.scheduler.add(req)
+        self.metrics.num_requests_waiting.set(len(self.scheduler.waiting))
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Abort a request (client gone): free its KV blocks now; no-op once it has finished."""
+        if self.scheduler.abort(stream.request):
+            self.metrics.request_success["abort"].inc()
+            self._update_gauges()
+        self._streams.pop(stream.request_id, None)
+        if not stream.finished:
+            stream._end("abort")
+        self._wake.set()
+
+    def _drop(self, stream: RequestStream, reason: str | None, error: str | None) -> None:
+        self.scheduler.abort(stream.request)
+        self._streams.pop(stream.request_id, None)
+        stream._end(reason, error)
+
+    # -- the step loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        sched, cfg = self.scheduler, self.config
+        faults = cfg.faults
+        scale = cfg.time_scale
+        spin_ns = int(cfg.busy_wait_ms * 1e6)
+        prev_end: int | None = None  # end of the previous step while the engine runs back to back
+        while True:
+            if not sched.has_work():
+                if self._log_file is not None:
+                    self._log_file.flush()
+                prev_end = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan = sched.schedule()
+            if not plan.chunks:
+                prev_end = None
+                if plan.preempted:
+                    await asyncio.sleep(0)
+                    continue
+                self._wake.clear()  # nothing fits: wait for an abort or a new request
+                await self._wake.wait()
+                continue
+            totals = (plan.decode_tokens, plan.prefill_tokens, plan.chunk_context)
+            model_s = cfg.step.sample_s(*totals, self._jitter_rng)
+            if faults.stall_step == self.num_steps:
+                model_s += faults.stall_s
+            # Back to back, a step starts when the previous one ended: the host work in between (token
+            # hand-off, scheduling) is part of the step's time, so the wall time follows the model exactly.
+            t0 = time.perf_counter_ns() if prev_end is None else prev_end
+            for req in plan.admitted:
+                stream = self._streams.get(req.request_id)
+                if stream is not None and stream.t_scheduled_ns is None:
+                    stream.t_scheduled_ns = t0
+            if scale > 0:
+                await self._wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
+            else:
+                await asyncio.sleep(0)
+            t1 = prev_end = time.perf_counter_ns()
+            self._finish_step(plan, totals, model_s, t0, t1)
+
+    @staticmethod
+    async def _wait_until(deadline_ns: int, spin_ns: int) -> None:
+        """Sleep until ``deadline_ns``: a timer for the bulk, then short blocking naps between loop yields.
+
+        The event loop's timers round up to whole milliseconds, so the timer aims ``spin_ns`` + 1 ms early;
+        the rest passes in 50 µs naps (no CPU burnt) with a yield after each, so other coroutines (stream
+        writers, an in-process client) still run while the step lasts; the last 100 µs only yield.
+        """
+        if spin_ns <= 0:  # timer only: ends up to ~1 ms late
+            await asyncio.sleep(max(0, deadline_ns - time.perf_counter_ns()) / 1e9)
+            return
+        coarse_s = (deadline_ns - time.perf_counter_ns() - spin_ns) / 1e9 - 1e-3
+        if coarse_s > 0:
+            await asyncio.sleep(coarse_s)
+        while (left_ns := deadline_ns - time.perf_counter_ns()) > 0:
+            if left_ns > 2 * _NAP_NS:  # a nap may oversleep by the kernel's timer slack (50 µs)
+                time.sleep(_NAP_NS / 1e9)  # noqa: ASYNC251 - a nap shorter than any loop timer
+            await asyncio.sleep(0)
+
+    def _finish_step(
+        self, plan: StepPlan, totals: tuple[int, int, int], model_s: float, t0: int, t1: int
+    ) -> None:
+        sched, m = self.scheduler, self.metrics
+        streams = self._streams
+        result = sched.commit(plan, lambda req: streams[req.request_id].draw())
+        prefill_chunks = tuple(
+            (c.request.request_id, c.num_tokens, c.context) for c in plan.chunks if not c.is_decode
+        )
+        record = StepRecord(
+            index=self.num_steps,
+            t_start_ns=t0,
+            duration_ns=t1 - t0,
+            model_duration_s=model_s,
+            decode_tokens=totals[0],
+            prefill_tokens=totals[1],
+            chunk_context=totals[2],
+            num_decode_reqs=len(plan.chunks) - len(prefill_chunks),
+            num_prefill_reqs=len(prefill_chunks),
+            preemptions=len(plan.preempted),
+            request_ids=tuple(c.request.request_id for c in plan.chunks),
+            prefill_chunks=prefill_chunks,
+        )
+        self.num_steps += 1
+        self.step_log.append(record)
+        if self._log_file is not None:
+            self._log_file.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+        m.iteration_tokens.observe(record.num_tokens)
+        m.generation_tokens.inc(len(result.outputs))
+        itl_s = m.inter_token_latency
+        for out in result.outputs:
+            stream = streams[out.request.request_id]
+            if stream.t_last_token_ns is None:
+                stream.t_first_token_ns = t1
+                m.time_to_first_token.observe((t1 - stream.t_arrival_ns) / 1e9)
+                m.prompt_tokens.inc(out.request.num_prompt_tokens)
+                m.request_prefill_time.observe((t1 - (stream.t_scheduled_ns or t0)) / 1e9)
+                m.request_queue_time.observe(((stream.t_scheduled_ns or t0) - stream.t_arrival_ns) / 1e9)
+            else:
+                itl_s.observe((t1 - stream.t_last_token_ns) / 1e9)
+            stream.t_last_token_ns = t1
+            stream._push(out.token_id, out.finish_reason)
+        for req in result.finished:
+            stream = streams.pop(req.request_id)
+            self._observe_finished(stream, t1)
+        self._update_gauges()
+        if self.config.faults.die_after_requests is not None and (
+            self.num_finished >= self.config.faults.die_after_requests
+        ):
+            self.kill(f"die_after_requests={self.config.faults.die_after_requests} reached")
+
+    def _observe_finished(self, stream: RequestStream, t_ns: int) -> None:
+        m, req = self.metrics, stream.request
+        self.num_finished += 1
+        m.request_success[stream.finish_reason or "length"].inc()
+        m.e2e_request_latency.observe((t_ns - stream.t_arrival_ns) / 1e9)
+        m.request_decode_time.observe((t_ns - (stream.t_first_token_ns or t_ns)) / 1e9)
+        m.request_prompt_tokens.observe(req.num_prompt_tokens)
+        m.request_generation_tokens.observe(req.num_output_tokens)
+
+    def _update_gauges(self) -> None:
+        sched, m = self.scheduler, self.metrics
+        m.num_requests_running.set(len(sched.running))
+        m.num_requests_waiting.set(len(sched.waiting))
+        m.kv_cache_usage_perc.set(sched.kv_usage)
+        q, h, p = sched.prefix_cache_queries, sched.prefix_cache_hits, sched.num_preemptions
+        q0, h0, p0 = self._counted
+        if q != q0:
+            m.prefix_cache_queries.inc(q - q0)
+        if h != h0:
+            m.prefix_cache_hits.inc(h - h0)
+        if p != p0:
+            m.num_preemptions.inc(p - p0)
+        self._counted = (q, h, p)
+
+    def steps_since(self, index: int = 0) -> list[StepRecord]:
+        """Logged steps whose index is ≥ ``index`` (those still in memory)."""
+        if not self.step_log or index <= self.step_log[0].index:
+            return list(self.step_log)
+        start = index - self.step_log[0].index
+        return [self.step_log[i] for i in range(start, len(self.step_log))]

@@ -1,0 +1,50 @@
+"""Fault injection of the simulated engine: seeded per-request decisions (HTTP errors, cut streams).
+
+Engine-level faults (die after N requests or at a time, stall a step) are applied by ``SimEngine`` and
+``SimServer``; this module draws the per-request ones from ``random.Random`` seeded by the server's seed,
+so a run with the same seed and the same arrival order injects the same faults.
+"""
+
+from __future__ import annotations
+
+import random
+
+from engine_harness.sim.params import FaultConfig
+
+__all__ = ["FaultInjector"]
+
+_ERROR_TYPES = {500: "InternalServerError", 429: "TooManyRequestsError"}
+
+
+class FaultInjector:
+    """Draws, request by request, whether to answer with an error and where to cut the stream."""
+
+    def __init__(self, faults: FaultConfig, seed: int) -> None:
+        self.faults = faults
+        self._rng = random.Random(f"faults:{seed}")
+        self.injected_errors = {500: 0, 429: 0}
+        self.cut_streams = 0
+
+    def http_error(self) -> tuple[int, str, str] | None:
+        """``(status, error type, message)`` for a request to fail, or ``None`` (one draw per request)."""
+        f = self.faults
+        if not (f.error_500_fraction or f.error_429_fraction):
+            return None
+        u = self._rng.random()
+        if u < f.error_500_fraction:
+            status = 500
+        elif u < f.error_500_fraction + f.error_429_fraction:
+            status = 429
+        else:
+            return None
+        self.injected_errors[status] += 1
+        return status, _ERROR_TYPES[status], f"sim fault injection: HTTP {status}"
+
+    def cut_after(self) -> int | None:
+        """Content chunks a new stream may send before its connection is closed (``None``: not cut)."""
+        f = self.faults
+        if f.cut_after_chunks is None:
+            return None
+        if f.cut_fraction < 1 and self._rng.random() >= f.cut_fraction:
+            return None
+        return f.cut_after_chunks

@@ -1,0 +1,169 @@
+"""Settings of the simulated engine (step-time model, fault knobs, server) as strict pydantic models.
+
+Settings flow defaults → YAML (``--params FILE``) → command-line flags → one validated ``SimConfig``.
+A YAML file holds the same keys as ``SimConfig``, with the step-time model under ``step:`` and the fault
+knobs under ``faults:``::
+
+    max_num_batched_tokens: 2048
+    step: {alpha_ms: 1.0, beta_d_ms: 0.02, beta_c_ms: 0.05, gamma_ns: 15.0, jitter: 0.0}
+    faults: {error_429_fraction: 0.1}
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from engine_harness.engines import StrictModel
+
+__all__ = ["PRESETS_DIR", "FaultConfig", "SimConfig", "SimMode", "StepModel", "load_config", "merge_settings"]
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+SimMode = Literal["vllm", "sglang", "sglang-mixed"]
+
+
+class StepModel(StrictModel):
+    """Duration of one engine step: ``α + β_d·decode_tokens + β_c·prefill_tokens + γ·Σ(chunk·context)``.
+
+    ``context`` is the number of the request's tokens already in the KV cache when its chunk runs (cached
+    prefix included), so later chunks of a long prompt cost more, as attention does. ``jitter`` is the
+    relative standard deviation of a seeded Gaussian factor ``max(0, 1 + N(0, jitter))`` on the whole step.
+    """
+
+    alpha_ms: float = Field(default=1.0, ge=0, le=10_000, description="fixed cost of any step (ms)")
+    beta_d_ms: float = Field(default=0.02, ge=0, le=1_000, description="cost per decode token (ms)")
+    beta_c_ms: float = Field(default=0.05, ge=0, le=1_000, description="cost per prefill (chunk) token (ms)")
+    gamma_ns: float = Field(default=15.0, ge=0, le=1e6, description="per chunk token × context token (ns)")
+    jitter: float = Field(default=0.0, ge=0, le=1, description="relative std of a seeded step factor")
+
+    def cost_s(self, decode_tokens: int, prefill_tokens: int, chunk_context: int) -> float:
+        """The model's step time in seconds, without jitter."""
+        return (
+            self.alpha_ms * 1e-3
+            + self.beta_d_ms * 1e-3 * decode_tokens
+            + self.beta_c_ms * 1e-3 * prefill_tokens
+            + self.gamma_ns * 1e-9 * chunk_context
+        )
+
+    def sample_s(
+        self, decode_tokens: int, prefill_tokens: int, chunk_context: int, rng: random.Random
+    ) -> float:
+        """The step time with jitter drawn from ``rng`` (no draw at all when ``jitter`` is 0)."""
+        cost = self.cost_s(decode_tokens, prefill_tokens, chunk_context)
+        if self.jitter == 0:
+            return cost
+        return cost * max(0.0, 1.0 + rng.gauss(0.0, self.jitter))
+
+
+class FaultConfig(StrictModel):
+    """Faults a reliability test can ask for; every random decision comes from the server's seed."""
+
+    error_500_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 500")
+    error_429_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 429")
+    cut_after_chunks: int | None = Field(
+        default=None,
+        ge=0,
+        description="close a stream's connection after this many content chunks (no [DONE])",
+    )
+    cut_fraction: float = Field(default=1.0, ge=0, le=1, description="share of streams cut")
+    slow_start_s: float = Field(default=0.0, ge=0, le=3600, description="/health is 503 this long")
+    die_after_requests: int | None = Field(
+        default=None, ge=1, description="the engine dies once this many requests have finished"
+    )
+    die_at_s: float | None = Field(default=None, gt=0, description="die this long after start")
+    stall_step: int | None = Field(default=None, ge=0, description="index of the step that stalls")
+    stall_s: float = Field(default=0.0, ge=0, le=3600, description="model seconds added to the stalled step")
+
+    @model_validator(mode="after")
+    def _check(self) -> FaultConfig:
+        if self.error_500_fraction + self.error_429_fraction > 1:
+            raise ValueError("error_500_fraction + error_429_fraction must not exceed 1")
+        if self.stall_s > 0 and self.stall_step is None:
+            raise ValueError("stall_s needs stall_step (the index of the step to stall)")
+        return self
+
+
+class SimConfig(StrictModel):
+    """Everything that decides how one simulated engine behaves."""
+
+    model: str = Field(default="sim", min_length=1, description="the model name clients send")
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free port picked by the OS")
+    mode: SimMode = Field(
+        default="vllm",
+        description="vllm: decodes ride with chunks; sglang: a prefill step replaces decodes; "
+        "sglang-mixed: SGLang with --enable-mixed-chunk",
+    )
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 20, description="token budget per step")
+    max_num_seqs: int = Field(default=256, ge=1, le=1 << 16, description="most requests running at once")
+    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
+    num_kv_blocks: int = Field(default=65536, ge=1, le=1 << 24, description="KV blocks in the pool")
+    enable_prefix_caching: bool = True
+    max_model_len: int = Field(default=65536, ge=2, le=1 << 24, description="longest prompt + completion")
+    step: StepModel = Field(default_factory=lambda: StepModel())
+    time_scale: float = Field(
+        default=1.0,
+        ge=0,
+        le=1000,
+        description="wall seconds per model second: 1 real time, <1 faster, 0 no sleeping",
+    )
+    busy_wait_ms: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description="end each step with naps of ≤50 µs for this long (+1 ms): loop timers are coarse; "
+        "0: timer only (steps end up to ~1 ms late)",
+    )
+    seed: int = Field(default=0, description="seeds jitter, generated tokens and fault decisions")
+    eos_probability: float = Field(default=0.0, ge=0, le=1, description="chance a sampled token is EOS")
+    enable_prompt_tokens_details: bool = Field(
+        default=False,
+        description="usage carries prompt_tokens_details.cached_tokens (vLLM's flag of that name)",
+    )
+    step_log_path: Path | None = Field(default=None, description="JSONL file of every step")
+    step_log_max: int | None = Field(default=None, ge=1, description="steps kept in memory")
+    faults: FaultConfig = Field(default_factory=lambda: FaultConfig())
+
+    @property
+    def context_limit(self) -> int:
+        """Longest prompt + completion a request may ask for: ``max_model_len``, capped by the KV pool."""
+        return min(self.max_model_len, self.num_kv_blocks * self.block_size)
+
+
+def merge_settings(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``over``, nested mappings merged key by key (neither is modified)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_settings(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(params: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SimConfig:
+    """Defaults → YAML file (a path, or the name of a file in ``presets/``) → ``overrides`` → ``SimConfig``.
+
+    ``overrides`` may nest (``{"step": {"alpha_ms": 2}}``); keys whose value is ``None`` are ignored, so
+    unset command-line flags leave the YAML's values alone.
+    """
+    settings: dict[str, Any] = {}
+    if params is not None:
+        path = Path(params)
+        if not path.exists() and (PRESETS_DIR / f"{params}.yaml").exists():
+            path = PRESETS_DIR / f"{params}.yaml"
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
+        settings = loaded
+
+    def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: _drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    settings = merge_settings(settings, _drop_none(overrides or {}))
+    return SimConfig.model_validate(settings)

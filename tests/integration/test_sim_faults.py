@@ -1,0 +1,173 @@
+"""Fault injection of the simulated engine, seen through the suite's client and its typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from engine_harness.sim import FaultConfig, SimConfig, SimServer, StepModel
+from microbench.streams import HTTPStatusError, StreamCut, StreamRecord, stream_request
+
+pytestmark = pytest.mark.integration
+
+USAGE_OPTS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def _req(max_tokens: int, prompt: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "model": "sim",
+        "prompt": prompt or [1, 2, 3],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream_options": USAGE_OPTS,
+    }
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 10.0, dt: float = 0.005) -> None:
+    for _ in range(int(timeout_s / dt)):
+        if cond():
+            return
+        await asyncio.sleep(dt)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_cut_stream_raises_streamcut_with_the_chunks_that_arrived(endpoint: str) -> None:
+    async with SimServer(time_scale=0.0, faults={"cut_after_chunks": 3}) as sim, aiohttp.ClientSession() as s:
+        if endpoint == "completions":
+            url, payload = f"{sim.base_url}/v1/completions", _req(50)
+        else:
+            url = f"{sim.base_url}/v1/chat/completions"
+            payload = {
+                "model": "sim",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 50,
+                "stream_options": USAGE_OPTS,
+            }
+        with pytest.raises(StreamCut) as info:
+            await stream_request(s, url, payload)
+        rec = info.value.record
+        assert rec.completion_tokens == 3 and len(rec.chunk_t_ns) == 3 and rec.t_done_ns is None
+        assert rec.usage is not None and rec.usage["completion_tokens"] == 3
+        await until(lambda: not sim.engine.scheduler.has_work())  # the cut request was aborted
+        assert sim.faults.cut_streams == 1 and sim.engine.scheduler.pool.usage == 0
+
+
+async def test_cut_fraction_is_seeded() -> None:
+    outcomes = []
+    for _ in range(2):
+        cfg = {"cut_after_chunks": 2, "cut_fraction": 0.5}
+        async with SimServer(time_scale=0.0, seed=3, faults=cfg) as sim, aiohttp.ClientSession() as s:
+            run = []
+            for _ in range(12):
+                try:
+                    rec = await stream_request(s, f"{sim.base_url}/v1/completions", _req(5))
+                    run.append(rec.completion_tokens)
+                except StreamCut as exc:
+                    run.append(-exc.record.completion_tokens)
+            outcomes.append(run)
+    assert outcomes[0] == outcomes[1]
+    assert set(outcomes[0]) == {5, -2}
+
+
+async def test_http_errors_have_vllm_bodies_and_seeded_fractions() -> None:
+    runs = []
+    for _ in range(2):
+        faults = {"error_500_fraction": 0.3, "error_429_fraction": 0.2}
+        async with SimServer(time_scale=0.0, seed=11, faults=faults) as sim, aiohttp.ClientSession() as s:
+            statuses = []
+            for _ in range(60):
+                try:
+                    await stream_request(s, f"{sim.base_url}/v1/completions", _req(2))
+                    statuses.append(200)
+                except HTTPStatusError as exc:
+                    statuses.append(exc.status)
+                    body = json.loads(exc.body)
+                    assert body["error"]["code"] == exc.status and "fault" in body["error"]["message"]
+                    assert exc.record.chunk_t_ns == []
+            runs.append(statuses)
+            assert sim.faults.injected_errors == {500: statuses.count(500), 429: statuses.count(429)}
+    assert runs[0] == runs[1]
+    assert 8 <= runs[0].count(500) <= 30 and 4 <= runs[0].count(429) <= 22 and runs[0].count(200) >= 15
+
+
+async def test_every_request_fails_at_fraction_one() -> None:
+    async with (
+        SimServer(time_scale=0.0, faults={"error_429_fraction": 1.0}) as sim,
+        aiohttp.ClientSession() as s,
+    ):
+        with pytest.raises(HTTPStatusError) as info:
+            await stream_request(s, f"{sim.base_url}/v1/completions", _req(2))
+        assert info.value.status == 429 and sim.engine.num_arrivals == 0  # refused before the engine
+
+
+async def test_slow_start_health_503_then_200() -> None:
+    async with SimServer(time_scale=0.0, faults={"slow_start_s": 0.3}) as sim, aiohttp.ClientSession() as s:
+        t0 = time.monotonic()
+        async with s.get(f"{sim.base_url}/health") as resp:
+            assert resp.status == 503
+        with pytest.raises(HTTPStatusError) as info:
+            await stream_request(s, f"{sim.base_url}/v1/completions", _req(2))
+        assert info.value.status == 503
+        while True:
+            async with s.get(f"{sim.base_url}/health") as resp:
+                if resp.status == 200:
+                    break
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - t0 >= 0.29
+        rec = await stream_request(s, f"{sim.base_url}/v1/completions", _req(2))
+        assert rec.completion_tokens == 2
+
+
+async def test_die_after_requests_cuts_streams_in_flight_and_refuses_new_ones() -> None:
+    cfg = SimConfig(
+        model="sim", time_scale=1.0, step=StepModel(alpha_ms=2.0), faults=FaultConfig(die_after_requests=2)
+    )
+    async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
+        url = f"{sim.base_url}/v1/completions"
+        long_rec = StreamRecord()
+        long_task = asyncio.create_task(stream_request(s, url, _req(50_000, [9, 9]), long_rec))
+        await until(lambda: len(long_rec.chunk_t_ns) >= 2)
+        for _ in range(2):
+            assert (await stream_request(s, url, _req(3))).completion_tokens == 3
+        with pytest.raises(StreamCut):
+            await long_task
+        assert long_rec.completion_tokens >= 2 and long_rec.t_done_ns is None
+        assert sim.died.is_set() and sim.engine.dead is not None
+        with pytest.raises(StreamCut):
+            await stream_request(s, url, _req(3))
+
+
+async def test_die_at_time() -> None:
+    cfg = SimConfig(
+        model="sim", time_scale=1.0, step=StepModel(alpha_ms=2.0), faults=FaultConfig(die_at_s=0.25)
+    )
+    async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
+        t0 = time.monotonic()
+        with pytest.raises(StreamCut) as info:
+            await stream_request(s, f"{sim.base_url}/v1/completions", _req(50_000))
+        assert 0.2 <= time.monotonic() - t0 < 2.0
+        assert info.value.record.completion_tokens > 10 and sim.died.is_set()
+
+
+async def test_stalled_step_shows_in_log_and_in_client_gaps() -> None:
+    cfg = SimConfig(
+        model="sim",
+        time_scale=1.0,
+        step=StepModel(alpha_ms=2.0),
+        faults=FaultConfig(stall_step=10, stall_s=0.15),
+    )
+    async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
+        rec = await stream_request(s, f"{sim.base_url}/v1/completions", _req(20))
+    stalled = sim.step_log[10]
+    assert stalled.model_duration_s == pytest.approx(0.15 + cfg.step.cost_s(1, 0, 0))
+    assert stalled.duration_ns >= 0.15e9
+    gaps = [b - a for a, b in zip(rec.chunk_t_ns, rec.chunk_t_ns[1:], strict=False)]
+    assert max(gaps) >= 0.15e9 and gaps.index(max(gaps)) == 9  # the 11th token came late
+    assert sorted(gaps)[-2] < 0.05e9
