@@ -1,0 +1,222 @@
+"""PD-transfer cost model and break-even against measured interference (DESIGN.md §5, seed 002 §3).
+
+* ``kv_bytes_per_token = 2 × layers × kv_heads × head_dim × dtype bytes`` from a model config: a
+  Hugging Face ``config.json``, a bundled tiny model's name (its ``engine_harness/models/<name>/config.json``
+  read as data), or a name in ``model_configs.yaml`` (the target Qwen3-Coder-30B-A3B-Instruct).
+* Link profiles are data: ``analysis/links/<name>.yaml`` (``LinkProfile``): a setup latency and a
+  bandwidth, or a flat ``fixed_ms`` budget (seed 002's 50 ms layer-wise budget).
+* Transfer of P tokens' KV: **bulk** ``setup + bytes / bandwidth`` after the prefill; **layer-wise**
+  (pipelined with the prefill, layer l sent while l+1 computes) exposes only the last layer's slice,
+  ``setup + max(bytes / (L·bw), bytes / bw − T_prefill·(L−1)/L)`` — the second term is the part not
+  hidden when the link is slower than the compute (``T_prefill``: the bare prefill time, D = 0).
+* Break-even: offloading wins where the interference cost (measured aggregate decode delay, seed 002's
+  ``num_chunks × D × penalty``) exceeds the transfer time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "LINKS_DIR",
+    "LinkProfile",
+    "ModelKV",
+    "TransferMode",
+    "breakeven_table",
+    "list_links",
+    "load_link",
+    "load_model_kv",
+]
+
+LINKS_DIR = Path(__file__).resolve().parent / "links"
+MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs.yaml"
+# The bundled tiny models' configs: read as data files (analysis never imports engine_harness).
+BUNDLED_MODELS = Path(__file__).resolve().parent.parent / "engine_harness" / "models"
+TransferMode = Literal["bulk", "layerwise"]
+DTYPE_BYTES = {
+    "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2, "float32": 4, "float": 4, "fp32": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelKV:
+    """The KV-cache shape of one model."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def from_config(cls, name: str, cfg: dict[str, Any], dtype: str | None = None) -> ModelKV:
+        """From a Hugging Face config mapping; ``dtype`` overrides ``torch_dtype`` (e.g. an fp8 KV cache)."""
+        try:
+            layers = int(cfg["num_hidden_layers"])
+            heads = int(cfg["num_attention_heads"]) if "num_attention_heads" in cfg else None
+            kv_heads = int(cfg.get("num_key_value_heads") or heads or 0)
+            head_dim = int(cfg.get("head_dim") or (int(cfg["hidden_size"]) // heads if heads else 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"model config {name!r} lacks the attention shape: {exc}") from exc
+        dtype_name = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        if dtype_name not in DTYPE_BYTES:
+            raise ValueError(f"unknown KV dtype {dtype_name!r} for {name}; known: {sorted(DTYPE_BYTES)}")
+        if min(layers, kv_heads, head_dim) <= 0:
+            raise ValueError(f"model config {name!r} has a non-positive attention dimension")
+        return cls(name, layers, kv_heads, head_dim, DTYPE_BYTES[dtype_name])
+
+
+def load_model_kv(model: str | Path, dtype: str | None = None) -> ModelKV:
+    """A model's KV shape: a path to ``config.json`` (or its folder), or a name in ``model_configs.yaml``
+    (a path-like run model name such as ``engine_harness/models/qwen3-moe-tiny`` matches by its last part)."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return ModelKV.from_config(path.parent.name, json.loads(path.read_text()), dtype)
+    bundled = BUNDLED_MODELS / Path(str(model)).name / "config.json"
+    if bundled.is_file():
+        return ModelKV.from_config(bundled.parent.name, json.loads(bundled.read_text()), dtype)
+    known: dict[str, dict[str, Any]] = yaml.safe_load(MODEL_CONFIGS.read_text())
+    for key in (str(model), Path(str(model)).name):
+        if key in known:
+            return ModelKV.from_config(key, known[key], dtype)
+        lower = {k.lower(): k for k in known}
+        if key.lower() in lower:
+            return ModelKV.from_config(lower[key.lower()], known[lower[key.lower()]], dtype)
+    raise ValueError(f"unknown model {str(model)!r}: give a config.json path or one of {sorted(known)}")
+
+
+class LinkProfile(BaseModel):
+    """A KV transfer link: ``setup_latency_ms`` + bytes / (``bandwidth_gbit_s`` × ``efficiency``), or a
+    flat ``fixed_ms`` per transfer. Unknown keys are an error (a misspelled key would be ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    placeholder: bool = Field(default=False, description="true: guessed values, not a measurement")
+    setup_latency_ms: float = Field(default=0.0, ge=0)
+    bandwidth_gbit_s: float | None = Field(default=None, gt=0, description="nominal, in 10⁹ bit/s")
+    efficiency: float = Field(default=1.0, gt=0, le=1, description="achieved share of the bandwidth")
+    fixed_ms: float | None = Field(default=None, ge=0, description="flat transfer time, whatever P")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _one_cost(self) -> LinkProfile:
+        if (self.bandwidth_gbit_s is None) == (self.fixed_ms is None):
+            raise ValueError(f"link {self.name!r}: give exactly one of bandwidth_gbit_s or fixed_ms")
+        return self
+
+    @property
+    def bytes_per_ms(self) -> float:
+        if self.bandwidth_gbit_s is None:
+            return math.inf
+        return self.bandwidth_gbit_s * self.efficiency * 1e9 / 8 / 1e3
+
+    def transfer_ms(
+        self,
+        nbytes: float,
+        layers: int = 1,
+        mode: TransferMode = "bulk",
+        prefill_compute_ms: float | None = None,
+    ) -> float:
+        """Exposed transfer time of ``nbytes`` of KV (see the module docstring for the layer-wise case)."""
+        if self.fixed_ms is not None:
+            return self.fixed_ms
+        wire = nbytes / self.bytes_per_ms
+        if mode == "bulk":
+            return self.setup_latency_ms + wire
+        if mode != "layerwise":
+            raise ValueError(f"unknown transfer mode {mode!r} (bulk or layerwise)")
+        exposed = wire / layers  # only the last layer's slice, when the link keeps pace with the compute
+        if prefill_compute_ms is not None:
+            exposed = max(exposed, wire - prefill_compute_ms * (layers - 1) / layers)
+        return self.setup_latency_ms + exposed
+
+    def breakeven_gbit_s(
+        self, nbytes: float, budget_ms: float, layers: int = 1, mode: TransferMode = "bulk",
+        prefill_compute_ms: float | None = None,
+    ) -> float:  # fmt: skip
+        """Nominal bandwidth at which the transfer takes exactly ``budget_ms`` (inf: never fits)."""
+        room = budget_ms - self.setup_latency_ms
+        if room <= 0 or not math.isfinite(room):
+            return math.inf if room <= 0 else 0.0
+        if mode == "bulk":
+            need = nbytes / room
+        else:
+            need = nbytes / (layers * room)
+            if prefill_compute_ms is not None:
+                need = max(need, nbytes / (room + prefill_compute_ms * (layers - 1) / layers))
+        return need * 1e3 * 8 / 1e9 / self.efficiency
+
+
+def list_links() -> list[str]:
+    """Names of the link profiles shipped in ``analysis/links/``."""
+    return sorted(p.stem for p in LINKS_DIR.glob("*.yaml"))
+
+
+def load_link(link: str | Path) -> LinkProfile:
+    """A link profile by name (``analysis/links/<name>.yaml``) or by path to a YAML file."""
+    path = Path(link)
+    if not path.is_file():
+        path = LINKS_DIR / f"{link}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown link profile {str(link)!r}: give a YAML path or one of {list_links()}")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a link profile is a mapping of settings")
+    return LinkProfile.model_validate(data)
+
+
+def breakeven_table(
+    table: pd.DataFrame, model: ModelKV, link: LinkProfile, mode: TransferMode = "layerwise"
+) -> pd.DataFrame:
+    """Per cell of an interference table: interference cost, transfer cost, break-even, decision.
+
+    ``interference_ms`` is the measured median aggregate decode delay (0 for D = 0: no decode to disturb;
+    NaN where no valid measurement exists). ``break_even_transfer_ms`` equals it (seed 002 §3): the
+    transfer time below which offloading wins. ``offload_wins`` is NA where the cost is unknown. The
+    layer-wise mode hides transfer behind the bare prefill time of the same (chunk, P) when the run
+    measured D = 0, otherwise it assumes the link keeps pace with the compute.
+    """
+    cells = table[["chunk_size", "decode_batch_size", "new_prefill_tokens"]].copy()
+    cells["interference_ms"] = table["aggregate_decode_delay_ms"].astype(float)
+    cells.loc[table["decode_batch_size"] == 0, "interference_ms"] = 0.0
+    bare = table[table["decode_batch_size"] == 0].set_index(["chunk_size", "new_prefill_tokens"])[
+        "prefill_duration_ms"
+    ]
+    kv = model.kv_bytes_per_token
+    transfer, bandwidth = [], []
+    for c, p, cost in zip(
+        cells["chunk_size"], cells["new_prefill_tokens"], cells["interference_ms"], strict=True
+    ):
+        compute = bare.get((c, p)) if mode == "layerwise" else None
+        compute = float(compute) if compute is not None and math.isfinite(compute) else None
+        transfer.append(link.transfer_ms(p * kv, model.layers, mode, compute))
+        bandwidth.append(
+            link.breakeven_gbit_s(p * kv, cost, model.layers, mode, compute)
+            if math.isfinite(cost)
+            else math.nan
+        )
+    cells["kv_bytes"] = cells["new_prefill_tokens"] * kv
+    cells["transfer_ms"] = transfer
+    cells["break_even_transfer_ms"] = cells["interference_ms"]
+    cells["break_even_gbit_s"] = bandwidth if link.fixed_ms is None else math.nan
+    cells["margin_ms"] = cells["interference_ms"] - cells["transfer_ms"]
+    wins = cells["margin_ms"] > 0
+    cells["offload_wins"] = wins.astype("boolean").mask(cells["interference_ms"].isna())
+    return cells

@@ -1,0 +1,91 @@
+"""Ground truth: the step model recovers the known α, β_d, β_c, γ of a synthesised run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.models import compare_models, fit_seed_model, fit_step_model, leave_one_p_out
+from analysis.synthetic import StepParams, synthesize_run
+from analysis.table import load_records
+from microbench.records import RunRecord
+
+TRUTH = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0)
+GRID = {
+    "chunks": (2048, 8192),
+    "decode_batches": (0, 1, 2, 4, 8, 12),
+    "prefill_tokens": (512, 2048, 8192, 16384),
+    "repetitions": 2,
+    "noise": 0.01,
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[RunRecord]:
+    return load_records(synthesize_run(tmp_path_factory.mktemp("m") / "truth", params=TRUTH, **GRID))  # type: ignore[arg-type]
+
+
+def _truth(params: StepParams) -> dict[str, float]:
+    return dict(vars(params))
+
+
+def test_step_model_recovers_parameters(records: list[RunRecord]) -> None:
+    fit = fit_step_model(records)
+    assert fit.data == "steps"
+    for name, true in _truth(TRUTH).items():
+        assert fit.params[name] == pytest.approx(true, rel=0.10), name
+        low, high = fit.ci[name]
+        assert low < fit.params[name] < high
+    assert fit.r2 > 0.99
+    assert fit.diagnostics["median_abs_rel_residual"] < 0.02
+    assert set(fit.coefficients()["parameter"]) == set(_truth(TRUTH))
+
+
+def test_step_model_beats_constant_penalty_when_gamma_positive(records: list[RunRecord]) -> None:
+    comparison = compare_models(records)
+    seed_r2, step_r2 = comparison["r2"].tolist()
+    assert step_r2 > 0.99
+    assert step_r2 > seed_r2
+    assert comparison["meets_r2_0_85"].tolist()[1]
+    assert (comparison["n"] == len([r for r in records if r.config.decode_batch_size > 0])).all()
+
+
+def test_leave_one_p_out(records: list[RunRecord]) -> None:
+    loo = leave_one_p_out(records)
+    assert sorted(loo["new_prefill_tokens"]) == [512, 2048, 8192, 16384]
+    assert (loo["step_mape"] < 5).all() and (loo["step_step_mape"] < 5).all()
+    assert loo["seed_mape"].median() > loo["step_mape"].median()
+
+
+def test_gamma_zero_is_found_zero(tmp_path: Path) -> None:
+    params = StepParams(alpha_ms=1.0, beta_d_ms=0.02, beta_c_ms=0.05, gamma_ns=0.0)
+    fit = fit_step_model(load_records(synthesize_run(tmp_path / "g0", params=params, **GRID)))  # type: ignore[arg-type]
+    assert abs(fit.params["gamma_ns"]) < 0.1
+    assert fit.params["beta_c_ms"] == pytest.approx(0.05, rel=0.05)
+
+
+def test_window_fallback_without_step_logs(records: list[RunRecord]) -> None:
+    stripped = [
+        r.model_copy(update={"interference": r.interference.model_copy(update={"engine_steps_log": []})})
+        for r in records
+    ]
+    fit = fit_step_model(stripped)
+    assert fit.data == "windows"
+    assert fit.params["beta_c_ms"] == pytest.approx(TRUTH.beta_c_ms, rel=0.10)
+    assert fit.params["gamma_ns"] == pytest.approx(TRUTH.gamma_ns, rel=0.10)
+
+
+def test_seed_model_penalties(records: list[RunRecord]) -> None:
+    seed = fit_seed_model(records)
+    assert len(seed.penalty_ms) == 2 * 5  # one per (D > 0, chunk)
+    assert all(v > 0 for v in seed.penalty_ms.values())
+    assert 0 < seed.r2 < 1
+
+
+def test_no_valid_record_is_an_error(records: list[RunRecord]) -> None:
+    invalid = [
+        r.model_copy(update={"validity": r.validity.model_copy(update={"valid": False})}) for r in records
+    ]
+    with pytest.raises(ValueError, match="no valid record"):
+        fit_step_model(invalid)
