@@ -1,0 +1,88 @@
+"""Send one ``RequestSpec`` to an OpenAI-compatible engine and fill a ``StreamRecord``.
+
+Streaming requests go through the suite's SSE client (``microbench.streams.stream_request``). A
+non-streaming request is one POST whose JSON answer is stamped as a single chunk carrying all completion
+tokens, so both kinds land in the same record and raise the same typed errors. ``classify`` names the
+outcome of a request for its trace row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import aiohttp
+
+from microbench.loadgen.requests import ApiSettings, RequestSpec, build_payload
+from microbench.streams import (
+    HTTPStatusError,
+    ServerStreamError,
+    StreamCut,
+    StreamRecord,
+    stream_request,
+)
+
+__all__ = ["classify", "post_request", "send_request"]
+
+
+async def post_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, object],
+    record: StreamRecord,
+    headers: Mapping[str, str] | None = None,
+) -> StreamRecord:
+    """A non-streaming POST; the whole answer is one chunk stamped when its body has arrived."""
+    record.t_send_ns = time.perf_counter_ns()
+    try:
+        async with session.post(url, json={**payload, "stream": False}, headers=headers) as resp:
+            record.t_headers_ns = time.perf_counter_ns()
+            record.status = resp.status
+            if resp.status != 200:
+                text = await resp.text()
+                record.error = f"HTTP {resp.status}: {text[:300]}"
+                raise HTTPStatusError(resp.status, text, record)
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        record.error = f"request failed: {exc!r}"
+        raise StreamCut(record.error, record) from exc
+    t_ns = time.perf_counter_ns()
+    if isinstance(body, dict) and "error" in body and not body.get("choices"):
+        record.error = f"server error: {str(body['error'])[:300]}"
+        raise ServerStreamError(record.error, record)
+    usage = body.get("usage") or {}
+    record.usage = dict(usage)
+    choices = body.get("choices") or [{}]
+    record.finish_reason = choices[0].get("finish_reason")
+    record.tokens_from_usage = usage.get("completion_tokens") is not None
+    record.chunk_t_ns.append(t_ns)
+    record.chunk_tokens.append(int(usage.get("completion_tokens", 1)))
+    record.t_done_ns = t_ns
+    return record
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    spec: RequestSpec,
+    api: ApiSettings,
+    record: StreamRecord,
+    headers: Mapping[str, str] | None = None,
+) -> StreamRecord:
+    """Send ``spec`` (streaming or not, as it says) and return its filled record; errors are typed."""
+    url = base_url.rstrip("/") + api.path
+    payload = build_payload(spec, api)
+    if spec.streaming:
+        return await stream_request(session, url, payload, record=record, headers=headers)
+    return await post_request(session, url, payload, record, headers=headers)
+
+
+def classify(exc: BaseException) -> str:
+    """The trace ``status`` for a request that raised ``exc``."""
+    if isinstance(exc, HTTPStatusError):
+        return "http_error"
+    if isinstance(exc, ServerStreamError):
+        return "server_error"
+    if isinstance(exc, StreamCut):
+        return "cut"
+    return "client_error"

@@ -1,0 +1,424 @@
+"""The load-generation session: start → run stages → drain each → result, with per-request records.
+
+``LoadSession`` owns one aiohttp session (no connection cap, so an open loop is never throttled by a
+pool) and runs ``Stage`` after ``Stage``: a warm-up, then the measured stages of a rate or concurrency
+sweep. A stage pairs a plan, ``(target offset ns, RequestSpec)`` pairs from a scheduler or a self-timed
+workload, with its limits (a request count, a duration, or both).
+
+Open loop: the dispatcher sleeps until each target (the last ``spin_us`` by yielding to the event loop,
+for sub-millisecond precision) and starts the request as a task; nothing it waits on depends on a
+response, so a slow server never delays the next issue. Closed loop (``in_flight_limit``): a queue holds
+one token per slot; a completion puts its token back, which releases the next issue (no polling); the
+intended time of that issue is the moment the slot came free.
+
+Each request records its intended send time, the actual one (``StreamRecord.t_send_ns``), every chunk,
+usage, status and error; errors (HTTP 429/500, cut streams, server errors) become records, never
+exceptions. ``stop()`` ends issuing; in-flight requests then drain for up to ``drain_timeout_s`` and the
+rest are cancelled and recorded as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from pydantic import Field
+
+from engine_harness.engines import StrictModel
+from microbench.loadgen.client import classify, send_request
+from microbench.loadgen.events import Event, EventBus, EventHook, EventKind
+from microbench.loadgen.requests import ApiSettings, RequestSpec
+from microbench.loadgen.schedulers import Scheduler
+from microbench.streams import StreamRecord
+
+__all__ = [
+    "LoadSession",
+    "RequestRecord",
+    "SessionResult",
+    "SessionSettings",
+    "Stage",
+    "StageOutcome",
+    "sweep_stages",
+]
+
+Plan = Iterator[tuple[int, RequestSpec]]
+
+
+class SessionSettings(StrictModel):
+    """Where to send and how the session behaves around its stages."""
+
+    base_url: str = Field(..., description="engine base URL, e.g. http://127.0.0.1:8000")
+    api: ApiSettings
+    drain_timeout_s: float = Field(default=60.0, gt=0, description="how long in-flight requests may finish")
+    request_timeout_s: float | None = Field(default=None, gt=0, description="total time one request may take")
+    api_key_env: str | None = Field(default=None, description="environment variable holding a bearer token")
+    spin_us: int = Field(
+        default=1000,
+        ge=0,
+        description="before a target, stop sleeping this early and yield to the loop instead",
+    )
+
+
+@dataclass
+class Stage:
+    """One phase of a session: a plan and the limits that end its issuing."""
+
+    name: str
+    plan: Plan
+    max_requests: int | None = None
+    duration_s: float | None = None
+    warmup: bool = False
+    requested_rate: float | None = None
+    in_flight_limit: int | None = None
+    description: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"stage {self.name!r}: max_requests must be at least 1")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"stage {self.name!r}: duration_s must be positive")
+        if self.in_flight_limit is not None and self.in_flight_limit < 1:
+            raise ValueError(f"stage {self.name!r}: in_flight_limit must be at least 1")
+
+    @classmethod
+    def scheduled(
+        cls,
+        name: str,
+        scheduler: Scheduler,
+        requests: Iterable[RequestSpec],
+        *,
+        max_requests: int | None = None,
+        duration_s: float | None = None,
+        warmup: bool = False,
+    ) -> Stage:
+        """A stage whose times come from ``scheduler`` and whose requests come from ``requests``."""
+        if max_requests is None and duration_s is None and scheduler.kind != "trace":
+            raise ValueError(f"stage {name!r}: give max_requests, duration_s or both")
+        return cls(
+            name=name,
+            plan=zip(scheduler.offsets_ns(), requests, strict=False),
+            max_requests=max_requests,
+            duration_s=duration_s,
+            warmup=warmup,
+            requested_rate=scheduler.requested_rate,
+            in_flight_limit=scheduler.in_flight_limit,
+            description=scheduler.model_dump(),
+        )
+
+
+def sweep_stages(
+    scheduler: Scheduler,
+    values: Iterable[float],
+    requests: Iterable[RequestSpec],
+    *,
+    max_requests: int | None = None,
+    duration_s: float | None = None,
+) -> list[Stage]:
+    """One stage per rate (or concurrency) in ``values``, all drawing from the same request stream."""
+    source = iter(requests)
+    stages = []
+    for value in values:
+        point = scheduler.with_load(value)
+        name = f"{point.kind}-{point.sweep_axis}-{value:g}"
+        stages.append(Stage.scheduled(name, point, source, max_requests=max_requests, duration_s=duration_s))
+    return stages
+
+
+@dataclass
+class RequestRecord:
+    """Everything known about one request; ``stream`` holds the send stamp, chunks and usage."""
+
+    request_id: int
+    stage: str
+    warmup: bool
+    spec: RequestSpec
+    intended_ns: int
+    stream: StreamRecord
+    status: str = "pending"
+
+
+@dataclass
+class StageOutcome:
+    """How a stage ran: its limits and what the dispatcher did (health is computed from the records)."""
+
+    name: str
+    warmup: bool
+    description: dict[str, Any]
+    requested_rate: float | None
+    in_flight_limit: int | None
+    max_requests: int | None
+    duration_s: float | None
+    start_ns: int = 0
+    issue_end_ns: int = 0
+    end_ns: int = 0
+    issued: int = 0
+    max_in_flight: int = 0
+    drain_cancelled: int = 0
+    stopped: bool = False
+
+
+@dataclass
+class SessionResult:
+    """The session's raw output: every request record and every stage outcome."""
+
+    settings: SessionSettings
+    t0_ns: int
+    started_unix_ns: int
+    records: list[RequestRecord]
+    stages: list[StageOutcome]
+
+
+class LoadSession:
+    """``async with LoadSession(settings) as s: result = await s.run(stages)``."""
+
+    def __init__(self, settings: SessionSettings, hooks: Iterable[EventHook] = ()) -> None:
+        self.settings = settings
+        self.events = EventBus(list(hooks))
+        self.records: list[RequestRecord] = []
+        self._http: aiohttp.ClientSession | None = None
+        self._headers: dict[str, str] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._active = 0
+        self._stopping = False
+        self._wakeup: asyncio.Future[None] | None = None
+        self._slots: asyncio.Queue[int | None] | None = None
+        self._cancel_reason = "cancelled"
+        self._outcome: StageOutcome | None = None
+        self._t0_ns = 0
+
+    async def __aenter__(self) -> LoadSession:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s)
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+        if self.settings.api_key_env:
+            self._headers = {"Authorization": f"Bearer {os.environ[self.settings.api_key_env]}"}
+
+    async def close(self) -> None:
+        if self._tasks:
+            await self._drain(0.0)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def stop(self) -> None:
+        """End issuing now; the running stage drains, later stages are skipped."""
+        self._stopping = True
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+        if self._slots is not None:
+            self._slots.put_nowait(None)
+
+    async def run(self, stages: Iterable[Stage]) -> SessionResult:
+        """Run the stages in order (each drained before the next) and return the records."""
+        if self._http is None:
+            raise RuntimeError("LoadSession.run() needs start() (or 'async with') first")
+        self._t0_ns = time.perf_counter_ns()
+        started_unix_ns = time.time_ns()
+        self._emit(EventKind.SESSION_STARTED, self._t0_ns)
+        outcomes = []
+        for stage in stages:
+            if self._stopping:
+                break
+            outcomes.append(await self._run_stage(stage))
+        self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
+        return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes)
+
+    def _emit(self, kind: EventKind, t_ns: int, request_id: int | None = None, **data: Any) -> None:
+        if self.events.active:
+            stage = self._outcome.name if self._outcome else ""
+            self.events.emit(Event(kind, t_ns, stage, request_id, data))
+
+    async def _run_stage(self, stage: Stage) -> StageOutcome:
+        outcome = StageOutcome(
+            stage.name,
+            stage.warmup,
+            stage.description,
+            stage.requested_rate,
+            stage.in_flight_limit,
+            stage.max_requests,
+            stage.duration_s,
+        )
+        self._outcome = outcome
+        outcome.start_ns = time.perf_counter_ns()
+        self._emit(EventKind.STAGE_STARTED, outcome.start_ns, warmup=stage.warmup)
+        deadline = None if stage.duration_s is None else outcome.start_ns + int(stage.duration_s * 1e9)
+        if stage.in_flight_limit is None:
+            await self._open_loop(stage, outcome, deadline)
+        else:
+            await self._closed_loop(stage, outcome, deadline, stage.in_flight_limit)
+        outcome.issue_end_ns = time.perf_counter_ns()
+        outcome.stopped = self._stopping
+        self._emit(EventKind.ISSUE_STOPPED, outcome.issue_end_ns, issued=outcome.issued)
+        outcome.drain_cancelled = await self._drain(self.settings.drain_timeout_s)
+        outcome.end_ns = time.perf_counter_ns()
+        self._emit(EventKind.DRAINED, outcome.end_ns, cancelled=outcome.drain_cancelled)
+        return outcome
+
+    async def _open_loop(self, stage: Stage, outcome: StageOutcome, deadline: int | None) -> None:
+        for offset_ns, spec in stage.plan:
+            if self._stopping or (stage.max_requests is not None and outcome.issued >= stage.max_requests):
+                return
+            target = outcome.start_ns + offset_ns
+            if deadline is not None and target >= deadline:
+                return
+            if not await self._sleep_until(target):
+                return
+            self._launch(spec, target, stage, outcome, deadline, None)
+
+    async def _closed_loop(
+        self, stage: Stage, outcome: StageOutcome, deadline: int | None, limit: int
+    ) -> None:
+        slots: asyncio.Queue[int | None] = asyncio.Queue()
+        self._slots = slots
+        for _ in range(limit):
+            slots.put_nowait(outcome.start_ns)
+        loop = asyncio.get_running_loop()
+        timer = None
+        if deadline is not None:
+            timer = loop.call_later((deadline - time.perf_counter_ns()) / 1e9, slots.put_nowait, None)
+
+        def release() -> None:
+            slots.put_nowait(time.perf_counter_ns())
+
+        try:
+            for offset_ns, spec in stage.plan:
+                if stage.max_requests is not None and outcome.issued >= stage.max_requests:
+                    return
+                freed_ns = await slots.get()
+                if freed_ns is None or self._stopping:
+                    return
+                if deadline is not None and time.perf_counter_ns() >= deadline:
+                    return
+                intended = max(freed_ns, outcome.start_ns + offset_ns)
+                if not await self._sleep_until(intended):
+                    return
+                self._launch(spec, intended, stage, outcome, deadline, release)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._slots = None
+
+    async def _sleep_until(self, target_ns: int) -> bool:
+        """Sleep until ``target_ns``, yielding to the loop for the last ``spin_us``; False if stopped."""
+        remaining = target_ns - time.perf_counter_ns() - self.settings.spin_us * 1000
+        if remaining > 0:
+            loop = asyncio.get_running_loop()
+            self._wakeup = loop.create_future()
+            handle = loop.call_later(remaining / 1e9, _resolve, self._wakeup)
+            await self._wakeup
+            handle.cancel()
+            self._wakeup = None
+        # Deliberate spin: each turn lets the loop ingest chunks; a timer would add up to 1 ms of lateness.
+        while not self._stopping and time.perf_counter_ns() < target_ns:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        return not self._stopping
+
+    def _launch(
+        self,
+        spec: RequestSpec,
+        intended_ns: int,
+        stage: Stage,
+        outcome: StageOutcome,
+        deadline: int | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        outcome.issued += 1
+        task = asyncio.create_task(self._conversation(spec, intended_ns, stage, outcome, deadline, release))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _conversation(
+        self,
+        spec: RequestSpec,
+        intended_ns: int,
+        stage: Stage,
+        outcome: StageOutcome,
+        deadline: int | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        """Send a request and, for a multi-turn one, its later rounds after their think time."""
+        try:
+            current: RequestSpec | None = spec
+            while current is not None:
+                record = await self._send(current, intended_ns, stage, outcome)
+                if current.next_turn is None or record.status != "ok" or self._stopping:
+                    return
+                following = current.next_turn(current, record.stream)
+                intended_ns = time.perf_counter_ns() + int(current.think_time_s * 1e9)
+                if following is None or (deadline is not None and intended_ns >= deadline):
+                    return
+                await asyncio.sleep(current.think_time_s)
+                current = following
+        finally:
+            if release is not None:
+                release()
+
+    async def _send(
+        self, spec: RequestSpec, intended_ns: int, stage: Stage, outcome: StageOutcome
+    ) -> RequestRecord:
+        assert self._http is not None
+        record = RequestRecord(len(self.records), stage.name, stage.warmup, spec, intended_ns, StreamRecord())
+        self.records.append(record)
+        self._active += 1
+        outcome.max_in_flight = max(outcome.max_in_flight, self._active)
+        self._emit(EventKind.ISSUED, time.perf_counter_ns(), record.request_id, intended_ns=intended_ns)
+        try:
+            await send_request(
+                self._http, self.settings.base_url, spec, self.settings.api, record.stream, self._headers
+            )
+            record.status = "ok"
+        except asyncio.CancelledError:
+            record.status = "cancelled"
+            record.stream.error = record.stream.error or self._cancel_reason
+            raise
+        except Exception as exc:  # every failure becomes a record; the trace counts them by status
+            record.status = classify(exc)
+            record.stream.error = record.stream.error or f"{type(exc).__name__}: {exc}"
+        finally:
+            self._active -= 1
+            if self.events.active:
+                self._emit_outcome(record)
+        return record
+
+    def _emit_outcome(self, record: RequestRecord) -> None:
+        stream = record.stream
+        for i, (t_ns, tokens) in enumerate(zip(stream.chunk_t_ns, stream.chunk_tokens, strict=True)):
+            kind = EventKind.FIRST_CHUNK if i == 0 else EventKind.CHUNK
+            self._emit(kind, t_ns, record.request_id, tokens=tokens)
+        end_ns = stream.t_done_ns or time.perf_counter_ns()
+        if record.status == "ok":
+            self._emit(EventKind.COMPLETE, end_ns, record.request_id, usage=stream.usage)
+        else:
+            self._emit(EventKind.ERROR, end_ns, record.request_id, status=record.status, error=stream.error)
+
+    async def _drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for in-flight requests, cancel the rest; returns the number cancelled."""
+        pending = set(self._tasks)
+        if not pending:
+            return 0
+        if timeout_s > 0:
+            _, pending = await asyncio.wait(pending, timeout=timeout_s)
+        self._cancel_reason = f"cancelled: still in flight at the drain timeout ({timeout_s:g} s)"
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return len(pending)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,283 @@
+"""The per-request trace of a session (Parquet, plus CSV for people) and its header (JSON).
+
+One row per request with the seed-003 columns that apply (client, tenant, SLO class, session and round,
+prefix group, streaming, input/output tokens, intended and actual send times, first and last chunk, number
+of chunks) plus every chunk's stamp and token count, status, HTTP status and error text. Times are integer
+nanoseconds of ``perf_counter_ns`` measured from the session start; ``session_start_unix_ns`` in the
+header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` come from the server's
+``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens per chunk.
+
+The header carries the workload spec and seed, the prompt settings (token space, salt), the engine, and
+the load generator's health per stage: requested vs achieved rate, schedule-delay p50/p99/max, the most
+requests in flight, and a saturation warning when the generator fell behind (median schedule delay above
+10 ms, or an open loop whose sends spanned more than 1/0.9 of the time its schedule asked for).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import numpy as np
+import pandas as pd
+import pydantic
+from pydantic import Field
+
+from engine_harness.engines import StrictModel
+from microbench.loadgen.session import RequestRecord, SessionResult, StageOutcome
+
+__all__ = [
+    "SATURATION_DELAY_MS",
+    "TRACE_COLUMNS",
+    "TRACE_VERSION",
+    "StageHealth",
+    "TraceHeader",
+    "read_trace",
+    "stage_health",
+    "trace_frame",
+    "write_trace",
+]
+
+TRACE_VERSION = 1  # bump on a breaking change of columns or header
+SATURATION_DELAY_MS = 10.0
+SATURATION_RATE_FRACTION = 0.9
+LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
+TRACE_COLUMNS = (
+    "request_id", "stage", "warmup", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
+    "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens", "input_tokens",
+    "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns", "headers_ns",
+    "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
+    "tokens_from_usage", "finish_reason", "status", "http_status", "error",
+)  # fmt: skip
+
+
+class StageHealth(StrictModel):
+    """How well the load generator kept its schedule in one stage."""
+
+    name: str
+    warmup: bool
+    scheduler: dict[str, Any]
+    requested_rate: float | None = Field(
+        default=None, description="requests per second asked for (open loop)"
+    )
+    scheduled_rate: float | None = Field(
+        default=None, description="first-round intended sends per second (the draw)"
+    )
+    achieved_rate: float | None = Field(
+        default=None, description="first-round sends per second actually made"
+    )
+    in_flight_limit: int | None = Field(default=None, description="closed-loop concurrency")
+    max_in_flight: int
+    issued: int = Field(..., description="requests sent, later rounds of conversations included")
+    status_counts: dict[str, int]
+    schedule_delay_p50_ms: float | None
+    schedule_delay_p99_ms: float | None
+    schedule_delay_max_ms: float | None
+    duration_s: float = Field(..., description="stage start to the end of its drain")
+    drain_cancelled: int
+    stopped: bool
+    saturated: bool
+    warning: str | None = None
+
+
+class TraceHeader(StrictModel):
+    """Everything needed to read, reproduce and trust a trace."""
+
+    trace_version: Literal[1] = 1
+    created_at: str
+    time_unit: Literal["ns"] = "ns"
+    clock: str = "perf_counter_ns offsets from the session start"
+    session_start_unix_ns: int
+    workload: dict[str, Any] = Field(default_factory=dict, description="name, seed, spec, notes")
+    seed: int | None = Field(default=None, description="the workload seed")
+    prompts: dict[str, Any] = Field(default_factory=dict, description="token space, salt, text or ids")
+    engine: dict[str, Any] = Field(default_factory=dict, description="base URL, model, kind, settings")
+    session: dict[str, Any] = Field(default_factory=dict, description="the session settings")
+    loadgen: dict[str, Any] = Field(default_factory=dict, description="host and versions")
+    stages: list[StageHealth]
+    saturated: bool
+    warnings: list[str] = Field(default_factory=list)
+
+
+def _offset(t_ns: int | None, t0_ns: int) -> int | None:
+    return None if not t_ns else t_ns - t0_ns
+
+
+def _row(rec: RequestRecord, t0_ns: int) -> dict[str, Any]:
+    s, spec = rec.stream, rec.spec
+    usage = s.usage or {}
+    send = _offset(s.t_send_ns, t0_ns)
+    intended = rec.intended_ns - t0_ns
+    return {
+        "request_id": rec.request_id,
+        "stage": rec.stage,
+        "warmup": rec.warmup,
+        "client_id": spec.client_id,
+        "tenant_id": spec.tenant_id,
+        "slo_class": spec.slo_class,
+        "session_id": spec.session_id,
+        "round_index": spec.round_index,
+        "prefix_group": spec.prefix_group,
+        "prefix_tokens": spec.prefix_tokens,
+        "streaming": spec.streaming,
+        "prompt_tokens": spec.prompt_tokens,
+        "max_tokens": spec.max_tokens,
+        "input_tokens": usage.get("prompt_tokens"),
+        "output_tokens": usage.get("completion_tokens"),
+        "cached_tokens": s.cached_prompt_tokens,
+        "intended_ns": intended,
+        "send_ns": send,
+        "schedule_delay_ns": None if send is None else send - intended,
+        "headers_ns": _offset(s.t_headers_ns, t0_ns),
+        "first_chunk_ns": _offset(s.first_token_ns, t0_ns),
+        "last_chunk_ns": _offset(s.chunk_t_ns[-1] if s.chunk_t_ns else None, t0_ns),
+        "done_ns": _offset(s.t_done_ns, t0_ns),
+        "num_chunks": len(s.chunk_t_ns),
+        "chunk_ns": [t - t0_ns for t in s.chunk_t_ns],
+        "chunk_tokens": list(s.chunk_tokens),
+        "tokens_from_usage": s.tokens_from_usage,
+        "finish_reason": s.finish_reason,
+        "status": rec.status,
+        "http_status": s.status,
+        "error": s.error,
+    }
+
+
+_INT_COLUMNS = (
+    "input_tokens", "output_tokens", "cached_tokens", "send_ns", "schedule_delay_ns", "headers_ns",
+    "first_chunk_ns", "last_chunk_ns", "done_ns", "http_status",
+)  # fmt: skip
+
+
+def trace_frame(result: SessionResult) -> pd.DataFrame:
+    """One row per request (nullable integer columns stay integers)."""
+    frame = pd.DataFrame([_row(r, result.t0_ns) for r in result.records], columns=list(TRACE_COLUMNS))
+    for column in _INT_COLUMNS:
+        frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def _rate(times_ns: np.ndarray) -> float | None:
+    """Events per second over the span of ``times_ns`` (None for fewer than two or a zero span)."""
+    if times_ns.size < 2 or times_ns.max() <= times_ns.min():
+        return None
+    return float((times_ns.size - 1) / ((times_ns.max() - times_ns.min()) / 1e9))
+
+
+def _percentile_ms(values: np.ndarray, q: float) -> float | None:
+    return None if values.size == 0 else float(np.percentile(values, q) / 1e6)
+
+
+def _health(outcome: StageOutcome, rows: pd.DataFrame) -> StageHealth:
+    sent = rows[rows["send_ns"].notna()]
+    delays = sent["schedule_delay_ns"].to_numpy(dtype=float)
+    first_rounds = sent[sent["round_index"] == 0]
+    achieved = _rate(first_rounds["send_ns"].to_numpy(dtype=float))
+    scheduled = _rate(first_rounds["intended_ns"].to_numpy(dtype=float))
+    p50 = _percentile_ms(delays, 50)
+    problems = []
+    if p50 is not None and p50 > SATURATION_DELAY_MS:
+        problems.append(f"median schedule delay {p50:.1f} ms > {SATURATION_DELAY_MS:g} ms")
+    if (
+        outcome.in_flight_limit is None
+        and achieved is not None
+        and scheduled is not None
+        and achieved < SATURATION_RATE_FRACTION * scheduled
+    ):
+        problems.append(
+            f"sent {achieved:.1f} req/s < {SATURATION_RATE_FRACTION:.0%} of scheduled {scheduled:.1f}"
+        )
+    warning = None
+    if problems:
+        warning = f"stage {outcome.name!r}: load generator fell behind ({'; '.join(problems)})"
+    return StageHealth(
+        name=outcome.name,
+        warmup=outcome.warmup,
+        scheduler=outcome.description,
+        requested_rate=outcome.requested_rate,
+        scheduled_rate=scheduled,
+        achieved_rate=achieved,
+        in_flight_limit=outcome.in_flight_limit,
+        max_in_flight=outcome.max_in_flight,
+        issued=len(rows),
+        status_counts={str(k): int(v) for k, v in rows["status"].value_counts().items()},
+        schedule_delay_p50_ms=p50,
+        schedule_delay_p99_ms=_percentile_ms(delays, 99),
+        schedule_delay_max_ms=None if delays.size == 0 else float(delays.max() / 1e6),
+        duration_s=(outcome.end_ns - outcome.start_ns) / 1e9,
+        drain_cancelled=outcome.drain_cancelled,
+        stopped=outcome.stopped,
+        saturated=bool(problems),
+        warning=warning,
+    )
+
+
+def stage_health(result: SessionResult, frame: pd.DataFrame | None = None) -> list[StageHealth]:
+    """Health of every stage of ``result``."""
+    frame = trace_frame(result) if frame is None else frame
+    return [_health(o, frame[frame["stage"] == o.name]) for o in result.stages]
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_trace(
+    out_dir: str | Path,
+    result: SessionResult,
+    *,
+    workload: dict[str, Any] | None = None,
+    seed: int | None = None,
+    prompts: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
+) -> TraceHeader:
+    """Write ``header.json``, ``trace.parquet`` and ``trace.csv`` into ``out_dir``; returns the header."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    frame = trace_frame(result)
+    health = stage_health(result, frame)
+    header = TraceHeader(
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        session_start_unix_ns=result.started_unix_ns,
+        workload=workload or {},
+        seed=seed,
+        prompts=prompts or {},
+        engine=engine or {"base_url": result.settings.base_url, "model": result.settings.api.model},
+        session=result.settings.model_dump(),
+        loadgen={
+            "python": platform.python_version(),
+            "aiohttp": aiohttp.__version__,
+            "pydantic": pydantic.VERSION,
+            "host": platform.node(),
+            "cpu_count": os.cpu_count(),
+        },
+        stages=health,
+        saturated=any(h.saturated for h in health),
+        warnings=[h.warning for h in health if h.warning],
+    )
+    _atomic_write(out / "trace.parquet", lambda p: frame.to_parquet(p, index=False))
+    text = frame.copy()
+    for column in LIST_COLUMNS:
+        text[column] = [" ".join(map(str, v)) for v in text[column]]
+    _atomic_write(out / "trace.csv", lambda p: text.to_csv(p, index=False))
+    _atomic_write(out / "header.json", lambda p: Path(p).write_text(header.model_dump_json(indent=2) + "\n"))
+    return header
+
+
+def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
+    """The header and the Parquet rows of a trace folder."""
+    out = Path(out_dir)
+    header = TraceHeader.model_validate_json((out / "header.json").read_text())
+    return header, pd.read_parquet(out / "trace.parquet")

@@ -1,0 +1,220 @@
+"""A ``WorkloadSpec`` made runnable: seeded request streams and self-timed plans for the load generator.
+
+``Workload.requests()`` yields ``RequestSpec`` endlessly: each one's client is drawn by rate fraction, its
+lengths from the client's distributions, its prefix (if any) by the prefix group's popularity. Lengths,
+client and prefix choices come only from the spec's ``seed``; token ids come from the ``PromptFactory``
+(whose salt makes cold prompts unique per run). ``Workload.plan()`` yields ``(offset_ns, RequestSpec)``
+with every client's own arrival process at its share of the aggregate rate, only inside its windows.
+
+With ``max_model_len`` a request that would not fit (prefix + input + output) gets its input, then its
+output, shortened; ``clipped`` counts them for the trace header. Multi-turn clients draw all rounds'
+lengths up front (so runs stay reproducible); a later round's prompt is the earlier prompt, a stand-in for
+the answer of the length the server reported (fresh ids; the answer's own ids are not returned; text
+prompts use the answer's text), and a new question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from microbench.loadgen.requests import RequestSpec
+from microbench.streams import StreamRecord
+from microbench.workloads.prompts import PromptFactory, TextRenderer
+from microbench.workloads.spec import ClientSpec, WorkloadSpec
+
+__all__ = ["Workload"]
+
+_NS = 1_000_000_000
+_BLOCK = 256  # requests drawn per block of each client
+
+
+@dataclass(frozen=True)
+class _Turns:
+    """The pre-drawn rounds of one conversation: question and output lengths per later round."""
+
+    session_id: str
+    questions: tuple[int, ...]
+    outputs: tuple[int, ...]
+    think_time_s: float
+    accumulate: bool
+
+
+class Workload:
+    """Requests of a spec, for a scheduler (``requests``) or timed by the spec itself (``plan``)."""
+
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        prompts: PromptFactory | None = None,
+        *,
+        text: TextRenderer | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.prompts = prompts or PromptFactory()
+        self.text = text
+        self.max_model_len = max_model_len
+        self.clipped = 0
+        self._prefix_lengths = {
+            c.prefix.group: c.prefix.length.sample(self._rng(1, i), c.prefix.count).tolist()
+            for i, c in enumerate(spec.clients)
+            if c.prefix is not None
+        }
+        self._prefix_weights = [self._popularity(c) for c in spec.clients]
+
+    def _rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.spec.seed, *key])
+
+    @staticmethod
+    def _popularity(client: ClientSpec) -> np.ndarray | None:
+        if client.prefix is None:
+            return None
+        ranks = np.arange(1, client.prefix.count + 1, dtype=float)
+        weights = ranks ** -(client.prefix.zipf_s or 0.0)
+        return weights / weights.sum()
+
+    def requests(self) -> Iterator[RequestSpec]:
+        """Endless requests, clients mixed by ``rate_fraction``."""
+        fractions = np.array([c.rate_fraction for c in self.spec.clients])
+        choice_rng = self._rng(2)
+        makers = [self._client_requests(i) for i in range(len(self.spec.clients))]
+        while True:
+            picks = choice_rng.choice(len(makers), size=1024, p=fractions / fractions.sum())
+            for index in picks:
+                yield next(makers[index])
+
+    def plan(
+        self, duration_s: float, aggregate_rate: float | None = None
+    ) -> Iterator[tuple[int, RequestSpec]]:
+        """Timed requests for ``duration_s``: each client's arrivals at its share of the aggregate rate."""
+        rate = aggregate_rate or self.spec.aggregate_rate
+        if rate is None:
+            raise ValueError(f"workload {self.spec.name!r} has no aggregate_rate; pass one")
+        total = sum(c.rate_fraction for c in self.spec.clients)
+        streams = [
+            self._client_times(i, rate * c.rate_fraction / total, duration_s)
+            for i, c in enumerate(self.spec.clients)
+        ]
+        merged = heapq.merge(*(zip(times, itertools.repeat(i)) for i, times in enumerate(streams)))
+        makers = [self._client_requests(i) for i in range(len(self.spec.clients))]
+        for offset_ns, index in merged:
+            yield offset_ns, next(makers[index])
+
+    def _client_times(self, index: int, rate: float, duration_s: float) -> Iterator[int]:
+        client = self.spec.clients[index]
+        windows = [(w.start_s, min(w.end_s, duration_s)) for w in client.windows] or [(0.0, duration_s)]
+        for w, (start_s, end_s) in enumerate(windows):
+            if end_s <= start_s:
+                continue
+            scheduler = client.arrival.scheduler(rate, seed=self.spec.seed * 1000 + index * 100 + w)
+            span_ns, start_ns = int((end_s - start_s) * _NS), int(start_s * _NS)
+            for offset in scheduler.offsets_ns():
+                if offset >= span_ns:
+                    break
+                yield start_ns + offset
+
+    def _client_requests(self, index: int) -> Iterator[RequestSpec]:
+        """Endless requests of one client; its draws are made in blocks (cheap per request)."""
+        client = self.spec.clients[index]
+        rng = self._rng(3, index)
+        rounds = client.multi_turn.max_rounds - 1 if client.multi_turn is not None else 0
+        for block in itertools.count():
+            prefix_index = np.full(_BLOCK, -1)
+            if client.prefix is not None:
+                carries = rng.random(_BLOCK) < client.prefix.fraction
+                picks = rng.choice(client.prefix.count, size=_BLOCK, p=self._prefix_weights[index])
+                prefix_index = np.where(carries, picks, -1)
+            inputs = client.input_length.sample(rng, _BLOCK)
+            outputs = client.output_length.sample(rng, _BLOCK)
+            questions = client.input_length.sample(rng, _BLOCK * rounds).reshape(_BLOCK, rounds)
+            answers = client.output_length.sample(rng, _BLOCK * rounds).reshape(_BLOCK, rounds)
+            for k in range(_BLOCK):
+                turns = None
+                if rounds:
+                    assert client.multi_turn is not None
+                    turns = _Turns(
+                        session_id=f"{client.id}-{block * _BLOCK + k}",
+                        questions=tuple(questions[k].tolist()),
+                        outputs=tuple(answers[k].tolist()),
+                        think_time_s=client.multi_turn.think_time_s,
+                        accumulate=client.multi_turn.context_growth == "accumulate",
+                    )
+                yield self._first_round(client, int(prefix_index[k]), int(inputs[k]), int(outputs[k]), turns)
+
+    def _fit(self, prefix_len: int, input_len: int, output_len: int) -> tuple[int, int]:
+        """Input and output lengths shortened (input first) so the request fits ``max_model_len``."""
+        if self.max_model_len is None or prefix_len + input_len + output_len <= self.max_model_len:
+            return input_len, output_len
+        self.clipped += 1
+        room = self.max_model_len - prefix_len
+        output_len = max(1, min(output_len, room - 1))
+        return max(1, room - output_len), output_len
+
+    def _render(self, ids: list[int]) -> tuple[list[int] | str, int]:
+        if self.text is None:
+            return ids, len(ids)
+        return self.text.render(ids)
+
+    def _first_round(
+        self, client: ClientSpec, prefix_index: int, input_len: int, output_len: int, turns: _Turns | None
+    ) -> RequestSpec:
+        prefix: list[int] = []
+        group = ""
+        if prefix_index >= 0 and client.prefix is not None:
+            group = client.prefix.group
+            prefix = self.prompts.shared(group, prefix_index, int(self._prefix_lengths[group][prefix_index]))
+        input_len, output_len = self._fit(len(prefix), input_len, output_len)
+        prompt, n_tokens = self._render(prefix + self.prompts.cold(input_len))
+        return RequestSpec(
+            prompt=prompt,
+            prompt_tokens=n_tokens,
+            max_tokens=output_len,
+            client_id=client.id,
+            tenant_id=client.tenant_id,
+            slo_class=client.slo_class,
+            prefix_group=f"{group}/{prefix_index}" if group else "",
+            prefix_tokens=len(prefix),
+            session_id=turns.session_id if turns else "",
+            streaming=client.streaming,
+            sampling=dict(client.sampling),
+            next_turn=None if turns is None else functools.partial(self._next_round, turns, prefix),
+            think_time_s=0.0 if turns is None else turns.think_time_s,
+        )
+
+    def _next_round(
+        self, turns: _Turns, prefix: list[int], previous: RequestSpec, answer: StreamRecord
+    ) -> RequestSpec | None:
+        """The round after ``previous`` given its ``answer`` (None once the rounds or the context run out)."""
+        index = previous.round_index
+        if index >= len(turns.questions):
+            return None
+        question_len, output_len = turns.questions[index], turns.outputs[index]
+        prompt: list[int] | str
+        if turns.accumulate:
+            if isinstance(previous.prompt, str):
+                question, _ = self._render(self.prompts.cold(question_len))
+                assert isinstance(question, str)
+                prompt, n_tokens = self._joined_text(previous.prompt + "".join(answer.text) + question)
+            else:
+                answer_ids = self.prompts.cold(answer.completion_tokens)
+                ids = previous.prompt + answer_ids + self.prompts.cold(question_len)
+                prompt, n_tokens = ids, len(ids)
+            if self.max_model_len is not None and n_tokens + output_len > self.max_model_len:
+                self.clipped += 1
+                return None
+        else:
+            prompt, n_tokens = self._render(prefix + self.prompts.cold(question_len))
+        return dataclasses.replace(
+            previous, prompt=prompt, prompt_tokens=n_tokens, max_tokens=output_len, round_index=index + 1
+        )
+
+    def _joined_text(self, text: str) -> tuple[str, int]:
+        assert self.text is not None
+        return text, len(self.text.tokenizer.encode(text))
