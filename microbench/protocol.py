@@ -61,6 +61,13 @@ class NotSteady(ProtocolError):
     """The decode batch did not reach (or hold) steady state before an injection; nothing was injected."""
 
 
+# More tokens than this in one read of a decode stream means the client or the engine's API server
+# stalled (the tokens were produced on time but delivered together). A baseline with such a read is
+# refused (it would set the reference of every point of its batch); in a measurement window the stall
+# is what the decode clients saw, so it is kept and its size recorded (``max_tokens_per_read``).
+MAX_TOKENS_PER_READ = 4
+
+
 @dataclass(frozen=True)
 class ProtocolSettings:
     """Knobs of the protocol; defaults are seed 002's rules."""
@@ -226,6 +233,8 @@ async def measure_baseline(batch: DecodeBatch, s: ProtocolSettings) -> tuple[Bas
         lambda: batch.chunks_after(t0) >= s.baseline_gaps + 1, s.steady_timeout_s, "baseline gaps"
     )
     gaps = [g for i in range(batch.size) for g in batch.gaps(i) if g.start_ns >= t0]
+    if (burst := max((g.tokens for g in gaps), default=0)) > MAX_TOKENS_PER_READ:
+        raise NotSteady(f"delivery stalled during the baseline: {burst} tokens arrived in one read")
     baseline = Baseline(
         tpot_p50_ms=percentile_ms(gaps, 50),
         tpot_p90_ms=percentile_ms(gaps, 90),
@@ -359,6 +368,7 @@ def build_record(
     after_all: list[Gap] = []
     local: list[Gap] = []
     aggregate_ms = 0.0
+    max_per_read = 0
     per_stream_during: list[list[Gap]] = []
     if batch is not None:
         all_before = [
@@ -380,6 +390,8 @@ def build_record(
                 reasons.append(f"decode stream {i} did not span the prefill window")
             if not is_steady(local_i, s.local_gaps, s.steady_ratio):
                 reasons.append(f"decode stream {i} was not steady right before the injection")
+            window = local_i + split.during + split.after[: s.recovery_gaps]
+            max_per_read = max(max_per_read, max((g.tokens for g in window), default=0))
         if (why := batch.failure()) is not None and not all(per_stream_during):
             reasons.append(why)
     local_p50 = percentile_ms(local, 50)
@@ -442,6 +454,11 @@ def build_record(
             tpot_during_prefill_p50_ms=during_p50,
             tpot_during_prefill_p90_ms=percentile_ms(during_all, 90),
             tpot_during_prefill_max_ms=percentile_ms(during_all, 100),
+            tpot_during_prefill_mean_ms=(
+                sum(g.end_ns - g.start_ns for g in during_all) / 1e6 / sum(g.tokens for g in during_all)
+                if during_all
+                else None
+            ),
             tpot_after_prefill_p50_ms=percentile_ms(after_all, 50),
             num_chunks_actual=chunks_actual,
             num_chunks_source=source,
@@ -451,6 +468,7 @@ def build_record(
             prefill_duration_ms=ttft_ms,
             prefill_ttft_ms=ttft_ms,
             n_gaps_during=len(during_all),
+            max_tokens_per_read=max_per_read,
             recovery_gaps_ms=[round(g.ms, 4) for g in after_all],
             prefix_cache_hits=hits,
             prefix_cache_queries=queries,

@@ -100,6 +100,10 @@ class Interference(Record):
     tpot_during_prefill_p50_ms: float | None
     tpot_during_prefill_p90_ms: float | None
     tpot_during_prefill_max_ms: float | None
+    tpot_during_prefill_mean_ms: float | None = Field(
+        description="window time over window tokens, pooled over streams: steadier than the p50 when the "
+        "window holds only a few engine steps (its median then flips between decode-like and mixed gaps)"
+    )
     tpot_after_prefill_p50_ms: float | None
     num_chunks_actual: int | None = Field(
         description="prefill-carrying engine steps (step log, else histogram)"
@@ -111,6 +115,9 @@ class Interference(Record):
     prefill_duration_ms: float | None = Field(description="send → first token of the injected request")
     prefill_ttft_ms: float | None
     n_gaps_during: int = Field(ge=0)
+    max_tokens_per_read: int = Field(
+        0, ge=0, description="most decode tokens one read carried around the window (>1: delivery stalled)"
+    )
     recovery_gaps_ms: list[float] = Field(description="every stream's gaps after the first token, in order")
     prefix_cache_hits: float | None = Field(description="prefix-cache hit tokens during the injection")
     prefix_cache_queries: float | None

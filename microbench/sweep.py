@@ -196,14 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         runner.console.print(
             f"[yellow]stopped; everything measured is in {folder.root}. Continue with: "
-            f"python -m microbench.sweep --resume --run-id {folder.root.name}"
+            f"python -m microbench.sweep --resume --run-id {folder.root.name}",
+            soft_wrap=True,  # one line: the command must survive copy and paste
         )
         return 130
     except (SweepAborted, EngineError, MetricsError, OSError) as exc:
-        runner.console.print(f"[red]error: {exc}")
+        runner.console.print(f"[red]error: {exc}", soft_wrap=True)
         runner.console.print(
             f"measured points are kept in {folder.root}; continue with: "
-            f"python -m microbench.sweep --resume --run-id {folder.root.name}"
+            f"python -m microbench.sweep --resume --run-id {folder.root.name}",
+            soft_wrap=True,  # one line: the command must survive copy and paste
         )
         return 1
     finally:

@@ -102,8 +102,8 @@ class SweepConfig(StrictModel):
         need = p.steady_min_tokens + p.baseline_gaps + 2
         for prefill in self.prefill_tokens:
             window = math.ceil(prefill / max(chunk - decode_batch, 1)) + 2
-            # ×1.5: waiting for steady state and a clean local baseline takes a few tokens more
-            need += math.ceil((p.local_gaps + window + p.recovery_gaps + 2) * 1.5) * self.repetitions
+            # ×2: waiting for steady state and a clean local baseline takes some tokens more
+            need += (p.local_gaps + window + p.recovery_gaps + 2) * 2 * self.repetitions
         return min(need + 32, self.max_decode_tokens)
 
 

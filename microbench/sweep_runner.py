@@ -89,6 +89,7 @@ class SweepRunner:
         self.last_ratio: float | None = None
         self.progress: Progress | None = None
         self.task_id: TaskID | None = None
+        self._hardware: str | None = None
         spec = sweep.engine_spec()
         self.space = TokenSpace.parse(sweep.token_range) if sweep.token_range else token_space_for(spec.model)
         self.prefix = shared_prefix(sweep.decode_context, self.space, sweep.seed)
@@ -237,8 +238,10 @@ class SweepRunner:
                     await client.complete(self.prefix, 1)
 
     def _config(self, chunk: int, d: int, p: int, r: int, budget: int) -> RunConfig:
-        manifest_hw = self.folder.read_manifest().hardware
-        gpu = ", ".join(manifest_hw.get("gpus") or []) or f"CPU: {manifest_hw.get('cpu')}"
+        if self._hardware is None:
+            hw = self.folder.read_manifest().hardware
+            self._hardware = ", ".join(hw.get("gpus") or []) or f"CPU: {hw.get('cpu')}"
+        gpu = self._hardware
         engine = self.sweep.engine_spec(chunk)
         return RunConfig(
             decode_batch_size=d,
@@ -346,13 +349,13 @@ class SweepRunner:
         try:
             while todo:
                 p, r = todo[0]
-                if batch is None or batch.failure() or batch.tokens_left() < self._need(chunk, d, p):
-                    if batch is not None:
-                        await batch.close()
-                    batch = None
-                    batch, baseline = await self._new_batch(client, chunk, d, budget, batch_index)
-                    batch_index += 1
                 try:
+                    if batch is None or batch.failure() or batch.tokens_left() < self._need(chunk, d, p):
+                        if batch is not None:
+                            await batch.close()
+                        batch = None
+                        batch_index += 1
+                        batch, baseline = await self._new_batch(client, chunk, d, budget, batch_index - 1)
                     if await self._point(client, batch, baseline, chunk, d, p, r, budget):
                         todo.pop(0)
                     unsteady = 0
@@ -360,7 +363,8 @@ class SweepRunner:
                     # Nothing was injected: the batch ran out of tokens or never settled. A fresh batch
                     # gets another chance; three in a row make this point an invalid attempt.
                     unsteady += 1
-                    await batch.close()
+                    if batch is not None:
+                        await batch.close()
                     batch = None
                     if unsteady >= 3:
                         self._fail_point(client, chunk, d, p, r, f"never reached steady state: {exc}")
@@ -385,6 +389,9 @@ class SweepRunner:
             t = time.perf_counter()
             baseline, steady_ms, _ = await measure_baseline(batch, self.s)
             self.timing.measure_s += time.perf_counter() - t
+        except ProtocolError as exc:
+            await batch.close()
+            raise NotSteady(f"decode batch {index}: {exc}") from exc
         except BaseException:
             await batch.close()
             raise

@@ -95,7 +95,8 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
         steps = r.interference.engine_steps_log
         truth_per_stream = sum(s.elapsed_ms - decode_step for s in steps)  # extra time each decode waited
         measured = r.derived.aggregate_decode_delay_ms / r.config.decode_batch_size
-        assert measured == pytest.approx(truth_per_stream, rel=0.2, abs=3.0), r.config
+        # within 20%, or one decode step: the client reads tokens a little late on a loaded machine
+        assert measured == pytest.approx(truth_per_stream, rel=0.2, abs=decode_step), r.config
         # the baseline the client saw is the decode step the sim ran
         assert r.baseline.tpot_p50_ms == pytest.approx(decode_step, rel=0.1)
         if r.config.new_prefill_tokens == 2048:  # 5 chunks: the window median is a mixed step
@@ -163,3 +164,35 @@ def test_bad_sweep_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert "leave no room for prefill" in capsys.readouterr().err
     assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
     assert "no run with a manifest" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_cleanly_with_everything_measured_on_disk(tmp_path: Path) -> None:
+    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0, 4], prefill_tokens=[256, 1024, 2048], repetitions=2)
+    cmd = [
+        sys.executable,
+        "-m",
+        "microbench.sweep",
+        "--sweep",
+        str(sweep),
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "c",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runs = tmp_path / "c" / "runs"
+    deadline = time.monotonic() + 120
+    while len(list(runs.rglob("*.json"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    engines = psutil.Process(proc.pid).children()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Continue with: python -m microbench.sweep --resume --run-id c" in out
+    _, alive = psutil.wait_procs(engines, timeout=15)
+    assert not alive
+    measured = list(runs.rglob("*.json"))
+    assert len(measured) >= 3 and all(read_record(p, RunRecord).validity.valid for p in measured)
+    table = pd.read_csv(tmp_path / "c" / "interference_table.csv")  # written from what was measured
+    assert table.repetitions.sum() == len(measured)
