@@ -50,6 +50,7 @@ __all__ = [
     "measure_baseline",
     "raw_frame",
     "wait_idle",
+    "warm_up",
 ]
 
 
@@ -256,6 +257,32 @@ class Injection:
     after: Snapshot | None
     steps: list[EngineStep]
     reasons: list[str]
+
+
+@dataclass
+class WarmUp:
+    """Engine warm-up and its verification (DESIGN §3: probe latency stable within 10%)."""
+
+    probes_ms: list[float]
+    verified: bool
+
+
+async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probes: int = 20) -> WarmUp:
+    """One full-budget cold prefill, then identical-shape probes until three agree within 10%."""
+    await client.complete(cold_prompt(min(chunk, 4096), space), 1)
+    probes: list[float] = []
+    for _ in range(max_probes):
+        rec = await stream_request(
+            client.session,
+            client.completions_url,
+            client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16),
+            headers=client.headers,
+        )
+        probes.append(((rec.t_done_ns or time.perf_counter_ns()) - rec.t_send_ns) / 1e6)
+        last = probes[-3:]
+        if len(last) == 3 and max(last) <= 1.1 * min(last):
+            return WarmUp(probes, True)
+    return WarmUp(probes, False)
 
 
 def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:

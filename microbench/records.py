@@ -189,6 +189,9 @@ class Manifest(Record):
     engine_spec: dict[str, Any]
     engine_argv: dict[str, list[str]] = Field(default_factory=dict, description="per chunk size")
     engine_version: str | None
+    warmup: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per chunk size: probe latencies (ms) and whether they settled"
+    )
     hardware: dict[str, Any]
     packages: dict[str, str]
     git_commit: str | None

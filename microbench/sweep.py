@@ -168,6 +168,8 @@ def _resolve_run(args: argparse.Namespace) -> tuple[RunFolder, SweepConfig, bool
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     try:
         folder, sweep, resumed = _resolve_run(args)
     except SweepConfigError as exc:

@@ -43,6 +43,7 @@ from microbench.protocol import (
     measure_baseline,
     raw_frame,
     wait_idle,
+    warm_up,
 )
 from microbench.records import Baseline, BaselineRecord, RunConfig, RunRecord, point_name, write_record
 from microbench.run_folder import RunFolder
@@ -212,6 +213,21 @@ class SweepRunner:
     async def _run_chunk(self, session: aiohttp.ClientSession, engine: EngineProcess, chunk: int) -> None:
         self.restarts = 0
         client = self._client(session, engine)
+        self._describe(f"chunk {chunk}: warming up")
+        warm = await warm_up(client, self.space, chunk)
+        manifest = self.folder.read_manifest()
+        manifest.warmup[str(chunk)] = {
+            "probes_ms": [round(p, 3) for p in warm.probes_ms],
+            "verified": warm.verified,
+        }
+        self.folder.write_manifest(manifest)
+        if not warm.verified:
+            self.console.print(
+                f"[yellow]chunk {chunk}: warm-up probes never settled within 10% "
+                f"({', '.join(f'{p:.0f}' for p in warm.probes_ms[-5:])} ms); measuring anyway, "
+                "each point still checks steady state",
+                soft_wrap=True,
+            )
         # Prime the shared decode prefix once so every decode stream starts as a cache hit.
         await client.complete(self.prefix, 1)
         for d in self.sweep.decode_batch_sizes:

@@ -58,6 +58,8 @@ def test_every_point_is_valid_and_files_are_where_the_design_says(sim_run: Path)
         assert (sim_run / r.raw_file).is_file()
     manifest = json.loads((sim_run / "manifest.json").read_text())
     assert manifest["sweep"]["prefill_tokens"] == [256, 2048] and manifest["engine_version"].startswith("sim")
+    warm = manifest["warmup"]["512"]
+    assert warm["verified"] and len(warm["probes_ms"]) >= 3  # probes settled within 10% before measuring
     assert (sim_run / "baselines" / "512" / "D4_b0.json").is_file()
     assert (sim_run / "telemetry" / "512.parquet").is_file()
     table = pd.read_csv(sim_run / "interference_table.csv")
@@ -109,8 +111,9 @@ def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monk
     # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
     import microbench.protocol as protocol
 
-    fixed = protocol.cold_prompt(1024, protocol.TokenSpace(0, 256))
-    monkeypatch.setattr(protocol, "cold_prompt", lambda n, space: fixed[:n])
+    real = protocol.cold_prompt
+    fixed = real(1024, protocol.TokenSpace(0, 256))
+    monkeypatch.setattr(protocol, "cold_prompt", lambda n, space: fixed if n == 1024 else real(n, space))
     sweep = _sweep_file(tmp_path, decode_batch_sizes=[0], prefill_tokens=[1024], max_attempts=2)
     assert main(["--sweep", str(sweep), "--out", str(tmp_path), "--run-id", "hit"]) == 0
     r0, r1 = _records(tmp_path / "hit")
