@@ -19,7 +19,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from engine_harness.launch import EngineError
 from engine_harness.metrics import MetricsError
+from microbench import aio
 from microbench.records import Manifest
 from microbench.run_folder import RunFolder, git_commit, hardware_info, new_run_id, package_versions
 from microbench.sweep_config import SweepConfig, SweepConfigError, load_sweep
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     runner = SweepRunner(folder, sweep)
     try:
-        asyncio.run(runner.run())
+        aio.run(runner.run())
     except KeyboardInterrupt:
         runner.console.print(
             f"[yellow]stopped; everything measured is in {folder.root}. Continue with: "

@@ -30,6 +30,7 @@ import aiohttp
 import numpy as np
 
 from engine_harness.launch import free_port
+from microbench import aio
 from microbench.loadgen.requests import RequestSpec
 from microbench.loadgen.schedulers import parse_scheduler
 from microbench.loadgen.session import LoadSession, SessionSettings, Stage
@@ -148,37 +149,40 @@ async def vllm_ingest(url: str, streams: int, tokens: int) -> dict[str, float]:
     return {"chunks": chunks, "chunks_per_s": chunks / wall, "chunks_per_cpu_s": chunks / cpu}
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Each client on the loop its tool runs on: ours on ``microbench.aio`` (uvloop), vLLM's on asyncio's
+    default loop (``vllm bench serve`` calls ``asyncio.run``). One sim server serves both."""
     import vllm.benchmarks.serve  # noqa: F401  (slow import: not inside a measurement)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = ["-m", "engine_harness.sim", "--port", str(port), "--model", "sim", "--time-scale", "0"]
-    sim = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, "--max-num-seqs", "4096",
+    sim = subprocess.Popen(
+        [sys.executable, *argv, "--max-num-seqs", "4096"],
         preexec_fn=lambda: _pin(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        await _wait_healthy(url)
-        await ours_delay(url, 50, 20)  # warm both paths and the server
-        await vllm_delay(url, 50, 20)
-        report: dict[str, Any] = {"schedule_delay": {}, "ingest": {}}
+        asyncio.run(_wait_healthy(url))
+        aio.run(ours_delay(url, 50, 20))  # warm both paths and the server
+        asyncio.run(vllm_delay(url, 50, 20))
+        report: dict[str, Any] = {"event_loops": {"ours": aio.loop_name(), "vllm_bench": "asyncio"},
+                                  "schedule_delay": {}, "ingest": {}}  # fmt: skip
         for rate in args.rates:
             n = int(rate * args.seconds)
             report["schedule_delay"][f"{rate:g}"] = {
-                "ours": await ours_delay(url, rate, n),
-                "vllm_bench": await vllm_delay(url, rate, n),
+                "ours": aio.run(ours_delay(url, rate, n)),
+                "vllm_bench": asyncio.run(vllm_delay(url, rate, n)),
             }
         report["ingest"] = {
             "streams": args.streams,
             "tokens_per_stream": args.tokens,
-            "ours": await ours_ingest(url, args.streams, args.tokens),
-            "vllm_bench": await vllm_ingest(url, args.streams, args.tokens),
+            "ours": aio.run(ours_ingest(url, args.streams, args.tokens)),
+            "vllm_bench": asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
         }
         return report
     finally:
         sim.terminate()
-        await sim.wait()
+        sim.wait()
 
 
 def main() -> None:
@@ -192,7 +196,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     _pin(0)
-    report = asyncio.run(main_async(args))
+    report = measure(args)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -7,7 +7,6 @@ Settings flow defaults → flags → the same validated objects the Python API t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from microbench import aio
 from microbench.loadgen.events import JsonlEventWriter
 from microbench.loadgen.requests import ApiSettings
 from microbench.loadgen.schedulers import SCHEDULERS, parse_scheduler
@@ -118,7 +118,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    summary = asyncio.run(_run(args))
+    summary = aio.run(_run(args))
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 1 if summary["saturated"] else 0
