@@ -14,7 +14,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from analysis.table import write_interference_table
+from analysis.table import SEED_COLUMNS, write_interference_table
 
 __all__ = ["Criterion", "criteria", "print_summary"]
 
@@ -81,20 +81,7 @@ def print_summary(run_dir: Path, console: Console) -> None:
         return
     table = pd.read_csv(csv)
     view = Table(title=f"interference table ({csv})", show_lines=False)
-    cols = [
-        "chunk_size",
-        "decode_batch_size",
-        "new_prefill_tokens",
-        "tpot_baseline_ms",
-        "tpot_interference_ms",
-        "tpot_penalty_ms",
-        "penalty_ratio",
-        "num_chunks",
-        "prefill_duration_ms",
-        "repetitions",
-        "invalid",
-        "cv_tpot_interference_ms",
-    ]
+    cols = [*SEED_COLUMNS, "repetitions", "invalid", "cv_tpot_interference_ms"]
     heads = [
         "chunk",
         "D",
