@@ -67,6 +67,7 @@ class StreamRecord:
     t_headers_ns: int | None = None
     chunk_t_ns: list[int] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    completion_tokens: int = 0  # running total of chunk_tokens (kept, not summed: O(1) per chunk)
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
@@ -79,9 +80,11 @@ class StreamRecord:
     def first_token_ns(self) -> int | None:
         return self.chunk_t_ns[0] if self.chunk_t_ns else None
 
-    @property
-    def completion_tokens(self) -> int:
-        return sum(self.chunk_tokens)
+    def add_chunk(self, t_ns: int, tokens: int) -> None:
+        """Record one content chunk that carried ``tokens`` tokens and arrived at ``t_ns``."""
+        self.chunk_t_ns.append(t_ns)
+        self.chunk_tokens.append(tokens)
+        self.completion_tokens += tokens
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -97,13 +100,12 @@ class StreamRecord:
 
 def parse_sse_line(line: bytes) -> Mapping[str, Any] | object | None:
     """One SSE line → its JSON payload, ``DONE``, or ``None`` (blank, comment or non-data field)."""
-    line = line.strip()
     if not line.startswith(b"data:"):
         return None
     data = line[5:].strip()
     if data == b"[DONE]":
         return DONE
-    payload = json.loads(data)
+    payload = json.loads(data.decode())  # str, not bytes: json skips its encoding detection
     if not isinstance(payload, dict):
         raise ValueError(f"SSE data is not a JSON object: {data[:200]!r}")
     return payload
@@ -122,26 +124,31 @@ def _chunk_text(choice: Mapping[str, Any]) -> str | None:
 
 
 def _ingest(record: StreamRecord, payload: Mapping[str, Any], t_ns: int) -> None:
-    if "error" in payload and not payload.get("choices"):
-        raise ServerStreamError(f"server error in stream: {json.dumps(payload['error'])[:300]}", record)
+    choices = payload.get("choices")
     usage = payload.get("usage")
-    choices = payload.get("choices") or []
-    texts = [t for t in (_chunk_text(c) for c in choices) if t is not None]
-    for c in choices:
-        if c.get("finish_reason"):
-            record.finish_reason = c["finish_reason"]
-    if texts:
-        if usage and usage.get("completion_tokens") is not None:
-            record.tokens_from_usage = True
-            n = int(usage["completion_tokens"]) - record.completion_tokens
-        else:
-            n = 1
-        if n > 0:
-            record.chunk_t_ns.append(t_ns)
-            record.chunk_tokens.append(n)
-        record.text.append("".join(texts))
+    if not choices:
+        if "error" in payload:
+            raise ServerStreamError(f"server error in stream: {json.dumps(payload['error'])[:300]}", record)
+    else:
+        texts = []
+        for choice in choices:
+            text = _chunk_text(choice)
+            if text is not None:
+                texts.append(text)
+            if choice.get("finish_reason"):
+                record.finish_reason = choice["finish_reason"]
+        if texts:
+            running = usage.get("completion_tokens") if usage else None
+            if running is not None:
+                record.tokens_from_usage = True
+                n = int(running) - record.completion_tokens
+            else:
+                n = 1
+            if n > 0:
+                record.add_chunk(t_ns, n)
+            record.text.append(texts[0] if len(texts) == 1 else "".join(texts))
     if usage:
-        record.usage = dict(usage)
+        record.usage = usage  # each chunk's payload is a fresh dict: no copy needed
 
 
 async def stream_request(
@@ -176,7 +183,7 @@ async def stream_request(
                 t_ns = time.perf_counter_ns()
                 *lines, pending = (pending + data).split(b"\n")
                 for line in lines:
-                    if _handle_line(record, line, t_ns, on_chunk):
+                    if len(line) > 1 and _handle_line(record, line, t_ns, on_chunk):  # skip blank lines
                         return record
             if pending and _handle_line(record, pending, time.perf_counter_ns(), on_chunk):
                 return record

@@ -55,8 +55,7 @@ async def post_request(
     choices = body.get("choices") or [{}]
     record.finish_reason = choices[0].get("finish_reason")
     record.tokens_from_usage = usage.get("completion_tokens") is not None
-    record.chunk_t_ns.append(t_ns)
-    record.chunk_tokens.append(int(usage.get("completion_tokens", 1)))
+    record.add_chunk(t_ns, int(usage.get("completion_tokens", 1)))
     record.t_done_ns = t_ns
     return record
 
