@@ -1,0 +1,35 @@
+"""The standard test battery of the IETF draft "LLM Benchmarking Methodology" (§5.1–5.10) and its reports.
+
+Tests register by name (``registry.register_test``) in ``battery/tests/``; each takes a ``BatteryContext``
+(engine, profile, workloads, load-generator runs) and returns typed data plus the MUST/SHOULD requirements
+it checked (``compliance``). ``runner.run_battery`` warms up (§4.5), runs them and builds one
+``BatteryReport``; ``runner.write_report`` renders it as JSON, Markdown (C.1 and C.2) and self-contained
+HTML with figures. ``python -m microbench.battery run ...`` is the command line.
+"""
+
+from microbench.battery.compliance import Requirement, verdict
+from microbench.battery.context import BatteryContext
+from microbench.battery.engine import ExternalEngine, InProcessSim, LaunchedEngine
+from microbench.battery.profiles import PROFILES, Profile, profile
+from microbench.battery.registry import TESTS, SkipTest, register_test
+from microbench.battery.report import BatteryReport, TestResult
+from microbench.battery.runner import run_battery, write_report
+
+__all__ = [
+    "PROFILES",
+    "TESTS",
+    "BatteryContext",
+    "BatteryReport",
+    "ExternalEngine",
+    "InProcessSim",
+    "LaunchedEngine",
+    "Profile",
+    "Requirement",
+    "SkipTest",
+    "TestResult",
+    "profile",
+    "register_test",
+    "run_battery",
+    "verdict",
+    "write_report",
+]

@@ -1,0 +1,7 @@
+"""``python -m microbench.battery``."""
+
+import sys
+
+from microbench.battery.cli import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""What a battery test gets: the engine, the profile, workloads, a way to run stages, and shared estimates.
+
+``BatteryContext.run(label, stages)`` runs load-generator stages, writes their trace under
+``traces/<label>/`` (raw timestamps, so any statistic can be recomputed) and returns a ``Run`` with the
+trace frame, per-request latencies and each stage's window. Estimates one test produces and others need
+(capacity in requests/s from 5.2 or a preliminary probe; maximum concurrency from 5.5) are memoised here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pandas as pd
+
+from engine_harness.metrics import MetricsError, Snapshot, scrape
+from microbench.battery.engine import EngineHandle
+from microbench.battery.profiles import Profile
+from microbench.battery.stats import request_latencies
+from microbench.loadgen.requests import ApiSettings, RequestSpec
+from microbench.loadgen.schedulers import parse_scheduler
+from microbench.loadgen.session import LoadSession, SessionSettings, Stage
+from microbench.loadgen.trace import StageHealth, stage_health, trace_frame, write_trace
+from microbench.workloads.generator import Workload
+from microbench.workloads.prompts import PromptFactory
+from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.spec import WorkloadSpec, load_workload_spec
+
+__all__ = ["BatteryContext", "Run", "StageWindow"]
+
+
+@dataclass
+class StageWindow:
+    """One stage of a run: its requests' latencies and its issuing window (s from the session start)."""
+
+    name: str
+    latencies: pd.DataFrame
+    start_s: float
+    issue_end_s: float
+    end_s: float
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """Output tokens of successful requests over the stage's wall time (start to drained)."""
+        ok = self.latencies[self.latencies["ok"]]
+        return float(ok["output_tokens"].fillna(0).sum()) / max(self.end_s - self.start_s, 1e-9)
+
+
+@dataclass
+class Run:
+    """The records of one session: trace frame, latencies, stage windows, load-generator health."""
+
+    frame: pd.DataFrame
+    latencies: pd.DataFrame
+    stages: dict[str, StageWindow]
+    health: list[StageHealth]
+
+    def stage(self, name: str) -> StageWindow:
+        return self.stages[name]
+
+    @property
+    def generator_warnings(self) -> list[str]:
+        return [h.warning for h in self.health if h.warning]
+
+
+@dataclass
+class BatteryContext:
+    """Shared by the tests of one battery run."""
+
+    engine: EngineHandle
+    model: str
+    profile: Profile
+    workload_name: str = "synthetic-uniform"
+    seed: int = 0
+    out_dir: Path | None = None
+    max_model_len: int | None = None
+    drain_timeout_s: float = 120.0
+    guardrail_configs: dict[str, str] = field(default_factory=dict)
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    accelerators: int = 0
+    cpu_count: int = 1
+    estimates: dict[str, float] = field(default_factory=dict)
+    prompts: PromptFactory = field(default_factory=PromptFactory)
+    _runs: int = 0
+    _labels: set[str] = field(default_factory=set)
+
+    @property
+    def api(self) -> ApiSettings:
+        return ApiSettings(model=self.model)
+
+    def workload_spec(self, name: str | None = None) -> WorkloadSpec:
+        """A reference workload by name or a spec YAML path (default: the battery's ``--workload``)."""
+        name = name or self.workload_name
+        if name in WORKLOADS:
+            return reference_workload(name, max_model_len=self.max_model_len)
+        return load_workload_spec(name)
+
+    def requests(self, spec: WorkloadSpec, prompts: PromptFactory | None = None) -> Iterator[RequestSpec]:
+        """Endless requests of ``spec``, fitted to the engine's context and capped by the profile."""
+        workload = Workload(spec, prompts or self.prompts, max_model_len=self.max_model_len)
+        cap = self.profile.output_cap
+        for request in workload.requests():
+            if cap is not None and request.max_tokens > cap:
+                request = dataclasses.replace(request, max_tokens=cap)
+            yield request
+
+    def fixed_requests(self, input_tokens: int, output_tokens: int) -> Iterator[RequestSpec]:
+        """Endless cold requests of exactly ``input_tokens`` in and ``output_tokens`` out."""
+        while True:
+            ids = self.prompts.cold(input_tokens)
+            yield RequestSpec(prompt=ids, prompt_tokens=len(ids), max_tokens=output_tokens)
+
+    async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
+        """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""
+        settings = SessionSettings(
+            base_url=base_url or self.engine.base_url, api=self.api, drain_timeout_s=self.drain_timeout_s
+        )
+        async with LoadSession(settings) as session:
+            result = await session.run(stages)
+        self._runs += 1
+        if self.out_dir is not None:
+            folder = self.out_dir / "traces" / label
+            if label in self._labels:  # a repeated label (warm-up after a restart) keeps both traces
+                folder = folder.with_name(f"{folder.name}-{self._runs}")
+            self._labels.add(label)
+            write_trace(
+                folder,
+                result,
+                workload={"battery_label": label},
+                engine={"base_url": settings.base_url, "model": self.model, "kind": self.engine.kind},
+            )
+        frame = trace_frame(result)
+        latencies = request_latencies(frame)
+        windows = {}
+        for outcome in result.stages:
+            mask = (frame["stage"] == outcome.name).to_numpy()
+            windows[outcome.name] = StageWindow(
+                outcome.name,
+                latencies[mask].reset_index(drop=True),
+                (outcome.start_ns - result.t0_ns) / 1e9,
+                (outcome.issue_end_ns - result.t0_ns) / 1e9,
+                (outcome.end_ns - result.t0_ns) / 1e9,
+            )
+        return Run(frame, latencies, windows, stage_health(result, frame))
+
+    async def scrape(self, base_url: str | None = None) -> Snapshot | None:
+        """A /metrics snapshot, or None when the engine exposes none (external gateways)."""
+        async with aiohttp.ClientSession() as http:
+            try:
+                return await scrape(http, base_url or self.engine.base_url)
+            except MetricsError:
+                return None
+
+    async def wait_idle(self, timeout_s: float = 60.0) -> bool | None:
+        """Until the engine reports no running or waiting request; None if it does not report them."""
+        deadline = time.monotonic() + timeout_s
+        names = self.engine.metrics
+        while True:
+            snap = await self.scrape()
+            if snap is None:
+                return None
+            running = snap.total(names.requests_running)
+            waiting = snap.total(names.requests_waiting)
+            if running is None and waiting is None:
+                return None
+            if (running or 0) + (waiting or 0) == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    async def capacity_rps(self) -> float:
+        """Estimated capacity (requests/s of the battery workload): 5.2's result or a closed-loop probe.
+
+        The probe keeps ``probe_concurrency`` requests in flight for ``probe_requests`` requests and takes
+        the completion rate (5.3.3 step 1: "a preliminary throughput test").
+        """
+        if "capacity_rps" not in self.estimates:
+            p = self.profile
+            scheduler = parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency})
+            requests = self.requests(self.workload_spec())
+            stage = Stage.scheduled("probe", scheduler, requests, max_requests=p.probe_requests)
+            run = await self.run("capacity-probe", [stage])
+            window = run.stage("probe")
+            done = window.latencies["done_s"].to_numpy()
+            ok = int(window.latencies["ok"].sum())
+            if ok == 0:
+                raise RuntimeError("the capacity probe completed no request; is the engine serving?")
+            span = float(np.nanmax(done)) - window.start_s
+            self.estimates["capacity_rps"] = ok / max(span, 1e-9)
+        return self.estimates["capacity_rps"]

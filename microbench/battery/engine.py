@@ -1,0 +1,147 @@
+"""The engine under test as the battery sees it: a URL, a model, metric names, and whether it can restart.
+
+``LaunchedEngine`` wraps an ``EngineProcess`` (vLLM, SGLang or the subprocess sim: restartable with new
+settings); ``InProcessSim`` wraps a ``SimServer`` (tests); ``ExternalEngine`` is only a URL and cannot be
+restarted, so tests that need a restart say so instead of pretending.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from engine_harness.engines import EngineSpec, MetricNames, engine_kind
+from engine_harness.launch import EngineProcess
+from engine_harness.sim import SimConfig, SimServer
+
+__all__ = [
+    "EngineHandle",
+    "ExternalEngine",
+    "InProcessSim",
+    "LaunchedEngine",
+    "NotRestartable",
+    "served_model",
+]
+
+
+class NotRestartable(RuntimeError):
+    """The engine cannot be restarted with other settings by the battery."""
+
+
+async def served_model(base_url: str) -> tuple[str, int | None]:
+    """The first model of ``/v1/models`` and its ``max_model_len`` (None when not advertised)."""
+    async with aiohttp.ClientSession() as http, http.get(base_url.rstrip("/") + "/v1/models") as resp:
+        resp.raise_for_status()
+        card = (await resp.json())["data"][0]
+    limit = card.get("max_model_len")
+    return str(card["id"]), None if limit is None else int(limit)
+
+
+class EngineHandle:
+    """What every engine offers the battery."""
+
+    kind: str = "external"
+    metrics: MetricNames = engine_kind("vllm").metrics
+    version: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def can_restart(self) -> bool:
+        return False
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        """Whether prefix caching is on (None: not known for an engine the battery did not start)."""
+        return None
+
+    async def set_prefix_caching(self, enabled: bool) -> None:
+        """Restart with prefix caching on or off (raises ``NotRestartable`` where impossible)."""
+        raise NotRestartable(
+            f"engine kind {self.kind!r} is not started by the battery and cannot be restarted"
+        )
+
+
+class ExternalEngine(EngineHandle):
+    """An engine someone else runs; reached at ``url``."""
+
+    def __init__(self, url: str, metrics: MetricNames | None = None) -> None:
+        self._url = url.rstrip("/")
+        self.metrics = metrics or engine_kind("vllm").metrics
+
+    @property
+    def base_url(self) -> str:
+        return self._url
+
+
+class LaunchedEngine(EngineHandle):
+    """An engine the suite launched through ``EngineProcess`` (restartable)."""
+
+    def __init__(self, process: EngineProcess) -> None:
+        self.process = process
+        self.kind = process.spec.kind
+        self.metrics = process.kind.metrics
+        self.version = process.version
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.process.spec.model_dump(exclude_defaults=True)
+
+    @property
+    def can_restart(self) -> bool:
+        return self.process.kind.launched
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        return self.process.spec.prefix_caching if self.can_restart else None
+
+    async def set_prefix_caching(self, enabled: bool) -> None:
+        if not self.can_restart:
+            await super().set_prefix_caching(enabled)
+        spec: EngineSpec = self.process.spec
+        if spec.prefix_caching != enabled:
+            await self.process.restart(spec.model_copy(update={"prefix_caching": enabled}))
+
+
+class InProcessSim(EngineHandle):
+    """A ``SimServer`` in this process (tests); a restart is a new server with the changed config."""
+
+    kind = "sim"
+
+    def __init__(self, server: SimServer) -> None:
+        self.server = server
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.server.config.model_dump(mode="json", exclude_defaults=True)
+
+    @property
+    def can_restart(self) -> bool:
+        return True
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        return self.server.config.enable_prefix_caching
+
+    async def set_prefix_caching(self, enabled: bool) -> None:
+        config: SimConfig = self.server.config
+        if config.enable_prefix_caching == enabled:
+            return
+        await self.server.stop()
+        self.server = SimServer(config.model_copy(update={"enable_prefix_caching": enabled}))
+        await self.server.start()

@@ -1,0 +1,252 @@
+"""Renderers of a ``BatteryReport``: JSON, the minimum viable report (C.1), the full report (C.2) as Markdown,
+and a self-contained HTML page (figures embedded as base64 PNG).
+
+Every number comes from the report object; tables are the tests' own ``Table`` layouts.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from microbench.battery.report import BatteryReport, Table, TestResult, num
+from microbench.battery.tests.ttft import TtftData
+
+__all__ = ["html_report", "markdown_full", "markdown_minimum"]
+
+
+def _load_model(report: BatteryReport) -> str:
+    ttft = report.result("ttft")
+    if ttft is not None and isinstance(ttft.data, TtftData):
+        return ttft.data.load
+    return f"per test (profile {report.profile})"
+
+
+def _key_results(report: BatteryReport) -> list[tuple[str, str]]:
+    """C.1's key results; a value whose test did not run says so."""
+    out: dict[str, str] = {
+        "TTFT P50": "not run (5.1)",
+        "TTFT P99": "not run (5.1)",
+        "TPOT P50": "not run (5.1)",
+        "TPOT P99": "not run (5.1)",
+        "Max Throughput": "not run (5.2)",
+        "Throughput at P99 TTFT < 500 ms": "not run (5.3)",
+    }
+    for t in report.tests:
+        if t.data is not None:
+            out.update(t.data.headline())
+    return list(out.items())
+
+
+def _deviations(report: BatteryReport) -> list[str]:
+    lines = []
+    for t in report.tests:
+        unmet = [r for r in t.requirements if not r.met]
+        if unmet:
+            lines.append(
+                f"{t.section} {t.title}: {t.verdict}: "
+                + "; ".join(f"{r.level} {r.ref} {r.text} ({r.detail})" for r in unmet)
+            )
+        if t.status != "ran":
+            lines.append(f"{t.section} {t.title}: {t.status}: {t.reason}")
+    return lines
+
+
+def _requests_and_duration(report: BatteryReport) -> tuple[str, str]:
+    ttft = report.result("ttft")
+    if ttft is not None and isinstance(ttft.data, TtftData):
+        return str(ttft.data.requests), f"{ttft.data.duration_s:.1f}"
+    return "per test", f"{sum(t.duration_s for t in report.tests):.1f} (whole battery)"
+
+
+def markdown_minimum(report: BatteryReport) -> str:
+    """Appendix C.1, the minimum viable report."""
+    s = report.system
+    count, duration = _requests_and_duration(report)
+    hardware = f"{s.accelerators} × GPU" if s.accelerators else f"{s.hardware} (no GPU)"
+    lines = [
+        "```",
+        "=== LLM Benchmark Report (Minimum) ===",
+        "",
+        "System Identification:",
+        f"  Model: {s.model}",
+        f"  Hardware: {hardware}",
+        f"  Software: {s.engine_kind} {s.engine_version or '(version not reported)'}",
+        f"  SUT Boundary: {s.sut_boundary}",
+        "",
+        "Test Configuration:",
+        f"  Workload: {report.workload}",
+        f"  Load Model: {_load_model(report)}",
+        f"  Request Count: {count}",
+        f"  Test Duration: {duration} s",
+        "",
+        "Key Results:",
+        *(f"  {k}: {v}" for k, v in _key_results(report)),
+        "",
+        "Notes:",
+    ]
+    notes = ["cold-start measurement (no warm-up)"] if report.warmup.cold_start else []
+    notes += [f"profile {report.profile}", *_deviations(report), f"Guardrails: {s.guardrails}"]
+    lines += [f"  {n}" for n in notes] + ["", "=== End Report ===", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _md_table(table: Table) -> str:
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    out = [f"**{table.title}**", "", row(table.columns), row(["---"] * len(table.columns))]
+    out += [row(r) for r in table.rows]
+    if table.note:
+        out += ["", table.note]
+    return "\n".join(out) + "\n"
+
+
+def _system_rows(report: BatteryReport) -> list[list[str]]:
+    s = report.system
+    return [
+        ["Model", s.model],
+        ["Engine", f"{s.engine_kind} {s.engine_version or ''}".strip()],
+        ["Endpoint", s.base_url],
+        ["Hardware", s.hardware],
+        ["GPUs", str(s.accelerators)],
+        ["CPU cores", str(s.cpu_count)],
+        ["SUT boundary", s.sut_boundary],
+        ["Max model length", num(s.max_model_len, ".0f")],
+        ["Prefix caching", {True: "enabled", False: "disabled", None: "not known"}[s.prefix_caching]],
+        ["Guardrails", s.guardrails],
+        ["Engine settings", ", ".join(f"{k}={v}" for k, v in sorted(s.engine_settings.items())) or "–"],
+    ]
+
+
+def _config_rows(report: BatteryReport) -> list[list[str]]:
+    w = report.warmup
+    warm = (
+        "cold start (skipped, declared)"
+        if w.cold_start
+        else (
+            f"{w.requests} requests, {w.output_tokens} output tokens, "
+            f"queue drained: {w.queue_drained}, probe "
+            f"variation {num(None if w.variation is None else w.variation * 100, '.1f', '%')}"
+        )
+    )
+    return [
+        ["Workload", report.workload],
+        ["Profile", report.profile],
+        ["Seed", str(report.seed)],
+        ["Warm-up (4.5)", warm],
+        ["Clock", "client perf_counter_ns, single machine (4.7.1)"],
+        ["Protocol", "HTTP SSE, OpenAI /v1/completions with token-id prompts; tokens counted from usage"],
+    ]
+
+
+def _compliance_rows(report: BatteryReport) -> list[list[str]]:
+    rows = []
+    for t in report.tests:
+        unmet = "; ".join(f"{r.level} {r.ref}: {r.text} ({r.detail})" for r in t.requirements if not r.met)
+        rows.append([f"{t.section} {t.title}", t.status, t.verdict, unmet or (t.reason or "–")])
+    return rows
+
+
+def _sections(report: BatteryReport) -> list[tuple[str, list[Table], TestResult | None]]:
+    """(heading, tables, test) in C.2 order; the per-test sections carry their test for figures and notes."""
+    summary = Table(
+        title="Key results", columns=["Metric", "Value"], rows=[list(kv) for kv in _key_results(report)]
+    )
+    sections: list[tuple[str, list[Table], TestResult | None]] = [
+        (
+            "System Identification",
+            [Table(title="System", columns=["Item", "Value"], rows=_system_rows(report))],
+            None,
+        ),
+        (
+            "Test Configuration",
+            [Table(title="Configuration", columns=["Item", "Value"], rows=_config_rows(report))],
+            None,
+        ),
+        ("Results", [summary], None),
+    ]
+    for t in report.tests:
+        tables = t.data.tables() if t.data is not None else []
+        reqs = Table(
+            title="Requirements",
+            columns=["Ref", "Level", "Requirement", "Met", "Detail"],
+            rows=[[r.ref, r.level, r.text, "yes" if r.met else "NO", r.detail] for r in t.requirements],
+        )
+        sections.append(
+            (f"{t.section} {t.title} — {t.verdict}", [*tables, reqs] if t.requirements else tables, t)
+        )
+    compliance = Table(
+        title="Methodology compliance",
+        columns=["Test", "Status", "Verdict", "Unmet / reason"],
+        rows=_compliance_rows(report),
+    )
+    repro = Table(
+        title="Reproduction",
+        columns=["Item", "Value"],
+        rows=[
+            ["Command", report.command],
+            ["Git commit", report.git_commit or "–"],
+            ["Created", report.created_at],
+            ["Report version", str(report.version)],
+            ["Raw data", "traces/<test>/… (per-request timestamps)"],
+        ],
+    )
+    sections += [("Methodology Compliance", [compliance], None), ("Reproduction Information", [repro], None)]
+    return sections
+
+
+def markdown_full(report: BatteryReport, figures_dir: str = "figures") -> str:
+    """Appendix C.2, the full report (figures linked from ``figures_dir``)."""
+    out = ["# LLM Benchmark Report (Full)", ""]
+    for heading, tables, test in _sections(report):
+        out += [f"## {heading}", ""]
+        if test is not None and test.status != "ran":
+            out += [f"*{test.status}*: {test.reason}", ""]
+        for table in tables:
+            out += [_md_table(table)]
+        if test is not None:
+            out += [f"![{test.name}]({figures_dir}/{f})" + "\n" for f in test.figures]
+            out += [f"- {n}" for n in test.notes] + ([""] if test.notes else [])
+    return "\n".join(out)
+
+
+def _html_table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table.rows)
+    note = f"<p class='note'>{html.escape(table.note)}</p>" if table.note else ""
+    return f"<h4>{html.escape(table.title)}</h4><table><tr>{head}</tr>{body}</table>{note}"
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+    "font-size:90%}th{background:#f3f3f3}.note{color:#555;font-size:90%}img{max-width:100%}"
+    "pre{background:#f7f7f7;padding:1em}"
+)
+
+
+def html_report(report: BatteryReport, figures_dir: Path | None) -> str:
+    """One self-contained HTML page: the minimum report, then the full report with embedded figures."""
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>LLM Benchmark Report</title>"
+        f"<style>{_CSS}</style></head><body><h1>LLM Benchmark Report</h1>",
+        "<h2>Minimum viable report (C.1)</h2>",
+        f"<pre>{html.escape(markdown_minimum(report).strip().strip('`').strip())}</pre>",
+    ]
+    for heading, tables, test in _sections(report):
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if test is not None and test.status != "ran":
+            parts.append(f"<p><em>{html.escape(test.status)}</em>: {html.escape(test.reason)}</p>")
+        parts += [_html_table(t) for t in tables]
+        if test is not None:
+            for name in test.figures:
+                if figures_dir is not None and (figures_dir / name).is_file():
+                    data = base64.b64encode((figures_dir / name).read_bytes()).decode()
+                    parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>")
+            if test.notes:
+                parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in test.notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,140 @@
+"""Run a battery: warm up, run the selected tests in section order, assemble and write the report.
+
+``run_battery(ctx, names)`` returns the ``BatteryReport``; ``write_report(report, out_dir)`` writes
+``report.json``, ``report-minimum.md`` (C.1), ``report.md`` (C.2), ``report.html`` (self-contained) and
+``figures/*.png``. A test that raises ``SkipTest`` is reported as skipped with its reason; one that fails
+with an error is reported as failed with the error, and the other tests still run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import matplotlib
+
+from microbench.battery import tests as _tests  # noqa: F401  (registers the tests)
+from microbench.battery.compliance import verdict
+from microbench.battery.context import BatteryContext
+from microbench.battery.plots import figures_for
+from microbench.battery.registry import TESTS, BatteryTest, SkipTest
+from microbench.battery.render import html_report, markdown_full, markdown_minimum
+from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
+from microbench.battery.warmup import warm_up, warmup_requirement
+
+__all__ = ["cpu_model", "git_commit", "ordered_tests", "run_battery", "write_report"]
+
+log = logging.getLogger(__name__)
+
+
+def ordered_tests(names: list[str] | None = None) -> list[BatteryTest]:
+    """The registered tests named (all when None), in section order; unknown names are an error."""
+    for name in names or []:
+        TESTS.get(name)
+    chosen = [TESTS.get(n) for n in (names or TESTS.names())]
+    return sorted(chosen, key=lambda t: [int(x) for x in t.section.split(".")])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+async def _run_one(ctx: BatteryContext, test: BatteryTest, warmup: WarmupResult) -> TestResult:
+    t0 = time.perf_counter()
+    result = TestResult(name=test.name, section=test.section, title=test.title, status="ran")
+    try:
+        outcome = await test.run(ctx)
+    except SkipTest as exc:
+        result.status, result.reason = "skipped", str(exc)
+    except Exception as exc:  # one broken test must not lose the others' results; it is reported failed
+        log.error("battery test %s failed:\n%s", test.name, traceback.format_exc())
+        result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
+    else:
+        result.data = outcome.data
+        result.requirements = warmup_requirement(warmup) + outcome.requirements
+        result.notes = outcome.notes
+        if ctx.profile.output_cap is not None:
+            result.notes.append(
+                f"profile {ctx.profile.name}: outputs capped at {ctx.profile.output_cap} tokens"
+            )
+        result.verdict = verdict(result.requirements)
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+async def run_battery(
+    ctx: BatteryContext,
+    names: list[str] | None = None,
+    *,
+    cold_start: bool = False,
+    command: str = "",
+    engine_version: str | None = None,
+) -> BatteryReport:
+    """Warm up (or declare a cold start), run the tests, and return the report (not yet written)."""
+    selected = ordered_tests(names)
+    warmup = await warm_up(ctx, cold_start=cold_start)
+    results = [await _run_one(ctx, test, warmup) for test in selected]
+    system = SystemInfo(
+        model=ctx.model,
+        engine_kind=ctx.engine.kind,
+        engine_version=engine_version or ctx.engine.version,
+        base_url=ctx.engine.base_url,
+        hardware=cpu_model(),
+        accelerators=ctx.accelerators,
+        cpu_count=os.cpu_count() or 1,
+        engine_settings=ctx.engine.settings,
+        max_model_len=ctx.max_model_len,
+        prefix_caching=ctx.engine.prefix_caching,
+        guardrails=("configurations compared by 5.10: " + ", ".join(ctx.guardrail_configs))
+        if len(ctx.guardrail_configs) > 1
+        else SystemInfo.model_fields["guardrails"].default,
+    )
+    return BatteryReport(
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+        command=command,
+        profile=ctx.profile.name,
+        seed=ctx.seed,
+        workload=ctx.workload_name,
+        system=system,
+        warmup=warmup,
+        tests=results,
+        git_commit=git_commit(),
+    )
+
+
+def write_report(report: BatteryReport, out_dir: Path) -> None:
+    """Figures first (their names go into the report), then JSON, Markdown and HTML."""
+    matplotlib.use("Agg")
+    figures = out_dir / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    for test in report.tests:
+        test.figures = []
+        for name, fig in figures_for(test):
+            fig.savefig(figures / name, dpi=110)
+            test.figures.append(name)
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    (out_dir / "report-minimum.md").write_text(markdown_minimum(report))
+    (out_dir / "report.md").write_text(markdown_full(report))
+    (out_dir / "report.html").write_text(html_report(report, figures))

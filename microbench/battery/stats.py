@@ -1,0 +1,378 @@
+"""Pure computations of the battery: distributions, per-request latencies, and the draft's derived points.
+
+Everything here takes arrays or trace frames and returns numbers, so each rule of the draft is unit-tested
+on synthetic data with a known answer: percentile summaries (5.1.4.1), input-length buckets (5.1.4.2),
+saturation and steady-state checks (5.2.3.1/5.2.3.2), knee / saturation / optimal points (5.3.4), the
+capacity search (5.2.3, 5.5.3), ITL statistics with per-request jitter, pauses, tail ratio and modality
+(5.4.4), Jain's index and starvation (5.6.4), and the context-scaling fit with R² (5.9.4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from engine_harness.engines import StrictModel
+
+__all__ = [
+    "LENGTH_BUCKETS",
+    "Distribution",
+    "ScalingFit",
+    "SearchStep",
+    "SteadyState",
+    "fit_scaling",
+    "inter_chunk_gaps",
+    "jain_index",
+    "knee_point",
+    "length_bucket_label",
+    "modality",
+    "optimal_point",
+    "outstanding_series",
+    "request_latencies",
+    "saturation_point",
+    "search_max",
+    "starvation_rate",
+    "steady_state",
+    "summarize",
+]
+
+LENGTH_BUCKETS = (0, 256, 512, 1024, 2048, 4096)  # 5.1.4.2's recommended input-length buckets
+_NS = 1e9
+
+
+class Distribution(StrictModel):
+    """Summary of one sample (seconds or any unit the caller uses); percentiles by linear interpolation."""
+
+    count: int = Field(..., ge=0)
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+
+
+def summarize(values: Sequence[float] | np.ndarray) -> Distribution:
+    """Count, mean, std, min, max and P50/P90/P95/P99/P99.9 of the finite values (empty: count 0)."""
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data)]
+    if data.size == 0:
+        return Distribution(count=0)
+    p50, p90, p95, p99, p999 = (float(v) for v in np.percentile(data, [50, 90, 95, 99, 99.9]))
+    return Distribution(
+        count=int(data.size),
+        mean=float(data.mean()),
+        std=float(data.std(ddof=1)) if data.size > 1 else 0.0,
+        min=float(data.min()),
+        max=float(data.max()),
+        p50=p50,
+        p90=p90,
+        p95=p95,
+        p99=p99,
+        p999=p999,
+    )
+
+
+def request_latencies(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per request of a trace frame: ``ttft_s``, ``tpot_s``, ``e2e_s``, tokens, class and success.
+
+    TTFT is first content chunk − actual send (T_submit, 5.1.3); TPOT is (last chunk − first chunk) /
+    (output tokens − 1); end-to-end is completion − send. Failed requests keep NaN latencies.
+    """
+    ok = (frame["status"] == "ok").to_numpy()
+    send = frame["send_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    first = frame["first_chunk_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    last = frame["last_chunk_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    done = frame["done_ns"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    out = frame["output_tokens"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    inp = frame["input_tokens"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    inp = np.where(np.isnan(inp), frame["prompt_tokens"].to_numpy(dtype=float), inp)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (last - first) / (out - 1) / _NS, np.nan)
+    result = pd.DataFrame(
+        {
+            "ok": ok,
+            "slo_class": frame["slo_class"].to_numpy(),
+            "client_id": frame["client_id"].to_numpy(),
+            "input_tokens": inp,
+            "output_tokens": out,
+            "send_s": send / _NS,
+            "done_s": done / _NS,
+            "ttft_s": np.where(ok, (first - send) / _NS, np.nan),
+            "tpot_s": np.where(ok, tpot, np.nan),
+            "e2e_s": np.where(ok, (done - send) / _NS, np.nan),
+            "error": frame["error"].to_numpy(),
+        }
+    )
+    return result
+
+
+def length_bucket_label(tokens: float) -> str:
+    """The 5.1.4.2 bucket of an input length: ``0-256`` … ``2048-4096`` or ``4096+``."""
+    for lo, hi in itertools.pairwise(LENGTH_BUCKETS):
+        if lo <= tokens < hi:
+            return f"{lo}-{hi}"
+    return f"{LENGTH_BUCKETS[-1]}+"
+
+
+def inter_chunk_gaps(chunk_ns: Sequence[int]) -> np.ndarray:
+    """Gaps (s) between consecutive chunks of one stream; the TTFT interval is never among them (5.4.3)."""
+    stamps = np.asarray(chunk_ns, dtype=float)
+    return np.diff(stamps) / _NS if stamps.size > 1 else np.empty(0)
+
+
+def modality(values: Sequence[float] | np.ndarray, bins: int = 40) -> str:
+    """``unimodal`` or ``multimodal (k peaks)`` from a smoothed histogram of log values.
+
+    Peaks are local maxima of the 5-bin moving average at least 10% as high as the highest; two
+    neighbouring peaks count separately only when the valley between them falls below half of the lower
+    one (otherwise they are one mode). Fewer than 20 samples: ``undetermined``.
+    """
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data) & (data > 0)]
+    if data.size < 20:
+        return "undetermined (fewer than 20 samples)"
+    if np.ptp(np.log(data)) < 1e-9:
+        return "unimodal"
+    counts, _ = np.histogram(np.log(data), bins=bins)
+    smooth = np.convolve(counts, np.ones(5) / 5, mode="same")
+    padded = np.concatenate(([-1.0], smooth, [-1.0]))
+    peaks = [
+        i
+        for i in range(bins)
+        if padded[i + 1] > padded[i] and padded[i + 1] >= padded[i + 2] and smooth[i] >= 0.1 * smooth.max()
+    ]
+    modes = peaks[:1]
+    for i in peaks[1:]:
+        last = modes[-1]
+        if smooth[last : i + 1].min() < 0.5 * min(smooth[last], smooth[i]):
+            modes.append(i)
+        elif smooth[i] > smooth[last]:
+            modes[-1] = i
+    return "unimodal" if len(modes) <= 1 else f"multimodal ({len(modes)} peaks)"
+
+
+def knee_point(levels: Sequence[float], p99: Sequence[float | None]) -> float | None:
+    """First load level whose P99 latency exceeds 2× the smallest P99 observed (5.3.4); None if none."""
+    values = [v for v in p99 if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    floor = min(values)
+    for level, value in zip(levels, p99, strict=True):
+        if value is not None and value > 2 * floor:
+            return level
+    return None
+
+
+def saturation_point(levels: Sequence[float], achieved: Sequence[float | None]) -> float | None:
+    """First load level whose achieved throughput is lower than the previous level's (5.3.4)."""
+    for i in range(1, len(levels)):
+        prev, cur = achieved[i - 1], achieved[i]
+        if prev is not None and cur is not None and cur < prev:
+            return levels[i]
+    return None
+
+
+def optimal_point(
+    levels: Sequence[float], achieved: Sequence[float | None], meets_slo: Sequence[bool]
+) -> float | None:
+    """Load level with the highest achieved throughput among those meeting the SLO (5.3.4)."""
+    best: tuple[float, float] | None = None
+    for level, value, ok in zip(levels, achieved, meets_slo, strict=True):
+        if ok and value is not None and (best is None or value > best[1]):
+            best = (level, value)
+    return None if best is None else best[0]
+
+
+def jain_index(values: Sequence[float] | np.ndarray) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 is perfectly fair, 1/n maximally unfair (5.6.4)."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0 or not np.any(x):
+        raise ValueError("Jain's index needs at least one finite, non-zero value")
+    return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
+
+
+def starvation_rate(waits: Sequence[float] | np.ndarray, factor: float = 5.0) -> float:
+    """Fraction of requests waiting longer than ``factor`` × the median wait of their class (5.6.4)."""
+    w = np.asarray(waits, dtype=float)
+    w = w[np.isfinite(w)]
+    if w.size == 0:
+        raise ValueError("starvation rate needs at least one wait")
+    return float(np.mean(w > factor * np.median(w)))
+
+
+class ScalingFit(StrictModel):
+    """TTFT ∝ length^k on log-log axes, and the linear fit TTFT = a + b·length, each with its R²."""
+
+    exponent: float
+    coefficient: float = Field(..., description="c in TTFT = c · length^k (seconds)")
+    r2_power: float
+    intercept_s: float
+    slope_s_per_token: float
+    r2_linear: float
+    best: str
+
+
+def _r2(y: np.ndarray, fitted: np.ndarray) -> float:
+    total = float(np.sum((y - y.mean()) ** 2))
+    return 1.0 if total == 0 else 1.0 - float(np.sum((y - fitted) ** 2)) / total
+
+
+def fit_scaling(lengths: Sequence[float], ttft_s: Sequence[float]) -> ScalingFit:
+    """Least-squares fits of TTFT against context length: a power law (log-log) and a straight line."""
+    x, y = np.asarray(lengths, dtype=float), np.asarray(ttft_s, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    x, y = x[keep], y[keep]
+    if np.unique(x).size < 2:
+        raise ValueError("the scaling fit needs at least two distinct context lengths")
+    k, log_c = np.polyfit(np.log(x), np.log(y), 1)
+    r2_power = _r2(np.log(y), k * np.log(x) + log_c)
+    slope, intercept = np.polyfit(x, y, 1)
+    r2_linear = _r2(y, slope * x + intercept)
+    return ScalingFit(
+        exponent=float(k),
+        coefficient=float(math.exp(log_c)),
+        r2_power=r2_power,
+        intercept_s=float(intercept),
+        slope_s_per_token=float(slope),
+        r2_linear=r2_linear,
+        best="linear" if r2_linear >= r2_power else f"power law (k = {k:.2f})",
+    )
+
+
+class SearchStep(StrictModel):
+    """One probe of a capacity search: the load tried and whether it met the criteria."""
+
+    value: float
+    passed: bool
+
+
+async def search_max(
+    passes: Callable[[float], Awaitable[bool]],
+    *,
+    initial: float,
+    maximum: float,
+    minimum: float,
+    resolution: float,
+    integer: bool = False,
+    max_probes: int = 32,
+) -> tuple[float | None, list[SearchStep]]:
+    """The largest load in [minimum, maximum] for which ``passes`` holds, assuming it is monotone.
+
+    Starts at ``initial``; doubles while it passes (capped at ``maximum``), halves while it fails (down to
+    ``minimum``), then bisects between the last pass and the first failure until they are within
+    ``resolution`` (5.5.3's "increase toward maximum / decrease / until convergence"). ``integer`` rounds
+    probes (concurrency). Returns the best passing value (None if even ``minimum`` fails) and every probe.
+    """
+    if not minimum <= initial <= maximum or resolution <= 0:
+        raise ValueError("search_max needs minimum <= initial <= maximum and resolution > 0")
+    steps: list[SearchStep] = []
+    seen: dict[float, bool] = {}
+
+    async def probe(value: float) -> bool:
+        value = float(round(value)) if integer else value
+        if value not in seen:
+            seen[value] = await passes(value)
+            steps.append(SearchStep(value=value, passed=seen[value]))
+        return seen[value]
+
+    good: float | None = None
+    bad: float | None = None
+    value = initial
+    for _ in range(max_probes):  # each turn probes a new value: doubling or halving never repeats one
+        if await probe(value):
+            good = float(round(value)) if integer else value
+            if value >= maximum:
+                return good, steps
+            value = min(value * 2, maximum)
+        else:
+            bad = float(round(value)) if integer else value
+            if value <= minimum:
+                return None, steps
+            value = max(value / 2, minimum)
+        if good is not None and bad is not None:
+            break
+    while good is not None and bad is not None and bad - good > resolution and len(steps) < max_probes:
+        mid = (good + bad) / 2
+        mid = float(math.floor(mid)) if integer else mid
+        if mid in (good, bad):
+            break
+        if await probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, steps
+
+
+def outstanding_series(send_s: np.ndarray, done_s: np.ndarray, times_s: np.ndarray) -> np.ndarray:
+    """Requests sent but not finished at each of ``times_s`` (client-side queue depth)."""
+    sent = np.searchsorted(np.sort(send_s[np.isfinite(send_s)]), times_s, side="right")
+    finished = np.searchsorted(np.sort(done_s[np.isfinite(done_s)]), times_s, side="right")
+    return (sent - finished).astype(float)
+
+
+class SteadyState(StrictModel):
+    """5.2.3.1/5.2.3.2 checks of one load level over its window after the first 10% (ramp-up)."""
+
+    window_s: float
+    arrival_rate: float
+    completion_rate: float
+    queue_start: float
+    queue_end: float
+    queue_growing: bool
+    throughput_first_half: float
+    throughput_second_half: float
+    throughput_stable: bool
+    saturated: bool
+    reasons: list[str]
+
+
+def steady_state(lat: pd.DataFrame, start_s: float, end_s: float) -> SteadyState:
+    """Saturation and steady-state checks over [start + 10%, end] of a level (``lat`` from request_latencies).
+
+    Queue growth: the outstanding count (sampled at 21 points) rises by more than max(2, 50% of its mean)
+    from the first to the last quarter of the window. Completion rate below 90% of the arrival rate in the
+    window saturates. Throughput (output tokens of requests finishing in each half) is stable when the
+    halves differ by less than 20%.
+    """
+    begin = start_s + 0.1 * (end_s - start_s)
+    window = max(end_s - begin, 1e-9)
+    times = np.linspace(begin, end_s, 21)
+    queue = outstanding_series(lat["send_s"].to_numpy(), lat["done_s"].to_numpy(), times)
+    q_start, q_end = float(queue[:5].mean()), float(queue[-5:].mean())
+    growing = q_end - q_start > max(2.0, 0.5 * float(queue.mean()))
+    send, done = lat["send_s"].to_numpy(), lat["done_s"].to_numpy()
+    arrivals = float(np.sum((send >= begin) & (send <= end_s))) / window
+    completions = float(np.sum((done >= begin) & (done <= end_s) & lat["ok"].to_numpy())) / window
+    mid = (begin + end_s) / 2
+    tokens = lat["output_tokens"].fillna(0).to_numpy()
+    first = float(tokens[(done >= begin) & (done < mid)].sum()) / (window / 2)
+    second = float(tokens[(done >= mid) & (done <= end_s)].sum()) / (window / 2)
+    stable = max(first, second) == 0 or abs(first - second) / max(first, second) < 0.2
+    reasons = []
+    if growing:
+        reasons.append(f"queue grows ({q_start:.1f} → {q_end:.1f} requests outstanding)")
+    if arrivals > 0 and completions < 0.9 * arrivals:
+        reasons.append(f"completion rate {completions:.2f}/s < 90% of arrival rate {arrivals:.2f}/s")
+    return SteadyState(
+        window_s=window,
+        arrival_rate=arrivals,
+        completion_rate=completions,
+        queue_start=q_start,
+        queue_end=q_end,
+        queue_growing=growing,
+        throughput_first_half=first,
+        throughput_second_half=second,
+        throughput_stable=stable,
+        saturated=bool(reasons),
+        reasons=reasons,
+    )

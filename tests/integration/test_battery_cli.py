@@ -1,0 +1,69 @@
+"""``python -m microbench.battery`` end to end with the subprocess sim (a launched, restartable engine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from microbench.battery.cli import main
+from microbench.battery.report import BatteryReport
+
+pytestmark = pytest.mark.integration
+
+
+def test_list_names_every_test(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines()] == [
+        "ttft",
+        "throughput",
+        "tradeoff",
+        "itl",
+        "capacity",
+        "fairness",
+        "prefix_cache",
+        "memory_pressure",
+        "long_context",
+        "guardrail",
+    ]
+
+
+def test_bad_arguments_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown battery test 'nope'"):
+        main(["run", "--tests", "ttft,nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="needs --url"):
+        main(["run", "--engine", "external", "--out", str(tmp_path)])
+
+
+def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "microbench.battery",
+        "run",
+        "--engine",
+        "sim",
+        "--sim-args",
+        "--alpha-ms 4 --time-scale 0.5",
+        "--tests",
+        "prefix_cache,guardrail",
+        "--profile",
+        "quick",
+        "--cold-start",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = BatteryReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert [t.status for t in report.tests] == ["ran", "skipped"]
+    assert "needs two or more named configurations" in report.tests[1].reason
+    prefix = report.tests[0]
+    assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]  # the restart happened
+    assert (
+        report.warmup.cold_start and "cold-start measurement" in (tmp_path / "report-minimum.md").read_text()
+    )
+    assert "--no-prefix-caching" in (tmp_path / "engine-sim.log").read_text()
