@@ -101,6 +101,7 @@ class Interference(Record):
     tpot_during_prefill_p90_ms: float | None
     tpot_during_prefill_max_ms: float | None
     tpot_during_prefill_mean_ms: float | None = Field(
+        None,
         description="window time over window tokens, pooled over streams: steadier than the p50 when the "
         "window holds only a few engine steps (its median then flips between decode-like and mixed gaps)"
     )

@@ -67,7 +67,7 @@ class StreamRecord:
     t_headers_ns: int | None = None
     chunk_t_ns: list[int] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
-    completion_tokens: int = 0  # running total of chunk_tokens (kept, not summed: O(1) per chunk)
+    completion_tokens: int = field(init=False)  # Σ chunk_tokens, kept up to date by add_chunk (O(1))
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
@@ -79,6 +79,9 @@ class StreamRecord:
     @property
     def first_token_ns(self) -> int | None:
         return self.chunk_t_ns[0] if self.chunk_t_ns else None
+
+    def __post_init__(self) -> None:
+        self.completion_tokens = sum(self.chunk_tokens)
 
     def add_chunk(self, t_ns: int, tokens: int) -> None:
         """Record one content chunk that carried ``tokens`` tokens and arrived at ``t_ns``."""
