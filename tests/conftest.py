@@ -2,7 +2,7 @@
 
 Tiers (markers in pyproject.toml): unit tests (no marker, seconds), ``integration`` (the in-repo
 simulated engine, seconds), ``e2e`` (the real CPU vLLM engine, minutes), ``gpu`` (skipped without one).
-Fast loop for developers: ``.venv/bin/python -m pytest -m "not e2e"``.
+Fast loop for developers: ``pytest tests/unit`` (seconds), then ``pytest -m "not e2e"``.
 """
 
 from __future__ import annotations
