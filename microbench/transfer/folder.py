@@ -1,0 +1,94 @@
+"""The transfer run folder: the sweep's conventions (``microbench.run_folder``) with this benchmark's paths.
+
+Layout: ``manifest.json``; ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the final attempt);
+``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons); ``raw/<mode>/…parquet``
+(every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
+``engine-producer.log`` / ``engine-consumer.log``; ``kv-storage/`` (storage connectors only);
+``transfer_table.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from engine_harness.metrics import Snapshot
+from microbench.records import atomic_write_bytes, read_record, write_record
+from microbench.run_folder import RunFolder
+from microbench.transfer.records import Mode, TransferRecord
+
+__all__ = ["TransferFolder", "point_stem", "records_frame"]
+
+
+def point_stem(prefill_tokens: int, repetition: int) -> str:
+    return f"P{prefill_tokens}_r{repetition}"
+
+
+def _pick(s: Snapshot | None) -> dict[str, float] | None:
+    """The engine's own samples (names with a ':' prefix), labels flattened into the key."""
+    if s is None:
+        return None
+    out: dict[str, float] = {}
+    for (name, labels), v in s.samples.items():
+        if ":" in name and not name.endswith("_created"):
+            rest = ",".join(f"{k}={x}" for k, x in sorted(labels) if k not in ("model_name", "engine"))
+            out[name + ("{" + rest + "}" if rest else "")] = v
+    return out
+
+
+class TransferFolder(RunFolder):
+    """Paths and atomic writes of one transfer run; records in ``runs/`` are what resume skips."""
+
+    def point_path(self, mode: Mode, prefill_tokens: int, repetition: int) -> Path:
+        return self.root / "runs" / mode / f"{point_stem(prefill_tokens, repetition)}.json"
+
+    def is_point_done(self, mode: Mode, prefill_tokens: int, repetition: int) -> bool:
+        return self.point_path(mode, prefill_tokens, repetition).is_file()
+
+    def role_log(self, role: str) -> Path:
+        return self.root / f"engine-{role}.log"
+
+    def write_transfer(self, record: TransferRecord, attempt: int, final: bool) -> None:
+        """Invalid attempts are kept under invalid/; the valid one (or the last attempt) goes to runs/."""
+        stem = point_stem(record.prefill_tokens, record.repetition)
+        if not record.valid:
+            write_record(self.root / "invalid" / record.mode / f"{stem}_a{attempt}.json", record)
+        if record.valid or final:
+            write_record(self.point_path(record.mode, record.prefill_tokens, record.repetition), record)
+
+    def write_metrics(self, mode: Mode, stem: str, scrapes: dict[str, Snapshot | None]) -> None:
+        body = json.dumps({k: _pick(v) for k, v in scrapes.items()}, sort_keys=True)
+        atomic_write_bytes(self.root / "metrics" / mode / f"{stem}.json", body.encode())
+
+    def records(self) -> list[TransferRecord]:
+        return [read_record(p, TransferRecord) for p in sorted((self.root / "runs").glob("*/P*_r*.json"))]
+
+
+def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
+    """One row per record: the phases, both engines' sides (prefixed) and the KV-reuse evidence."""
+    rows = []
+    for r in records:
+        row: dict[str, object] = {
+            "mode": r.mode,
+            "prefill_tokens": r.prefill_tokens,
+            "repetition": r.repetition,
+            "connector": r.connector,
+            "valid": r.valid,
+            **r.phases.model_dump(),
+            "cached_tokens_consumer": r.cached_tokens_consumer,
+            "cached_tokens_producer": r.cached_tokens_producer,
+            "completion_tokens": r.completion_tokens,
+            "reasons": "; ".join(r.reasons),
+        }
+        for side in ("producer", "consumer"):
+            values = getattr(r, side)
+            for key, value in (values.model_dump() if values is not None else {}).items():
+                # the engine's own TTFT must not overwrite the client-side phase consumer_ttft_ms
+                row[f"{side}_engine_ttft_ms" if key == "ttft_ms" else f"{side}_{key}"] = value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame = frame.sort_values(["mode", "prefill_tokens", "repetition"], kind="stable")
+    return frame.reset_index(drop=True)

@@ -1,0 +1,164 @@
+"""Transfer benchmark pieces without an engine: connector presets, config rules, phase math, the fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.breakeven import LinkProfile
+from microbench.transfer.config import (
+    TransferConfig,
+    TransferConfigError,
+    list_connectors,
+    load_connector,
+    load_transfer_config,
+)
+from microbench.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
+from microbench.transfer.measure import phases_from
+from microbench.transfer.proxy import PhaseStamps
+from microbench.transfer.runner import role_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_shipped_connector_preset_loads_and_gpu_ones_are_marked_not_run_here() -> None:
+    names = list_connectors()
+    assert {"nixl-cpu", "example-storage", "nixl-gpu", "mooncake-gpu", "none"} <= set(names)
+    presets = {n: load_connector(n) for n in names}
+    assert not presets["nixl-gpu"].run_here and not presets["mooncake-gpu"].run_here
+    assert presets["nixl-cpu"].run_here and presets["nixl-cpu"].requires == ["nixl"]
+    assert presets["example-storage"].producer_must_not_chunk
+
+
+def test_role_spec_puts_the_connector_config_and_a_distinct_side_channel_port_per_engine() -> None:
+    cfg = TransferConfig()
+    preset = cfg.connector_preset()
+    p = role_spec(cfg.producer_spec(), preset, "producer", "/tmp/kv")
+    c = role_spec(cfg.consumer_spec(), preset, "consumer", "/tmp/kv")
+    kv = json.loads(p.extra_args[p.extra_args.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != c.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) > 0
+    assert (p.cpu_threads_bind, c.cpu_threads_bind) == ("0", "1")
+
+
+def test_storage_connector_gets_roles_path_and_a_producer_budget_covering_the_largest_p() -> None:
+    cfg = TransferConfig(connector="example-storage", prefill_tokens=[1024, 16384])
+    assert cfg.producer_spec().chunk_size is not None and cfg.producer_spec().chunk_size >= 16384
+    spec = role_spec(cfg.consumer_spec(), cfg.connector_preset(), "consumer", "/run/kv")
+    kv = json.loads(spec.extra_args[-1])
+    assert (
+        kv["kv_role"] == "kv_consumer" and kv["kv_connector_extra_config"]["shared_storage_path"] == "/run/kv"
+    )
+    with pytest.raises(ValueError, match="chunks the prompt"):
+        TransferConfig(connector="example-storage", prefill_tokens=[16384], producer_chunk=2048)
+
+
+def test_config_errors_name_the_field_and_unknown_connectors_list_the_known_ones(tmp_path: Path) -> None:
+    bad = tmp_path / "t.yaml"
+    bad.write_text(yaml.safe_dump({"prefill_tokens": [1024], "repetitons": 2}))
+    with pytest.raises(TransferConfigError, match="repetitons"):
+        load_transfer_config(bad, {})
+    with pytest.raises(TransferConfigError, match="nixl-cpu"):
+        load_transfer_config(None, {"connector": "rdma-magic"})
+    cfg = load_transfer_config(REPO / "sweeps" / "transfer-smoke.yaml", {"repetitions": 2})
+    assert cfg.prefill_tokens == [1024, 4096] and cfg.repetitions == 2 and cfg.name == "transfer-smoke"
+    assert len(cfg.points()) == 2 * 2 * 2
+
+
+def test_phases_add_up_to_the_client_ttft() -> None:
+    ms = 1_000_000
+    st = PhaseStamps(
+        request_id="x",
+        t_recv_ns=1 * ms,
+        t_producer_send_ns=2 * ms,
+        t_producer_done_ns=52 * ms,
+        t_consumer_send_ns=53 * ms,
+        t_consumer_headers_ns=60 * ms,
+        t_consumer_first_token_ns=70 * ms,
+        t_consumer_done_ns=80 * ms,
+    )
+    ph = phases_from(0, 71 * ms, st)
+    assert (ph.producer_ms, ph.proxy_gap_ms, ph.consumer_ttft_ms, ph.handoff_ms) == (50, 1, 17, 18)
+    assert ph.total_ttft_ms == 71
+    assert ph.client_overhead_ms == pytest.approx(71 - 50 - 18)
+    colocated = phases_from(0, 30 * ms, None)
+    assert colocated.total_ttft_ms == 30 and colocated.handoff_ms is None
+
+
+def _synthetic(setup_ms: float, gbit_s: float, kv: int, noise_ms: float, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in (1024, 2048, 4096, 8192, 16384):
+        for rep in range(4):
+            wire = p * kv * 8 / (gbit_s * 1e9) * 1e3
+            rows.append(
+                {
+                    "mode": "disaggregated",
+                    "prefill_tokens": p,
+                    "repetition": rep,
+                    "valid": True,
+                    "handoff_ms": setup_ms + wire + rng.normal(0, noise_ms),
+                    "consumer_kv_xfer_ms": wire,
+                    "consumer_kv_bytes": float(p * kv),
+                }
+            )
+    rows.append(
+        {"mode": "colocated", "prefill_tokens": 1024, "repetition": 0, "valid": True, "handoff_ms": 1e6}
+    )
+    rows.append(
+        {"mode": "disaggregated", "prefill_tokens": 1024, "repetition": 9, "valid": False, "handoff_ms": 1e6}
+    )
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_setup_and_bandwidth_and_writes_a_link_profile_the_analysis_loads(
+    tmp_path: Path,
+) -> None:
+    kv = 64 * 1024
+    fit = fit_transfer(_synthetic(5.0, 10.0, kv, 0.05), kv, "handoff")
+    assert fit is not None and fit.n == 20
+    assert fit.setup_ms == pytest.approx(5.0, abs=0.1)
+    assert fit.bandwidth_gbit_s == pytest.approx(10.0, rel=0.02)
+    assert fit.r2 is not None and fit.r2 > 0.99
+    lo, hi = fit.bandwidth_ci_gbit_s or (0, 0)
+    assert lo < 10.0 < hi
+    assert fit.kv_bytes_per_token_measured == pytest.approx(kv)
+    path = tmp_path / "measured-local.yaml"
+    write_link(path, link_profile(fit, "run-1", "nixl-cpu"))
+    link = LinkProfile.model_validate(yaml.safe_load(path.read_text()))
+    assert link.name == "measured-local" and not link.placeholder
+    assert link.transfer_ms(8192 * kv) == pytest.approx(5.0 + 8192 * kv * 8 / 10e9 * 1e3, rel=0.03)
+
+
+def test_fit_without_a_positive_slope_writes_a_flat_profile_and_too_few_points_give_none() -> None:
+    kv = 1024
+    flat = _synthetic(3.0, 1e9, kv, 0.2, seed=3)
+    fit = fit_transfer(flat, kv, "handoff")
+    assert fit is not None
+    profile = link_profile(fit.model_copy(update={"bandwidth_gbit_s": None}), "r", "nixl-cpu")
+    assert "fixed_ms" in profile and "bandwidth_gbit_s" not in profile
+    LinkProfile.model_validate(profile)
+    assert fit_transfer(flat[flat["prefill_tokens"] == 1024], kv, "handoff") is None
+
+
+def test_kv_bytes_per_token_of_the_bundled_model_follows_the_engine_dtype() -> None:
+    model = str(REPO / "engine_harness" / "models" / "qwen3-moe-tiny")
+    assert kv_bytes_per_token(model, "float32") == 2 * 4 * 1 * 32 * 4
+    assert kv_bytes_per_token(model, None) == 2 * 4 * 1 * 32 * 2
+    assert kv_bytes_per_token("Qwen/not-local", None) is None
+    assert math.isfinite(float(kv_bytes_per_token(model, "bfloat16") or 0))
+
+
+def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:
+    from microbench.transfer.runner import parse_cores
+
+    assert (
+        parse_cores("1") == {1} and parse_cores("0-3") == {0, 1, 2, 3} and parse_cores("0,2-3") == {0, 2, 3}
+    )
