@@ -124,6 +124,9 @@ def step_counts(before: Snapshot, after: Snapshot, names: MetricNames, decode_ba
 
     A decode-only step carries ``decode_batch`` tokens; a mixed step carries more. Mixed steps are
     counted from buckets wholly above the one that holds ``decode_batch`` (see ``count_above``).
+    Caveat (seen on vLLM 0.32): the histogram is observed once per step that produced output, so a
+    prefill chunk that samples no token is folded into the next observation and chunks are
+    undercounted; the engine's per-step log (``--enable-logging-iteration-details``) is exact.
     """
     h0, h1 = before.histogram(names.iteration_tokens), after.histogram(names.iteration_tokens)
     if h0 is None or h1 is None:

@@ -39,11 +39,11 @@ async def test_start_reports_version_and_stop_kills_the_group(tmp_path: Path) ->
         assert engine.version == "fake-1.0"
         assert engine.base_url.startswith("http://127.0.0.1:")
         assert engine.startup_s is not None and engine.startup_s > 0
-        pid, child = engine.pid, int(child_file.read_text())
-        assert engine.alive()
+        pid, child, proc = engine.pid, int(child_file.read_text()), engine.proc
+        assert engine.alive() and proc in _LIVE
     assert pid is not None and _gone(pid) and _gone(child)
     assert "fake engine ready" in (tmp_path / "e.log").read_text()
-    assert not _LIVE
+    assert proc not in _LIVE  # nothing left for the atexit reaper
 
 
 async def test_engine_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
@@ -71,9 +71,10 @@ async def test_startup_timeout_is_an_error_and_reaps_the_engine(tmp_path: Path) 
     engine = fake_engine(
         EngineSpec(kind="sim"), tmp_path / "e.log", "--die-after", "30", startup_timeout_s=1.0
     )
+    live_before = set(_LIVE)  # a session-wide e2e engine may be running
     with pytest.raises(EngineStartError, match="not healthy after 1 s"):
         await engine.start()
-    assert not _LIVE
+    assert engine.proc is None and live_before == _LIVE
 
 
 async def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
