@@ -362,23 +362,31 @@ class SweepRunner:
         baseline: Baseline | None = None
         batch_index = 0
         unsteady = 0  # consecutive batches that ended before the point in hand could be injected
+        used = 0  # most decode tokens one injection used (waits and scrape stalls included)
+        injected = False  # whether the current batch has measured a point
         try:
             while todo:
                 p, r = todo[0]
                 try:
-                    if batch is None or batch.failure() or batch.tokens_left() < self._need(chunk, d, p):
+                    need = max(self._need(chunk, d, p), used + used // 4)
+                    if batch is None or batch.failure() or batch.tokens_left() < need:
                         if batch is not None:
                             await batch.close()
                         batch = None
                         batch_index += 1
                         batch, baseline = await self._new_batch(client, chunk, d, budget, batch_index - 1)
+                        injected = False
+                    left = batch.tokens_left()
                     if await self._point(client, batch, baseline, chunk, d, p, r, budget):
                         todo.pop(0)
-                    unsteady = 0
+                    used = max(used, left - batch.tokens_left())
+                    unsteady, injected = 0, True
                 except NotSteady as exc:
                     # Nothing was injected: the batch ran out of tokens or never settled. A fresh batch
-                    # gets another chance; three in a row make this point an invalid attempt.
-                    unsteady += 1
+                    # gets another chance; three in a row that never got one injection in make this
+                    # point an invalid attempt (a batch that did measure simply used up its tokens).
+                    if not injected:
+                        unsteady += 1
                     if batch is not None:
                         await batch.close()
                     batch = None
