@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine_harness.engines import EngineSpec, StrictModel, resolve_spec
+from microbench.layered_config import load_layered
 
 __all__ = ["ProtocolConfig", "SweepConfig", "SweepConfigError", "load_sweep"]
 
@@ -107,37 +107,13 @@ class SweepConfig(StrictModel):
         return min(need + 32, self.max_decode_tokens)
 
 
-def _format_error(source: str, exc: ValidationError) -> str:
-    lines = [f"invalid sweep definition ({source}):"]
-    for err in exc.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
-    return "\n".join(lines)
-
-
 def load_sweep(path: Path | None, overrides: dict[str, Any]) -> SweepConfig:
     """Defaults, then the YAML file (if any), then the non-None ``overrides``; one validated config."""
-    data: dict[str, Any] = {}
-    source = "command line"
-    if path is not None:
-        if not path.is_file():
-            raise SweepConfigError(f"sweep file {path} does not exist (see sweeps/ for the shipped ones)")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise SweepConfigError(f"sweep file {path} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise SweepConfigError(f"sweep file {path} must hold a mapping of settings")
-        data = loaded
-        data.setdefault("name", path.stem)
-        source = f"{path} + command line"
-    engine_over = {k: v for k, v in overrides.pop("engine", {}).items() if v is not None}
-    if engine_over:
-        data["engine"] = {**data.get("engine", {"preset": "cpu"}), **engine_over}
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return SweepConfig.model_validate(data)
-    except ValidationError as exc:
-        raise SweepConfigError(_format_error(source, exc)) from None
-    except ValueError as exc:
-        raise SweepConfigError(f"invalid sweep definition ({source}): {exc}") from None
+    return load_layered(
+        SweepConfig,
+        path,
+        overrides,
+        what="sweep definition",
+        hint="see sweeps/ for the shipped ones",
+        error=SweepConfigError,
+    )

@@ -17,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine_harness.engines import EngineSpec, StrictModel, resolve_spec
+from microbench.layered_config import load_layered
 from microbench.transfer.records import Mode
 
 __all__ = [
@@ -203,31 +204,11 @@ class TransferConfig(StrictModel):
 
 def load_transfer_config(path: Path | None, overrides: dict[str, Any]) -> TransferConfig:
     """Defaults, then the YAML file (if any), then the non-None ``overrides``; one validated config."""
-    data: dict[str, Any] = {}
-    source = "command line"
-    if path is not None:
-        if not path.is_file():
-            raise TransferConfigError(
-                f"transfer definition {path} does not exist (see sweeps/transfer-*.yaml)"
-            )
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise TransferConfigError(f"{path} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise TransferConfigError(f"{path} must hold a mapping of settings")
-        data = loaded
-        data.setdefault("name", path.stem)
-        source = f"{path} + command line"
-    engine_over = {k: v for k, v in overrides.pop("engine", {}).items() if v is not None}
-    if engine_over:
-        data["engine"] = {**data.get("engine", {"preset": "cpu"}), **engine_over}
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return TransferConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"invalid transfer definition ({source}):"]
-        lines += [
-            f"  {'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()
-        ]
-        raise TransferConfigError("\n".join(lines)) from None
+    return load_layered(
+        TransferConfig,
+        path,
+        overrides,
+        what="transfer definition",
+        hint="see sweeps/transfer-*.yaml",
+        error=TransferConfigError,
+    )

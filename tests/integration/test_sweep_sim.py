@@ -125,25 +125,24 @@ def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monk
     assert table.repetitions.tolist() == [1] and table.invalid.tolist() == [2]  # attempts; never averaged in
 
 
-def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -> None:
+def _sweep_until(tmp_path: Path, run_id: str, points: int, **popen: object) -> subprocess.Popen[str]:
+    """A sweep subprocess (12 points) on the sim, returned once ``points`` records are on disk."""
     sweep = _sweep_file(tmp_path, decode_batch_sizes=[0, 4], prefill_tokens=[256, 1024, 2048], repetitions=2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "microbench.sweep",
-        "--sweep",
-        str(sweep),
-        "--out",
-        str(tmp_path),
-        "--run-id",
-        "k",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    runs = tmp_path / "k" / "runs"
+    cmd = [sys.executable, "-m", "microbench.sweep", "--sweep", str(sweep), "--out", str(tmp_path)]
+    proc = subprocess.Popen([*cmd, "--run-id", run_id], text=True, **popen)  # type: ignore[call-overload]
+    runs = tmp_path / run_id / "runs"
     deadline = time.monotonic() + 120
-    while len(list(runs.rglob("*.json"))) < 5:
+    while len(list(runs.rglob("*.json"))) < points:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
+    return proc
+
+
+def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -> None:
+    proc = _sweep_until(
+        tmp_path, "k", 5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    runs = tmp_path / "k" / "runs"
     engines = psutil.Process(proc.pid).children()  # the sim engine runs in a session of its own
     assert engines
     os.killpg(proc.pid, signal.SIGKILL)  # the sweep, with no chance to clean up
@@ -170,24 +169,8 @@ def test_bad_sweep_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
 
 
 def test_ctrl_c_stops_cleanly_with_everything_measured_on_disk(tmp_path: Path) -> None:
-    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0, 4], prefill_tokens=[256, 1024, 2048], repetitions=2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "microbench.sweep",
-        "--sweep",
-        str(sweep),
-        "--out",
-        str(tmp_path),
-        "--run-id",
-        "c",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _sweep_until(tmp_path, "c", 3, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     runs = tmp_path / "c" / "runs"
-    deadline = time.monotonic() + 120
-    while len(list(runs.rglob("*.json"))) < 3:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
     engines = psutil.Process(proc.pid).children()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)

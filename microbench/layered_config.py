@@ -1,0 +1,58 @@
+"""Settings in layers — defaults, then a YAML file, then command-line flags — validated into one model.
+
+Shared by the interference sweep and the transfer benchmark: a missing or malformed file, an unknown
+key or a bad value is one error naming the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["load_layered"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_layered(
+    model: type[M],
+    path: Path | None,
+    overrides: dict[str, Any],
+    *,
+    what: str,
+    hint: str,
+    error: type[ValueError],
+) -> M:
+    """Defaults, then ``path`` (if any), then the non-None ``overrides`` (``engine`` merged key by key)."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if path is not None:
+        if not path.is_file():
+            raise error(f"{what} {path} does not exist ({hint})")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise error(f"{what} {path} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise error(f"{what} {path} must hold a mapping of settings")
+        data = loaded
+        data.setdefault("name", path.stem)
+        source = f"{path} + command line"
+    overrides = dict(overrides)
+    engine_over = {k: v for k, v in overrides.pop("engine", {}).items() if v is not None}
+    if engine_over:
+        data["engine"] = {**data.get("engine", {"preset": "cpu"}), **engine_over}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"invalid {what} ({source}):"]
+        lines += [
+            f"  {'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()
+        ]
+        raise error("\n".join(lines)) from None
+    except ValueError as exc:
+        raise error(f"invalid {what} ({source}): {exc}") from None
