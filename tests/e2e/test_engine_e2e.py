@@ -58,7 +58,8 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
     # The tokens-per-step histogram holds every token of those steps. vLLM 0.32 observes it once per
     # step that produced output, so the first chunk (no token sampled) is folded into the second:
     # counting chunks from it undercounts them, which is why the sweep reads the step log.
-    assert after.delta(before, ["vllm:iteration_tokens_total_sum"]) == 3000 + 11
+    # (vLLM's async scheduling may run one decode step past the last token: one token more at most)
+    assert 3000 + 11 <= (after.delta(before, ["vllm:iteration_tokens_total_sum"]) or 0) <= 3000 + 12
     steps = step_counts(before, after, VLLM_METRICS, decode_batch=1)
     assert 12 <= steps.steps <= 13 and steps.mixed_steps >= 1
 

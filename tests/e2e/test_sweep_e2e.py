@@ -45,5 +45,9 @@ def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
         "num_chunks",
         "prefill_duration_ms",
     ]
-    assert len(table) == 4 and (table.repetitions == 2).all() and (table.invalid == 0).all()
+    assert len(table) == 4 and (table.repetitions == 2).all()
+    # attempts the protocol refused (e.g. a delivery stall in a baseline) were retried, kept with reasons
+    for path in (run / "invalid").rglob("*.json"):
+        refused = read_record(path, RunRecord)
+        assert not refused.validity.valid and refused.validity.reasons
     assert (run / "engine-2048.log").is_file() and (run / "telemetry" / "2048.parquet").is_file()
