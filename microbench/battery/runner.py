@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import platform
-import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -27,8 +25,11 @@ from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
 from microbench.battery.warmup import warm_up, warmup_requirement
+from microbench.run_folder import cpu_model, git_commit
 
-__all__ = ["cpu_model", "git_commit", "ordered_tests", "run_battery", "write_report"]
+__all__ = ["ordered_tests", "run_battery", "write_report"]
+
+REPO = Path(__file__).resolve().parents[2]
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +40,6 @@ def ordered_tests(names: list[str] | None = None) -> list[BatteryTest]:
         TESTS.get(name)
     chosen = [TESTS.get(n) for n in (names or TESTS.names())]
     return sorted(chosen, key=lambda t: [int(x) for x in t.section.split(".")])
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 async def _run_one(ctx: BatteryContext, test: BatteryTest, warmup: WarmupResult) -> TestResult:
@@ -120,7 +101,7 @@ async def run_battery(
         system=system,
         warmup=warmup,
         tests=results,
-        git_commit=git_commit(),
+        git_commit=git_commit(REPO),
     )
 
 
