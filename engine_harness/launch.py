@@ -6,7 +6,8 @@
         ... engine.base_url ...
         await engine.restart(spec.model_copy(update={"chunk_size": 4096}))
 
-The engine runs in its own process group bound to ``spec.host`` (127.0.0.1 by default) on a free port.
+The engine runs in its own process group (in the caller's session: see ``_spawn``) bound to
+``spec.host`` (127.0.0.1 by default) on a free port.
 Start-up races the ``/health`` poll against the process exiting; a failure raises ``EngineStartError``
 with the tail of the log. Stopping sends SIGTERM to the whole group, then SIGKILL after a grace period;
 an ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included),
@@ -228,7 +229,13 @@ class EngineProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=_engine_env(self.kind, self.spec),
-                start_new_session=True,
+                # Its own process group (one killpg stops it all; a terminal's Ctrl-C does not reach it)
+                # but *our session*: Linux's autogroup scheduler puts every session in its own task
+                # group, and vLLM's EngineCore spins on sched_yield() while its worker computes, which
+                # only yields within its group. In a new session that spinner starved the client's
+                # thread on the shared core for up to 7 s (measured: run-queue wait = the stall), so
+                # hundreds of decode tokens reached the client in one read. In one session it does not.
+                process_group=0,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         _LIVE.add(self.proc)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +47,7 @@ __all__ = [
     "NotSteady",
     "ProtocolError",
     "ProtocolSettings",
+    "collector_paused",
     "inject",
     "measure_baseline",
     "raw_frame",
@@ -117,6 +119,27 @@ class EngineClient:
         return await stream_request(
             self.session, self.completions_url, self.payload(prompt, max_tokens), headers=self.headers
         )
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while decode streams are measured.
+
+    A generation-2 pass stalled the client's event loop for 55–110 ms (measured on the CPU engine with
+    a D = 1 batch), long enough to deliver a dozen decode tokens in one read. Inside this block the
+    objects alive so far are frozen out of collection and automatic collection is off; ``inject`` and
+    the runner collect explicitly at points outside every measurement window.
+    """
+    gc.collect()
+    gc.freeze()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.unfreeze()
 
 
 async def wait_idle(client: EngineClient, timeout_s: float) -> None:
@@ -310,6 +333,7 @@ async def inject(
     # Scrape before the local-baseline window, not inside it: rendering /metrics keeps vLLM's API server
     # busy for tens of ms, during which it delivers no tokens (measured: a ~100 ms stall on the CPU
     # engine). The local baseline is then taken from fresh gaps after the scrape.
+    gc.collect()  # outside the windows (see collector_paused); the local baseline starts after the scrape
     mark = await client.steps.mark() if client.steps else 0
     before = await client.scrape()
     if batch is not None:
@@ -370,6 +394,24 @@ def _window_steps(steps: Sequence[EngineStep]) -> list[EngineStep]:
     return list(steps[idx[0] : idx[-1] + 1]) if idx else []
 
 
+def _prefill_step_gaps(window: Sequence[Gap], steps: int | None) -> list[Gap]:
+    """A stream's gaps of the ``steps`` engine steps that carried the prefill: its last ``steps`` tokens
+    up to the first token (each such step gives every running decode one token). Gaps before them
+    ended on decode-only steps that ran while the request was still being received and parsed; in a
+    one-step prefill they would make up most of the window and its median would flip between a decode
+    gap and the mixed step's. Without a step count (no engine log) the whole window is used."""
+    if steps is None:
+        return list(window)
+    out: list[Gap] = []
+    tokens = 0
+    for gap in reversed(window):
+        if tokens >= steps:
+            break
+        out.append(gap)
+        tokens += gap.tokens
+    return out[::-1]
+
+
 def _median(values: Sequence[float]) -> float | None:
     return float(pd.Series(values).median()) if len(values) else None
 
@@ -390,6 +432,11 @@ def build_record(
     D, P, chunk = config.decode_batch_size, config.new_prefill_tokens, config.chunk_size
     t0 = inj.t_inject_ns
     t1 = inj.t_first_token_ns if inj.t_first_token_ns is not None else t0
+    window_steps = _window_steps(inj.steps)
+    chunks_actual: int | None = None
+    source: Literal["engine_log", "histogram", "none"] = "none"
+    if window_steps:
+        chunks_actual, source = sum(1 for st in window_steps if st.prefill_tokens > 0), "engine_log"
     before_all: list[Gap] = []
     during_all: list[Gap] = []
     after_all: list[Gap] = []
@@ -410,7 +457,9 @@ def build_record(
             local_i = split.before[-s.local_gaps :]
             local.extend(local_i)
             before_all.extend(split.before)
-            during_all.extend(split.during)
+            during_all.extend(
+                _prefill_step_gaps(split.during, chunks_actual if source == "engine_log" else None)
+            )
             after_all.extend(split.after[: s.recovery_gaps])
             per_stream_during.append(split.during)
             if not split.during or not split.after:
@@ -449,14 +498,8 @@ def build_record(
     if inj.prefill.prompt_tokens is not None and inj.prefill.prompt_tokens != P:
         reasons.append(f"the engine counted {inj.prefill.prompt_tokens} prompt tokens, not {P}")
 
-    window_steps = _window_steps(inj.steps)
-    if window_steps:
-        chunks_actual: int | None = sum(1 for st in window_steps if st.prefill_tokens > 0)
-        source: Literal["engine_log", "histogram", "none"] = "engine_log"
-    elif mixed is not None:
+    if chunks_actual is None and mixed is not None:
         chunks_actual, source = mixed, "histogram"
-    else:
-        chunks_actual, source = None, "none"
     mixed_ms = [st.elapsed_ms for st in window_steps if st.prefill_tokens > 0]
     decode_ms = [st.elapsed_ms for st in inj.steps if st.prefill_tokens == 0 and st.decode_tokens > 0]
 
@@ -487,6 +530,7 @@ def build_record(
                 else None
             ),
             tpot_after_prefill_p50_ms=percentile_ms(after_all, 50),
+            during_window="prefill_steps" if source == "engine_log" else "send_to_first_token",
             num_chunks_actual=chunks_actual,
             num_chunks_source=source,
             num_chunks_expected=expected_chunks(P, chunk, D),

@@ -97,13 +97,21 @@ class EngineStep(Record):
 class Interference(Record):
     """What happened while the prefill ran (seed 002 Phase 2, extended)."""
 
-    tpot_during_prefill_p50_ms: float | None
+    tpot_during_prefill_p50_ms: float | None = Field(
+        description="median decode gap while the prefill ran: the gaps of the steps that carried it "
+        "(see during_window), pooled over streams"
+    )
     tpot_during_prefill_p90_ms: float | None
     tpot_during_prefill_max_ms: float | None
     tpot_during_prefill_mean_ms: float | None = Field(
-        None,
-        description="window time over window tokens, pooled over streams: steadier than the p50 when the "
-        "window holds only a few engine steps (its median then flips between decode-like and mixed gaps)"
+        None, description="the same gaps' time over their tokens, pooled over streams"
+    )
+    during_window: Literal["prefill_steps", "send_to_first_token"] = Field(
+        "send_to_first_token",
+        description="prefill_steps: each stream's last num_chunks_actual tokens before the first token, "
+        "one per step that carried the prefill (the engine's step log says how many); decode-only steps "
+        "that ran while the request was still on its way in are left out. send_to_first_token: every "
+        "gap ending between send and first token (seed 002's window; used when no step log exists)",
     )
     tpot_after_prefill_p50_ms: float | None
     num_chunks_actual: int | None = Field(

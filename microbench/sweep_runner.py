@@ -8,6 +8,7 @@ crash, Ctrl-C or a full disk loses at most the point in flight.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import time
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ from microbench.protocol import (
     ProtocolError,
     ProtocolSettings,
     build_record,
+    collector_paused,
     expected_chunks,
     inject,
     measure_baseline,
@@ -230,6 +232,12 @@ class SweepRunner:
             )
         # Prime the shared decode prefix once so every decode stream starts as a cache hit.
         await client.complete(self.prefix, 1)
+        with collector_paused():
+            await self._run_cells(session, engine, client, chunk)
+
+    async def _run_cells(
+        self, session: aiohttp.ClientSession, engine: EngineProcess, client: EngineClient, chunk: int
+    ) -> None:
         for d in self.sweep.decode_batch_sizes:
             todo = [
                 (p, r)
@@ -407,6 +415,7 @@ class SweepRunner:
     ) -> tuple[DecodeBatch, Baseline]:
         self._describe(f"chunk {chunk} D{d}: decode batch {index}, waiting for steady state")
         await wait_idle(client, self.s.idle_timeout_s)
+        gc.collect()
         batch = DecodeBatch(client, self.prefix, d, budget)
         await batch.start()
         try:

@@ -9,7 +9,8 @@ Figures (same run, same sim server, client pinned to one core and the sim to the
    time is the ``start_time`` its request function stamps.
 2. SSE ingest: concurrent long streams from a sim that does not sleep (``--time-scale 0``); chunks per wall
    second, and chunks per CPU second of the client process (the ceiling one core can ingest, each chunk
-   stamped with ``perf_counter``).
+   stamped with ``perf_counter``). ``ours`` reads the same stream as vLLM's client (usage only at the
+   end); ``ours_continuous_usage`` is the load generator's default, usage in every chunk.
 
     .venv/bin/python scripts/bench_loadgen.py [--seconds 3] [--streams 32] [--tokens 2000] [--out FILE]
 """
@@ -62,8 +63,9 @@ def _specs(n: int, max_tokens: int) -> list[RequestSpec]:
     return [RequestSpec(factory.cold(PROMPT_TOKENS), PROMPT_TOKENS, max_tokens) for _ in range(n)]
 
 
-def _settings(url: str) -> SessionSettings:
-    return SessionSettings.model_validate({"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 120})
+def _settings(url: str, continuous_usage: bool = True) -> SessionSettings:
+    api = {"model": "sim", "continuous_usage": continuous_usage}
+    return SessionSettings.model_validate({"base_url": url, "api": api, "drain_timeout_s": 120})
 
 
 def _ms(values: np.ndarray) -> dict[str, float]:
@@ -124,11 +126,11 @@ async def vllm_delay(url: str, rate: float, n: int) -> dict[str, float]:
     return _ms(np.array(delays))
 
 
-async def ours_ingest(url: str, streams: int, tokens: int) -> dict[str, float]:
+async def ours_ingest(url: str, streams: int, tokens: int, continuous_usage: bool) -> dict[str, float]:
     stage = Stage.scheduled("ingest", parse_scheduler({"kind": "max_throughput"}), _specs(streams, tokens),
                             max_requests=streams)  # fmt: skip
     cpu0, t0 = time.process_time(), time.perf_counter()
-    async with LoadSession(_settings(url)) as session:
+    async with LoadSession(_settings(url, continuous_usage)) as session:
         result = await session.run([stage])
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     chunks = sum(len(r.stream.chunk_t_ns) for r in result.records if r.status == "ok")
@@ -176,8 +178,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         report["ingest"] = {
             "streams": args.streams,
             "tokens_per_stream": args.tokens,
-            "ours": aio.run(ours_ingest(url, args.streams, args.tokens)),
+            # the same byte stream as vLLM's client gets (usage only in the last chunk)
+            "ours": aio.run(ours_ingest(url, args.streams, args.tokens, continuous_usage=False)),
             "vllm_bench": asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
+            # our default: usage in every chunk (exact tokens per chunk), a larger stream to parse
+            "ours_continuous_usage": aio.run(ours_ingest(url, args.streams, args.tokens, True)),
         }
         return report
     finally:

@@ -21,15 +21,8 @@ def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
     run = tmp_path / "s"
     records = [read_record(p, RunRecord) for p in sorted((run / "runs" / "2048").glob("*.json"))]
     assert len(records) == 2 * 2 * 2  # D × P × repetitions: every point has its final record
-    # On this 2-core box decode delivery sometimes stalls or jitters past seed 002's steady rule and the
-    # protocol refuses the point (see issue #4's note); every cell must still get a valid repetition.
-    invalid = [r for r in records if not r.validity.valid]
-    assert all(r.validity.reasons for r in invalid)
-    records = [r for r in records if r.validity.valid]
-    cells = {(r.config.decode_batch_size, r.config.new_prefill_tokens) for r in records}
-    assert cells == {(0, 1024), (0, 4096), (4, 1024), (4, 4096)}, [
-        (r.config, r.validity.reasons) for r in invalid
-    ]
+    # every point valid: an attempt the protocol refused was retried (and kept under invalid/)
+    assert all(r.validity.valid for r in records), [(r.config, r.validity.reasons) for r in records]
     assert all(
         r.interference.prefix_cache_hits == 0 and r.interference.cached_prompt_tokens == 0 for r in records
     )
@@ -53,7 +46,7 @@ def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
         "num_chunks",
         "prefill_duration_ms",
     ]
-    assert len(table) == 4 and (table.repetitions >= 1).all() and table.repetitions.sum() == len(records)
+    assert len(table) == 4 and (table.repetitions == 2).all()
     # attempts the protocol refused (e.g. a delivery stall in a baseline) were retried, kept with reasons
     for path in (run / "invalid").rglob("*.json"):
         refused = read_record(path, RunRecord)

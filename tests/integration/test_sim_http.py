@@ -56,10 +56,11 @@ def _events(raw: str) -> list[Any]:
 
 def _record_from(raw: str) -> StreamRecord:
     """What ``stream_request`` would record from this payload (its own ingest path, fake clock)."""
-    from microbench.streams import _ingest
+    from microbench.streams import _ingest, parse_chunk
 
     rec = StreamRecord()
-    for i, event in enumerate(_events(raw)):
+    events = [e for e in (parse_chunk(line.encode()) for line in raw.splitlines()) if e is not None]
+    for i, event in enumerate(events):
         if event is DONE:
             rec.t_done_ns = i
             break

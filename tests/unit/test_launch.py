@@ -1,6 +1,7 @@
 """The launcher on a stand-in engine: health wait, version, log capture, stop of the whole group."""
 
 import dataclasses
+import os
 import signal
 import socket
 import sys
@@ -41,6 +42,9 @@ async def test_start_reports_version_and_stop_kills_the_group(tmp_path: Path) ->
         assert engine.startup_s is not None and engine.startup_s > 0
         pid, child, proc = engine.pid, int(child_file.read_text()), engine.proc
         assert engine.alive() and proc in _LIVE
+        # its own process group, our session (one autogroup: see EngineProcess._spawn)
+        assert os.getpgid(pid) == pid != os.getpgid(0)
+        assert os.getsid(pid) == os.getsid(0)
     assert pid is not None and _gone(pid) and _gone(child)
     assert "fake engine ready" in (tmp_path / "e.log").read_text()
     assert proc not in _LIVE  # nothing left for the atexit reaper

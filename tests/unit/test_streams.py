@@ -5,7 +5,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from microbench.streams import DONE, HTTPStatusError, StreamCut, parse_sse_line, stream_request
+from microbench.streams import (
+    DONE,
+    HTTPStatusError,
+    StreamChunk,
+    StreamCut,
+    _chunk_text,
+    parse_chunk,
+    parse_sse_line,
+    stream_request,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -17,6 +26,27 @@ def test_parse_sse_lines() -> None:
     assert parse_sse_line(b'data: {"a": 1}\n') == {"a": 1}
     with pytest.raises(ValueError):
         parse_sse_line(b"data: [1, 2]\n")
+
+
+def test_parse_chunk_reads_only_the_fields_the_client_needs() -> None:
+    line = (
+        b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"a",'
+        b'"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3}}'
+    )
+    chunk = parse_chunk(line)
+    assert isinstance(chunk, StreamChunk)
+    assert chunk.choices is not None and chunk.choices[0].text == "a"
+    assert chunk.usage == {"prompt_tokens": 5, "completion_tokens": 3}
+    role = parse_chunk(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}')
+    assert isinstance(role, StreamChunk) and role.choices is not None
+    assert _chunk_text(role.choices[0]) is None  # the role announcement carries no token
+    empty = parse_chunk(b'data: {"choices":[{"delta":{"content":""}}]}')
+    assert isinstance(empty, StreamChunk) and empty.choices is not None
+    assert _chunk_text(empty.choices[0]) == ""  # a real token that decodes to no text
+    assert parse_chunk(b"data: [DONE]") is DONE and parse_chunk(b": ping") is None
+    for bad in (b"data: [1, 2]", b'data: {"usage": "many"}', b"data: {not json"):
+        with pytest.raises(ValueError, match="not a completion chunk"):
+            parse_chunk(bad)
 
 
 def _app(body: bytes, status: int = 200, cut: bool = False) -> web.Application:
