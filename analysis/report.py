@@ -169,9 +169,9 @@ def build_report(
     head += [
         f"- points: {len(records)} ({n_valid} valid, {int(table['invalid'].sum())} invalid attempts excluded "
         f"from every statistic); cells: {len(table)}",
-        "- penalty_ratio = TPOT during the prefill window / baseline TPOT "
-        "(p50s, median over valid repetitions); "
-        "interference cost = aggregate decode delay (Σ over streams of the extra gap time in the window).",
+        "- penalty_ratio = (baseline TPOT + penalty) / baseline TPOT, where the penalty per prefill step is "
+        "the aggregate decode delay (Σ over streams of the extra gap time in the window) / (D × chunks); "
+        "medians over valid repetitions. Seed 002's window-median version is penalty_ratio_p50.",
     ]
     sections.append(("md", "\n".join(head)))
     sections.append(

@@ -128,8 +128,10 @@ def _point(
         aggregate = sum((b - a) / 1e6 - local_p50 for gaps in per_stream for a, b in gaps)
     after = [g for g in post[:4]]
     during_p50 = _p(during, 50)
-    penalty = during_p50 - baseline_p50 if during_p50 is not None and baseline_p50 is not None else None
+    p50_penalty = during_p50 - baseline_p50 if during_p50 is not None and baseline_p50 is not None else None
     n_chunks = len(mixed)
+    penalty = aggregate / (d * n_chunks) if d and local_p50 is not None else None
+    during_ms = baseline_p50 + penalty if baseline_p50 is not None and penalty is not None else None
     steps_log = (
         [
             EngineStep(
@@ -190,7 +192,10 @@ def _point(
             engine_steps_log=steps_log,
         ),
         derived=Derived(
-            tpot_penalty_p50_ms=penalty,
+            tpot_penalty_ms=penalty,
+            tpot_during_prefill_ms=during_ms,
+            penalty_ratio=during_ms / baseline_p50 if during_ms is not None and baseline_p50 else None,
+            tpot_penalty_p50_ms=p50_penalty,
             tpot_penalty_ratio=during_p50 / baseline_p50 if during_p50 is not None and baseline_p50 else None,
             local_penalty_p50_ms=during_p50 - local_p50 if during_p50 is not None and local_p50 else None,
             total_interference_ms=n_chunks * penalty if penalty is not None else None,

@@ -5,6 +5,9 @@ measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` and every invalid attem
 A cell is one ``(chunk_size, decode_batch_size, new_prefill_tokens)``; its repetitions are summarised by
 medians over the **valid** records only. Invalid attempts are never averaged in: they are counted in the
 ``invalid`` column. Statistics are computed here, when reading; the records keep the raw values.
+``tpot_interference_ms``/``tpot_penalty_ms``/``penalty_ratio`` are the per-prefill-step penalty solved
+from the measured aggregate delay (``microbench.records.Derived``); seed 002's window-median versions
+are kept as ``tpot_interference_p50_ms`` and ``penalty_ratio_p50``.
 
 Only pandas, numpy and ``microbench.records`` are imported: the sweep calls
 ``write_interference_table`` at the end of a run.
@@ -56,12 +59,15 @@ TABLE_COLUMNS = [
     "invalid",
     "cv_penalty_ratio",
     "cv_tpot_interference_ms",
+    "cv_step_time_mixed_ms",
     "penalty_ratio_ci_low",
     "penalty_ratio_ci_high",
     "num_chunks_expected",
     "aggregate_decode_delay_ms",
     "total_interference_ms",
+    "tpot_interference_p50_ms",
     "tpot_interference_p90_ms",
+    "penalty_ratio_p50",
     "local_baseline_ms",
 ]
 
@@ -76,7 +82,9 @@ _MEDIAN_COLUMNS = {
     "num_chunks_expected": "num_chunks_expected",
     "aggregate_decode_delay_ms": "aggregate_decode_delay_ms",
     "total_interference_ms": "total_interference_ms",
+    "tpot_interference_p50_ms": "tpot_interference_p50_ms",
     "tpot_interference_p90_ms": "tpot_interference_p90_ms",
+    "penalty_ratio_p50": "penalty_ratio_p50",
     "local_baseline_ms": "local_baseline_ms",
 }
 
@@ -124,10 +132,12 @@ def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
         "engine": cfg.engine,
         "tpot_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
         "local_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
-        "tpot_interference_ms": itf.tpot_during_prefill_p50_ms,
+        "tpot_interference_ms": der.tpot_during_prefill_ms,
+        "tpot_penalty_ms": der.tpot_penalty_ms,
+        "penalty_ratio": der.penalty_ratio,
+        "tpot_interference_p50_ms": itf.tpot_during_prefill_p50_ms,
         "tpot_interference_p90_ms": itf.tpot_during_prefill_p90_ms,
-        "tpot_penalty_ms": der.tpot_penalty_p50_ms,
-        "penalty_ratio": der.tpot_penalty_ratio,
+        "penalty_ratio_p50": der.tpot_penalty_ratio,
         "num_chunks": itf.num_chunks_actual,
         "num_chunks_expected": itf.num_chunks_expected,
         "num_chunks_source": itf.num_chunks_source,
@@ -203,6 +213,7 @@ def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
         row["invalid"] = int(invalid_counts.get(key, 0))
         row["cv_penalty_ratio"] = _cv(group["penalty_ratio"])
         row["cv_tpot_interference_ms"] = _cv(group["tpot_interference_ms"])
+        row["cv_step_time_mixed_ms"] = _cv(group["step_time_mixed_ms"])
         low, high = bootstrap_median_ci(group["penalty_ratio"], n_boot=n_boot, seed=[seed, *key])
         row["penalty_ratio_ci_low"], row["penalty_ratio_ci_high"] = low, high
         rows.append(row)

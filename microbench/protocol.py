@@ -16,7 +16,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +47,6 @@ __all__ = [
     "NotSteady",
     "ProtocolError",
     "ProtocolSettings",
-    "collector_paused",
     "inject",
     "measure_baseline",
     "raw_frame",
@@ -119,27 +118,6 @@ class EngineClient:
         return await stream_request(
             self.session, self.completions_url, self.payload(prompt, max_tokens), headers=self.headers
         )
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while decode streams are measured.
-
-    A generation-2 pass stalled the client's event loop for 55–110 ms (measured on the CPU engine with
-    a D = 1 batch), long enough to deliver a dozen decode tokens in one read. Inside this block the
-    objects alive so far are frozen out of collection and automatic collection is off; ``inject`` and
-    the runner collect explicitly at points outside every measurement window.
-    """
-    gc.collect()
-    gc.freeze()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.unfreeze()
 
 
 async def wait_idle(client: EngineClient, timeout_s: float) -> None:
@@ -333,7 +311,7 @@ async def inject(
     # Scrape before the local-baseline window, not inside it: rendering /metrics keeps vLLM's API server
     # busy for tens of ms, during which it delivers no tokens (measured: a ~100 ms stall on the CPU
     # engine). The local baseline is then taken from fresh gaps after the scrape.
-    gc.collect()  # outside the windows (see collector_paused); the local baseline starts after the scrape
+    gc.collect()  # outside the windows (see aio.no_full_collections); the local baseline starts after it
     mark = await client.steps.mark() if client.steps else 0
     before = await client.scrape()
     if batch is not None:
@@ -394,24 +372,6 @@ def _window_steps(steps: Sequence[EngineStep]) -> list[EngineStep]:
     return list(steps[idx[0] : idx[-1] + 1]) if idx else []
 
 
-def _prefill_step_gaps(window: Sequence[Gap], steps: int | None) -> list[Gap]:
-    """A stream's gaps of the ``steps`` engine steps that carried the prefill: its last ``steps`` tokens
-    up to the first token (each such step gives every running decode one token). Gaps before them
-    ended on decode-only steps that ran while the request was still being received and parsed; in a
-    one-step prefill they would make up most of the window and its median would flip between a decode
-    gap and the mixed step's. Without a step count (no engine log) the whole window is used."""
-    if steps is None:
-        return list(window)
-    out: list[Gap] = []
-    tokens = 0
-    for gap in reversed(window):
-        if tokens >= steps:
-            break
-        out.append(gap)
-        tokens += gap.tokens
-    return out[::-1]
-
-
 def _median(values: Sequence[float]) -> float | None:
     return float(pd.Series(values).median()) if len(values) else None
 
@@ -457,9 +417,7 @@ def build_record(
             local_i = split.before[-s.local_gaps :]
             local.extend(local_i)
             before_all.extend(split.before)
-            during_all.extend(
-                _prefill_step_gaps(split.during, chunks_actual if source == "engine_log" else None)
-            )
+            during_all.extend(split.during)
             after_all.extend(split.after[: s.recovery_gaps])
             per_stream_during.append(split.during)
             if not split.during or not split.after:
@@ -505,8 +463,11 @@ def build_record(
 
     during_p50 = percentile_ms(during_all, 50)
     base_p50 = baseline.tpot_p50_ms if baseline else None
-    penalty = during_p50 - base_p50 if during_p50 is not None and base_p50 is not None else None
+    p50_penalty = during_p50 - base_p50 if during_p50 is not None and base_p50 is not None else None
     n_chunks_for_cost = chunks_actual if chunks_actual is not None else expected_chunks(P, chunk, D)
+    aggregate = aggregate_ms if batch is not None and local_p50 is not None else None
+    penalty = aggregate / (D * n_chunks_for_cost) if aggregate is not None and D else None
+    during_ms = base_p50 + penalty if base_p50 is not None and penalty is not None else None
     ttft_ms = (t1 - t0) / 1e6 if inj.t_first_token_ns is not None else None
     if baseline is not None and baseline.step_time_ms is None and decode_ms:
         baseline = baseline.model_copy(update={"step_time_ms": _median(decode_ms)})
@@ -524,13 +485,7 @@ def build_record(
             tpot_during_prefill_p50_ms=during_p50,
             tpot_during_prefill_p90_ms=percentile_ms(during_all, 90),
             tpot_during_prefill_max_ms=percentile_ms(during_all, 100),
-            tpot_during_prefill_mean_ms=(
-                sum(g.end_ns - g.start_ns for g in during_all) / 1e6 / sum(g.tokens for g in during_all)
-                if during_all
-                else None
-            ),
             tpot_after_prefill_p50_ms=percentile_ms(after_all, 50),
-            during_window="prefill_steps" if source == "engine_log" else "send_to_first_token",
             num_chunks_actual=chunks_actual,
             num_chunks_source=source,
             num_chunks_expected=expected_chunks(P, chunk, D),
@@ -548,14 +503,17 @@ def build_record(
             engine_steps_log=window_steps,
         ),
         derived=Derived(
-            tpot_penalty_p50_ms=penalty,
+            tpot_penalty_ms=penalty,
+            tpot_during_prefill_ms=during_ms,
+            penalty_ratio=during_ms / base_p50 if during_ms is not None and base_p50 else None,
+            tpot_penalty_p50_ms=p50_penalty,
             tpot_penalty_ratio=during_p50 / base_p50 if during_p50 is not None and base_p50 else None,
             local_penalty_p50_ms=during_p50 - local_p50
             if during_p50 is not None and local_p50 is not None
             else None,
             total_interference_ms=n_chunks_for_cost * penalty if penalty is not None else None,
             decode_tokens_delayed=D * n_chunks_for_cost,
-            aggregate_decode_delay_ms=aggregate_ms if batch is not None and local_p50 is not None else None,
+            aggregate_decode_delay_ms=aggregate,
         ),
         validity=Validity(valid=not reasons, reasons=reasons, attempt=attempt),
         t_inject_ns=t0,

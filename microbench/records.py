@@ -98,21 +98,12 @@ class Interference(Record):
     """What happened while the prefill ran (seed 002 Phase 2, extended)."""
 
     tpot_during_prefill_p50_ms: float | None = Field(
-        description="median decode gap while the prefill ran: the gaps of the steps that carried it "
-        "(see during_window), pooled over streams"
+        description="seed 002: median decode gap ending between the send and the first token, pooled over "
+        "streams. In a window of a few engine steps it flips between a decode-only gap (steps that ran "
+        "while the request was still being received) and a mixed step's: see Derived.tpot_penalty_ms"
     )
     tpot_during_prefill_p90_ms: float | None
     tpot_during_prefill_max_ms: float | None
-    tpot_during_prefill_mean_ms: float | None = Field(
-        None, description="the same gaps' time over their tokens, pooled over streams"
-    )
-    during_window: Literal["prefill_steps", "send_to_first_token"] = Field(
-        "send_to_first_token",
-        description="prefill_steps: each stream's last num_chunks_actual tokens before the first token, "
-        "one per step that carried the prefill (the engine's step log says how many); decode-only steps "
-        "that ran while the request was still on its way in are left out. send_to_first_token: every "
-        "gap ending between send and first token (seed 002's window; used when no step log exists)",
-    )
     tpot_after_prefill_p50_ms: float | None
     num_chunks_actual: int | None = Field(
         description="prefill-carrying engine steps (step log, else histogram)"
@@ -140,16 +131,32 @@ class Interference(Record):
 
 
 class Derived(Record):
-    """Seed 002 ``derived`` fields plus the measured aggregate delay."""
+    """Seed 002 ``derived`` fields, and the penalty per prefill step from the measured aggregate delay.
 
-    tpot_penalty_p50_ms: float | None = Field(description="during p50 − baseline p50")
-    tpot_penalty_ratio: float | None = Field(description="during p50 / baseline p50")
-    local_penalty_p50_ms: float | None = Field(description="during p50 − local baseline p50")
-    total_interference_ms: float | None = Field(description="num_chunks × penalty (per stream, seed 002)")
+    Seed 002's identity is ``total delay = num_chunks × D × penalty``. The aggregate delay is measured
+    (every stream, every gap of the window, against the local baseline), ``num_chunks`` is counted by
+    the engine, so ``tpot_penalty_ms`` solves the identity for the penalty: the extra time each decode
+    token waited per step that carried the prefill. Unlike the seed's window median it does not depend
+    on how many decode-only steps fell into the window, so it repeats (CV per cell in the run summary).
+    """
+
+    tpot_penalty_ms: float | None = Field(
+        description="aggregate_decode_delay / (D × num_chunks): extra ms per decode token per prefill step"
+    )
+    tpot_during_prefill_ms: float | None = Field(
+        description="baseline p50 + tpot_penalty_ms: the TPOT a decode sees on a step carrying the prefill"
+    )
+    penalty_ratio: float | None = Field(description="tpot_during_prefill_ms / baseline p50")
+    tpot_penalty_p50_ms: float | None = Field(description="seed 002: window p50 − baseline p50")
+    tpot_penalty_ratio: float | None = Field(description="seed 002: window p50 / baseline p50")
+    local_penalty_p50_ms: float | None = Field(description="window p50 − local baseline p50")
+    total_interference_ms: float | None = Field(
+        description="num_chunks × tpot_penalty_ms: the delay one decode stream took from the prefill"
+    )
     decode_tokens_delayed: int = Field(description="D × num_chunks")
     aggregate_decode_delay_ms: float | None = Field(
-        description="Σ over streams of Σ (gap − local baseline p50) over gaps overlapping the window: "
-        "the measured counterpart of num_chunks × D × penalty"
+        description="Σ over streams of Σ (gap − local baseline p50) over the gaps ending between send and "
+        "first token: the measured counterpart of num_chunks × D × penalty"
     )
 
 

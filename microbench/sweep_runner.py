@@ -29,6 +29,7 @@ from rich.progress import (
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError, Snapshot
 from engine_harness.telemetry import TelemetrySampler, default_source
+from microbench.aio import no_full_collections
 from microbench.engine_steps import SimStepSource, StepSource, VllmLogStepSource
 from microbench.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.protocol import (
@@ -39,7 +40,6 @@ from microbench.protocol import (
     ProtocolError,
     ProtocolSettings,
     build_record,
-    collector_paused,
     expected_chunks,
     inject,
     measure_baseline,
@@ -232,7 +232,7 @@ class SweepRunner:
             )
         # Prime the shared decode prefix once so every decode stream starts as a cache hit.
         await client.complete(self.prefix, 1)
-        with collector_paused():
+        with no_full_collections():
             await self._run_cells(session, engine, client, chunk)
 
     async def _run_cells(
@@ -309,7 +309,7 @@ class SweepRunner:
                 f"attempt {record.validity.attempt}: {'; '.join(record.validity.reasons)}"
             )
         else:
-            self.last_ratio = record.derived.tpot_penalty_ratio
+            self.last_ratio = record.derived.penalty_ratio
         done = record.validity.valid or final
         if done and self.progress is not None and self.task_id is not None:
             self.progress.advance(self.task_id)

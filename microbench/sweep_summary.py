@@ -56,10 +56,21 @@ def criteria(table: pd.DataFrame) -> list[Criterion]:
                 "CV < 15% across repetitions",
                 bad.empty,
                 f"{len(cv) - len(bad)}/{len(cv)} cells pass; max CV {cv.cv_tpot_interference_ms.max():.1%}"
-                + (f"; failing: {_cells(bad)}" if not bad.empty else ""),
+                + (f"; failing: {_cells(bad)}{_engine_spread(bad)}" if not bad.empty else ""),
             )
         )
     return out
+
+
+def _engine_spread(bad: pd.DataFrame) -> str:
+    """How much the engine's own prefill-step time varied in the failing cells (its step log)."""
+    spread = bad.cv_step_time_mixed_ms.dropna()
+    if spread.empty:
+        return ""
+    return (
+        f"; in those cells the engine's own logged prefill-step time varied by CV {spread.min():.0%}–"
+        f"{spread.max():.0%} (median {spread.median():.0%})"
+    )
 
 
 def _cells(df: pd.DataFrame, limit: int = 8) -> str:

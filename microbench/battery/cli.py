@@ -1,9 +1,9 @@
 """Command line: ``python -m microbench.battery run --engine sim|vllm|external [--url URL] --tests ttft,itl
 --workload NAME --profile conformant|quick --out DIR`` and ``python -m microbench.battery list``.
 
-``--engine sim`` and ``vllm`` launch the engine (restartable, so 5.7 can turn prefix caching off);
-``external`` only reaches ``--url``. Exit status: 0 when every selected test ran or was skipped with a
-reason, 1 when one failed with an error.
+``--engine sim`` and ``vllm`` launch the engine (restartable, so 5.7 can turn prefix caching off and 5.10
+can compare engine settings); ``external`` only reaches ``--url``. Exit status: 0 when every selected test
+ran or was skipped with a reason, 1 when one failed with an error.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from pathlib import Path
 from engine_harness.engines import resolve_spec
 from engine_harness.launch import EngineProcess
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import EngineHandle, ExternalEngine, LaunchedEngine, served_model
+from microbench.battery.engine import (
+    EngineHandle,
+    EngineOverrides,
+    ExternalEngine,
+    LaunchedEngine,
+    served_model,
+)
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.runner import ordered_tests, run_battery, write_report
 from microbench.workloads.reference import WORKLOADS
@@ -28,11 +34,27 @@ from microbench.workloads.reference import WORKLOADS
 __all__ = ["build_parser", "main"]
 
 
-def _config(value: str) -> tuple[str, str]:
-    name, sep, url = value.partition("=")
-    if not sep or not name or not url:
-        raise argparse.ArgumentTypeError(f"--config wants NAME=URL, got {value!r}")
-    return name, url
+ENGINE_PREFIX = "engine:"
+CONFIG_HELP = (
+    "a configuration for 5.10 (repeat; the first is the baseline): NAME=URL, an endpoint, or "
+    f"NAME={ENGINE_PREFIX}[KEY=VALUE,...], the battery's engine (--engine vllm|sim) restarted with "
+    f"those EngineSpec fields changed ('{ENGINE_PREFIX}' alone: as launched), e.g. "
+    f"--config bare={ENGINE_PREFIX} --config small-batch={ENGINE_PREFIX}max_num_seqs=4"
+)
+
+
+def _config(value: str) -> tuple[str, str | EngineOverrides]:
+    name, sep, target = value.partition("=")
+    if not sep or not name or not target:
+        raise argparse.ArgumentTypeError(
+            f"--config wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
+        )
+    if not target.startswith(ENGINE_PREFIX):
+        return name, target
+    try:
+        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_config,
         action="append",
         default=[],
-        metavar="NAME=URL",
-        help="a configuration for 5.10 (repeat; the first is the baseline)",
+        metavar=f"NAME=URL|NAME={ENGINE_PREFIX}KEY=VALUE,...",
+        help=CONFIG_HELP,
     )
     run.add_argument("--ttft-slo-ms", type=float, help="TTFT P99 SLO (5.2 search, 5.3 optimal point)")
     run.add_argument("--tpot-slo-ms", type=float, help="TPOT P99 SLO (5.2 search)")
@@ -72,6 +94,11 @@ async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) ->
     if args.engine == "external":
         if not args.url:
             raise SystemExit("--engine external needs --url")
+        if any(isinstance(target, EngineOverrides) for _, target in args.config):
+            raise SystemExit(
+                f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+                "engine-settings configurations need --engine vllm|sim"
+            )
         return ExternalEngine(args.url)
     if args.url:
         raise SystemExit("--url is only for --engine external")

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from engine_harness.metrics import MetricsError, Snapshot, scrape
-from microbench.battery.engine import EngineHandle
+from microbench.battery.engine import EngineHandle, EngineOverrides
 from microbench.battery.profiles import Profile
 from microbench.battery.stats import request_latencies
 from microbench.loadgen.requests import ApiSettings, RequestSpec
@@ -81,7 +81,7 @@ class BatteryContext:
     out_dir: Path | None = None
     max_model_len: int | None = None
     drain_timeout_s: float = 120.0
-    guardrail_configs: dict[str, str] = field(default_factory=dict)
+    guardrail_configs: dict[str, str | EngineOverrides] = field(default_factory=dict)  # URL or settings
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     accelerators: int = 0

@@ -3,13 +3,20 @@
 ``LaunchedEngine`` wraps an ``EngineProcess`` (vLLM, SGLang or the subprocess sim: restartable with new
 settings); ``InProcessSim`` wraps a ``SimServer`` (tests); ``ExternalEngine`` is only a URL and cannot be
 restarted, so tests that need a restart say so instead of pretending.
+
+``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the battery launched the engine with
+(5.10's engine-settings configurations, ``--config NAME=engine:KEY=VALUE,...``); only a ``LaunchedEngine``
+can be ``reconfigure``d with them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import yaml
+from pydantic import ValidationError
 
 from engine_harness.engines import EngineSpec, MetricNames, engine_kind
 from engine_harness.launch import EngineProcess
@@ -17,6 +24,7 @@ from engine_harness.sim import SimConfig, SimServer
 
 __all__ = [
     "EngineHandle",
+    "EngineOverrides",
     "ExternalEngine",
     "InProcessSim",
     "LaunchedEngine",
@@ -25,8 +33,46 @@ __all__ = [
 ]
 
 
+# Fields that would make a configuration another engine or another model, not other settings of this one.
+_FIXED_FIELDS = frozenset({"kind", "url", "model", "served_model_name"})
+
+
 class NotRestartable(RuntimeError):
     """The engine cannot be restarted with other settings by the battery."""
+
+
+@dataclass(frozen=True)
+class EngineOverrides:
+    """``EngineSpec`` fields to change from the engine as launched (none: exactly as launched)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> EngineOverrides:
+        """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec``."""
+        allowed = sorted(set(EngineSpec.model_fields) - _FIXED_FIELDS)
+        raw: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(f"{item!r} is not KEY=VALUE")
+            if key not in allowed:
+                raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
+            try:
+                raw[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ValueError(f"{key}: {value!r} is not a YAML scalar") from None
+        try:  # the kind only satisfies the spec's own check; the fields' checks do not depend on it
+            spec = EngineSpec.model_validate({"kind": "sim", **raw})
+        except ValidationError as exc:
+            raise ValueError(
+                "; ".join(f"{e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
+            ) from None
+        return cls({key: getattr(spec, key) for key in raw})
+
+    def __str__(self) -> str:
+        return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
 
 
 async def served_model(base_url: str) -> tuple[str, int | None]:
@@ -62,11 +108,20 @@ class EngineHandle:
         """Whether prefix caching is on (None: not known for an engine the battery did not start)."""
         return None
 
+    @property
+    def can_reconfigure(self) -> bool:
+        """Whether ``reconfigure`` works: the battery launched the engine from an ``EngineSpec``."""
+        return False
+
     async def set_prefix_caching(self, enabled: bool) -> None:
         """Restart with prefix caching on or off (raises ``NotRestartable`` where impossible)."""
         raise NotRestartable(
             f"engine kind {self.kind!r} is not started by the battery and cannot be restarted"
         )
+
+    async def reconfigure(self, overrides: EngineOverrides) -> bool:
+        """Restart as launched but with ``overrides`` unless it runs so already; True if it restarted."""
+        raise NotRestartable(f"engine kind {self.kind!r} was not launched by the battery from an engine spec")
 
 
 class ExternalEngine(EngineHandle):
@@ -89,6 +144,7 @@ class LaunchedEngine(EngineHandle):
         self.kind = process.spec.kind
         self.metrics = process.kind.metrics
         self.version = process.version
+        self._launched = process.spec
 
     @property
     def base_url(self) -> str:
@@ -112,6 +168,19 @@ class LaunchedEngine(EngineHandle):
         spec: EngineSpec = self.process.spec
         if spec.prefix_caching != enabled:
             await self.process.restart(spec.model_copy(update={"prefix_caching": enabled}))
+
+    @property
+    def can_reconfigure(self) -> bool:
+        return self.can_restart
+
+    async def reconfigure(self, overrides: EngineOverrides) -> bool:
+        if not self.can_reconfigure:
+            return await super().reconfigure(overrides)
+        spec = EngineSpec.model_validate(self._launched.model_dump() | overrides.values)
+        if spec == self.process.spec:
+            return False
+        await self.process.restart(spec)
+        return True
 
 
 class InProcessSim(EngineHandle):

@@ -31,6 +31,7 @@ import aiohttp
 from pydantic import Field
 
 from engine_harness.engines import StrictModel
+from microbench.aio import no_full_collections
 from microbench.loadgen.client import classify, send_request
 from microbench.loadgen.events import Event, EventBus, EventHook, EventKind
 from microbench.loadgen.requests import ApiSettings, RequestSpec
@@ -230,10 +231,11 @@ class LoadSession:
         started_unix_ns = time.time_ns()
         self._emit(EventKind.SESSION_STARTED, self._t0_ns)
         outcomes = []
-        for stage in stages:
-            if self._stopping:
-                break
-            outcomes.append(await self._run_stage(stage))
+        with no_full_collections():  # a full GC pass would stall the loop and delay scheduled sends
+            for stage in stages:
+                if self._stopping:
+                    break
+                outcomes.append(await self._run_stage(stage))
         self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
         return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes)
 

@@ -101,6 +101,10 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
         assert measured == pytest.approx(truth_per_stream, rel=0.2, abs=decode_step), r.config
         # the baseline the client saw is the decode step the sim ran
         assert r.baseline.tpot_p50_ms == pytest.approx(decode_step, rel=0.1)
+        # the penalty per prefill step: the mean extra time of the steps that carried the prefill
+        mixed_steps = [s.elapsed_ms for s in steps if s.prefill_tokens > 0]
+        truth_penalty = sum(mixed_steps) / len(mixed_steps) - decode_step
+        assert r.derived.tpot_penalty_ms == pytest.approx(truth_penalty, rel=0.2, abs=decode_step), r.config
         if r.config.new_prefill_tokens == 2048:  # 5 chunks: the window median is a mixed step
             mixed = sorted(s.elapsed_ms for s in steps)
             assert mixed[0] * 0.9 <= r.interference.tpot_during_prefill_p50_ms <= mixed[-1] * 1.1

@@ -83,7 +83,7 @@ def test_medians_use_valid_records_only_and_invalid_are_counted(run: Path) -> No
     cell = _cell(table, chunk, d, p)
     assert cell.repetitions == 2 and cell.invalid == 1
     valid = [
-        r.derived.tpot_penalty_ratio
+        r.derived.penalty_ratio
         for r in records
         if (r.config.chunk_size, r.config.decode_batch_size, r.config.new_prefill_tokens) == (chunk, d, p)
         and r.validity.valid
@@ -92,7 +92,7 @@ def test_medians_use_valid_records_only_and_invalid_are_counted(run: Path) -> No
     assert cell.penalty_ratio == pytest.approx(statistics.median(valid))
     # the invalid record (a prefix-cache hit) is far from the valid ones: averaging it in would show
     bad = next(r for r in records if not r.validity.valid)
-    assert abs(bad.derived.tpot_penalty_ratio - cell.penalty_ratio) > 0.5
+    assert abs(bad.derived.penalty_ratio - cell.penalty_ratio) > 0.5
 
     chunk, d, p, _ = INVALID
     cell = _cell(table, chunk, d, p)
@@ -121,7 +121,7 @@ def test_single_repetition(tmp_path: Path) -> None:
     assert table.repetitions.tolist() == [1, 1]
     row = table[table.decode_batch_size == 4].iloc[0]
     rec = next(r for r in load_records(run) if r.config.decode_batch_size == 4)
-    assert row.penalty_ratio == pytest.approx(rec.derived.tpot_penalty_ratio, rel=1e-5)
+    assert row.penalty_ratio == pytest.approx(rec.derived.penalty_ratio, rel=1e-5)
     assert math.isnan(row.cv_penalty_ratio) and math.isnan(row.penalty_ratio_ci_low)
 
 

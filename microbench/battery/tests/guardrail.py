@@ -1,10 +1,12 @@
 """5.10 Guardrail Overhead: the same workload against two or more named configurations, baseline first.
 
-Configurations are endpoints given as ``--config NAME=URL`` (e.g. the bare engine and the same engine
-behind an input filter); the first is the baseline. Each gets a closed-loop throughput probe (Table 14)
-and open-loop Poisson runs at ``guardrail_levels`` × the baseline's probed capacity (Table 13). With fewer
-than two configurations the test is skipped: there is nothing to compare, and the report's guardrail
-disclosure says what the SUT runs.
+A configuration is an endpoint (``--config NAME=URL``, e.g. the bare engine and the same engine behind an
+input filter) or the battery's own engine restarted with other settings (``--config NAME=engine:KEY=VALUE``,
+``EngineOverrides``; warmed up after the restart); the first is the baseline. Configurations run in order,
+each a closed-loop throughput probe (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
+baseline's probed capacity (Table 13); afterwards the engine runs as launched again. With fewer than two
+configurations the test is skipped: there is nothing to compare, and the report's guardrail disclosure says
+what the SUT runs.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import numpy as np
 from engine_harness.engines import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.engine import EngineOverrides, NotRestartable
 from microbench.battery.registry import Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
 from microbench.battery.stats import Distribution, summarize
+from microbench.battery.warmup import warm_up
 from microbench.loadgen.schedulers import parse_scheduler
 from microbench.loadgen.session import Stage
+from microbench.workloads.spec import WorkloadSpec
 
 __all__ = ["ConfigLevel", "GuardrailData", "run_guardrail"]
 
@@ -93,50 +98,91 @@ class GuardrailData(TestData):
         ]
 
 
+async def _target(ctx: BatteryContext, config: str | EngineOverrides, notes: list[str]) -> str:
+    """The URL to load for ``config``: an endpoint's, or the engine's after restarting it as configured."""
+    if not isinstance(config, EngineOverrides):
+        return config
+    if await ctx.engine.reconfigure(config):
+        warmup = await warm_up(ctx)
+        notes.append(f"engine restarted for {config} and warmed up ({warmup.requests} requests)")
+    return ctx.engine.base_url
+
+
+async def _probe(ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec) -> tuple[float, float]:
+    """Closed-loop probe: output tokens/s and completed requests/s."""
+    p = ctx.profile
+    stage = Stage.scheduled(
+        "probe",
+        parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency}),
+        ctx.requests(spec),
+        max_requests=p.probe_requests,
+    )
+    w = (await ctx.run(f"guardrail/{name}/probe", [stage], base_url=url)).stage("probe")
+    span = max(float(np.nanmax(w.latencies["done_s"])) - w.start_s, 1e-9)
+    return w.output_tokens_per_s, int(w.latencies["ok"].sum()) / span
+
+
+async def _levels(
+    ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec, base_rps: float
+) -> list[ConfigLevel]:
+    """Open-loop Poisson runs at each load level (a share of the baseline's capacity)."""
+    levels = []
+    for i, f in enumerate(sorted(ctx.profile.guardrail_levels)):
+        stage = Stage.scheduled(
+            "level",
+            parse_scheduler({"kind": "poisson", "rate": f * base_rps, "seed": ctx.seed + i}),
+            ctx.requests(spec),
+            duration_s=ctx.profile.level_duration_s,
+        )
+        lat = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level").latencies
+        ok = lat[lat["ok"]]
+        levels.append(
+            ConfigLevel(
+                config=name,
+                url=url,
+                load_fraction=f,
+                ttft=summarize(ok["ttft_s"]),
+                e2e=summarize(ok["e2e_s"]),
+            )
+        )
+    return levels
+
+
 @register_test("guardrail", "5.10", "Guardrail Overhead")
 async def run_guardrail(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     configs = ctx.guardrail_configs
     if len(configs) < 2:
         raise SkipTest(
-            "needs two or more named configurations (--config NAME=URL, baseline first); "
-            "none were given, so there is no guardrail overhead to measure"
+            "needs two or more named configurations (--config NAME=URL or NAME=engine:KEY=VALUE,..., "
+            "baseline first); none were given, so there is no guardrail overhead to measure"
+        )
+    engine_configs = [name for name, config in configs.items() if isinstance(config, EngineOverrides)]
+    if engine_configs and not ctx.engine.can_reconfigure:
+        raise NotRestartable(
+            f"configurations {', '.join(engine_configs)} restart the battery's engine with other settings, "
+            f"but this {ctx.engine.kind} engine was not launched by the battery; engine-settings "
+            "configurations need --engine vllm|sim"
         )
     spec = ctx.workload_spec()
-    throughput, capacity = {}, {}
-    for name, url in configs.items():
-        stage = Stage.scheduled(
-            "probe",
-            parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency}),
-            ctx.requests(spec),
-            max_requests=p.probe_requests,
-        )
-        w = (await ctx.run(f"guardrail/{name}/probe", [stage], base_url=url)).stage("probe")
-        span = max(float(np.nanmax(w.latencies["done_s"])) - w.start_s, 1e-9)
-        throughput[name] = w.output_tokens_per_s
-        capacity[name] = int(w.latencies["ok"].sum()) / span
-    base_rps = capacity[next(iter(configs))]
-    levels = []
-    for name, url in configs.items():
-        for i, f in enumerate(sorted(p.guardrail_levels)):
-            stage = Stage.scheduled(
-                "level",
-                parse_scheduler({"kind": "poisson", "rate": f * base_rps, "seed": ctx.seed + i}),
-                ctx.requests(spec),
-                duration_s=p.level_duration_s,
-            )
-            lat = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level").latencies
-            ok = lat[lat["ok"]]
-            levels.append(
-                ConfigLevel(
-                    config=name,
-                    url=url,
-                    load_fraction=f,
-                    ttft=summarize(ok["ttft_s"]),
-                    e2e=summarize(ok["e2e_s"]),
-                )
-            )
-    data = GuardrailData(configs=dict(configs), max_throughput=throughput, levels=levels)
+    baseline = next(iter(configs))
+    throughput: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    levels: list[ConfigLevel] = []
+    notes: list[str] = []
+    try:
+        for name, config in configs.items():
+            url = await _target(ctx, config, notes)
+            throughput[name], capacity[name] = await _probe(ctx, name, url, spec)
+            levels += await _levels(ctx, name, url, spec, capacity[baseline])
+    finally:
+        if engine_configs and await ctx.engine.reconfigure(EngineOverrides()):
+            notes.append("engine restarted as launched after the last configuration")
+    data = GuardrailData(
+        configs={name: str(config) for name, config in configs.items()},
+        max_throughput=throughput,
+        levels=levels,
+    )
     reqs = [
         must(
             "4.8.1",
@@ -151,9 +197,9 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
             ", ".join(f"{f:.0%}" for f in p.guardrail_levels),
         ),
     ]
-    notes = [
-        f"capacity of the baseline {base_rps:.2f} req/s (closed-loop probe); every configuration gets "
-        "the same absolute rates",
+    notes += [
+        f"capacity of the baseline {capacity[baseline]:.2f} req/s (closed-loop probe); every configuration "
+        "gets the same absolute rates",
         "refused requests count as failures in each configuration",
     ]
     return Outcome(data, reqs, notes)

@@ -1,0 +1,18 @@
+"""The client's event-loop helpers: no full garbage collection while something is being timed."""
+
+import gc
+
+from microbench.aio import no_full_collections
+
+
+def test_no_full_collections_freezes_the_heap_and_restores_the_collector() -> None:
+    before = gc.get_threshold()
+    with no_full_collections():
+        assert gc.get_freeze_count() > 0  # what was alive at the start is out of every collection
+        assert gc.get_threshold()[:2] == before[:2]  # young generations are still collected
+        assert gc.get_threshold()[2] >= 1_000_000  # generation 2 is never triggered automatically
+        garbage = []
+        garbage.append(garbage)  # a young cycle
+        del garbage
+        assert gc.collect(0) + gc.collect(1) >= 1
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
