@@ -10,7 +10,8 @@ Figures (same run, same sim server, client pinned to one core and the sim to the
 2. SSE ingest: concurrent long streams from a sim that does not sleep (``--time-scale 0``); chunks per wall
    second, and chunks per CPU second of the client process (the ceiling one core can ingest, each chunk
    stamped with ``perf_counter``). ``ours`` reads the same stream as vLLM's client (usage only at the
-   end); ``ours_continuous_usage`` is the load generator's default, usage in every chunk.
+   end); ``ours_continuous_usage`` is the load generator's default, usage in every chunk. Medians of
+   ``--rounds`` interleaved rounds (this box's speed drifts by tens of percent between seconds).
 
     .venv/bin/python scripts/bench_loadgen.py [--seconds 3] [--streams 32] [--tokens 2000] [--out FILE]
 """
@@ -175,15 +176,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "ours": aio.run(ours_delay(url, rate, n)),
                 "vllm_bench": asyncio.run(vllm_delay(url, rate, n)),
             }
-        report["ingest"] = {
-            "streams": args.streams,
-            "tokens_per_stream": args.tokens,
-            # the same byte stream as vLLM's client gets (usage only in the last chunk)
-            "ours": aio.run(ours_ingest(url, args.streams, args.tokens, continuous_usage=False)),
-            "vllm_bench": asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
-            # our default: usage in every chunk (exact tokens per chunk), a larger stream to parse
-            "ours_continuous_usage": aio.run(ours_ingest(url, args.streams, args.tokens, True)),
-        }
+        report["ingest"] = {"streams": args.streams, "tokens_per_stream": args.tokens, "rounds": args.rounds}
+        runs: dict[str, list[dict[str, float]]] = {"ours": [], "vllm_bench": [], "ours_continuous_usage": []}
+        for i in range(args.rounds):  # interleaved, order alternating: the box's drift hits all alike
+            clients = {
+                # the same byte stream as vLLM's client gets (usage only in the last chunk)
+                "ours": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, continuous_usage=False)),
+                "vllm_bench": lambda: asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
+                # our default: usage in every chunk (exact tokens per chunk), a larger stream to parse
+                "ours_continuous_usage": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, True)),
+            }
+            for name in list(clients)[:: 1 if i % 2 == 0 else -1]:
+                runs[name].append(clients[name]())
+        for name, results in runs.items():
+            report["ingest"][name] = {
+                key: float(np.median([r[key] for r in results]))
+                for key in ("chunks_per_s", "chunks_per_cpu_s")
+            }
+            report["ingest"][name]["rounds"] = results
         return report
     finally:
         sim.terminate()
@@ -198,6 +208,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds of issuing per rate")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5, help="ingest rounds per client (medians reported)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     _pin(0)
