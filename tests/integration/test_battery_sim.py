@@ -160,3 +160,17 @@ async def test_memory_pressure_preempts_above_capacity(tmp_path: Path) -> None:
     data: MemoryPressureData = _data(report, "memory_pressure")
     assert all(lv.concurrency > data.capacity for lv in data.levels)
     assert sum(lv.preemptions or 0 for lv in data.levels) > 0
+
+
+async def test_memory_pressure_says_when_it_exerted_none(tmp_path: Path) -> None:
+    # a roomy KV pool and a capacity search capped at 2: the levels cannot oversubscribe memory
+    async with SimServer(SIM) as sim:
+        ctx = _ctx(sim, tmp_path)
+        ctx.profile = TINY.model_copy(update={"capacity_initial": 1, "capacity_max": 2})
+        report = await run_battery(ctx, ["memory_pressure"], cold_start=True)
+    data: MemoryPressureData = _data(report, "memory_pressure")
+    assert data.capacity == 2 and not any(lv.preemptions for lv in data.levels)
+    notes = next(t for t in report.tests if t.name == "memory_pressure").notes
+    assert any(
+        "did not put the engine's KV memory under pressure" in n and "upper bound 2" in n for n in notes
+    )

@@ -142,4 +142,15 @@ async def run_memory_pressure(ctx: BatteryContext) -> Outcome:
     ]
     if any(lv.preemptions is None for lv in levels):
         notes.append("the engine exposes no preemption counter")
+    elif not any(lv.preemptions or lv.failed for lv in levels):
+        notes.append(
+            "no preemption, failure or OOM at any level: these levels did not put the engine's KV memory "
+            "under pressure"
+            + (
+                f" (5.5's search stopped at its upper bound {p.capacity_max}, so capacity is only a lower "
+                "bound: raise capacity_max or give the engine less KV memory)"
+                if capacity >= p.capacity_max
+                else ""
+            )
+        )
     return Outcome(data, reqs, notes)
