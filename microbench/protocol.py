@@ -392,11 +392,6 @@ def build_record(
     D, P, chunk = config.decode_batch_size, config.new_prefill_tokens, config.chunk_size
     t0 = inj.t_inject_ns
     t1 = inj.t_first_token_ns if inj.t_first_token_ns is not None else t0
-    window_steps = _window_steps(inj.steps)
-    chunks_actual: int | None = None
-    source: Literal["engine_log", "histogram", "none"] = "none"
-    if window_steps:
-        chunks_actual, source = sum(1 for st in window_steps if st.prefill_tokens > 0), "engine_log"
     before_all: list[Gap] = []
     during_all: list[Gap] = []
     after_all: list[Gap] = []
@@ -456,8 +451,14 @@ def build_record(
     if inj.prefill.prompt_tokens is not None and inj.prefill.prompt_tokens != P:
         reasons.append(f"the engine counted {inj.prefill.prompt_tokens} prompt tokens, not {P}")
 
-    if chunks_actual is None and mixed is not None:
+    window_steps = _window_steps(inj.steps)
+    if window_steps:
+        chunks_actual: int | None = sum(1 for st in window_steps if st.prefill_tokens > 0)
+        source: Literal["engine_log", "histogram", "none"] = "engine_log"
+    elif mixed is not None:
         chunks_actual, source = mixed, "histogram"
+    else:
+        chunks_actual, source = None, "none"
     mixed_ms = [st.elapsed_ms for st in window_steps if st.prefill_tokens > 0]
     decode_ms = [st.elapsed_ms for st in inj.steps if st.prefill_tokens == 0 and st.decode_tokens > 0]
 
