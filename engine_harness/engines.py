@@ -105,6 +105,7 @@ class MetricNames:
     time_to_first_token: tuple[str, ...] = ()
     inter_token_latency: tuple[str, ...] = ()
     prefill_time: tuple[str, ...] = ()
+    queue_time: tuple[str, ...] = ()
     cache_hit_rate: tuple[str, ...] = ()
 
 
@@ -121,6 +122,7 @@ VLLM_METRICS = MetricNames(
     time_to_first_token=("vllm:time_to_first_token_seconds",),
     inter_token_latency=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     prefill_time=("vllm:request_prefill_time_seconds",),
+    queue_time=("vllm:request_queue_time_seconds",),
 )
 
 # SGLang has no tokens-per-step histogram: steps come from its logs or the client's window timing.

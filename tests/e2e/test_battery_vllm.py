@@ -19,6 +19,7 @@ from microbench.battery.report import BatteryReport
 from microbench.battery.runner import run_battery, write_report
 from microbench.battery.tests.long_context import LongContextData
 from microbench.battery.tests.prefix_cache import PrefixCacheData
+from microbench.battery.tests.ttft import TtftData
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -54,6 +55,9 @@ async def test_quick_battery_subset_produces_both_reports(vllm_engine: Any, tmp_
     assert "TTFT P99:" in minimum and "not run" in minimum  # 5.2/5.3 were not part of this subset
     assert "Methodology Compliance" in (tmp_path / "report.md").read_text()
     assert BatteryReport.model_validate_json((tmp_path / "report.json").read_text()) == report
+    ttft = report.result("ttft")
+    assert ttft is not None and isinstance(ttft.data, TtftData)
+    assert ttft.data.queue_mean_s is not None and ttft.data.prefill_mean_s is not None  # vLLM's histograms
     pc = report.result("prefix_cache")
     assert pc is not None and pc.verdict == "not compliant" and isinstance(pc.data, PrefixCacheData)
     _, warm = pc.data.arms

@@ -99,6 +99,9 @@ def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
     report, _ = battery
     ttft: TtftData = _data(report, "ttft")
     assert ttft.ttft.count == 20 and 0 < ttft.ttft.p50 <= ttft.ttft.p99  # type: ignore[operator]
+    # server-side components from the engine's histograms: each a part of the client's TTFT
+    assert ttft.queue_mean_s is not None and ttft.prefill_mean_s is not None
+    assert ttft.queue_mean_s >= 0 and 0 < ttft.prefill_mean_s < ttft.ttft.mean  # type: ignore[operator]
     result = report.result("ttft")
     assert result is not None
     unmet = [r.text for r in result.requirements if not r.met and r.ref.startswith("5.1")]

@@ -48,6 +48,7 @@ class TtftData(TestData):
     samples_s: list[float]
     by_length: list[BucketRow]
     prefill_mean_s: float | None = None
+    queue_mean_s: float | None = None
 
     def tables(self) -> list[Table]:
         tables = [distribution_table("TTFT Results (Table 1)", "TTFT", self.ttft, self.requests)]
@@ -60,12 +61,14 @@ class TtftData(TestData):
                     rows=rows,
                 )
             )
-        comp = "not exposed" if self.prefill_mean_s is None else ms(self.prefill_mean_s)
         tables.append(
             Table(
                 title="TTFT components (server /metrics)",
                 columns=["Component", "Mean"],
-                rows=[["Prefill", comp], ["Queue wait", "not exposed by the engine's metric table"]],
+                rows=[
+                    [name, "not exposed by the engine's metrics" if value is None else ms(value)]
+                    for name, value in (("Queue wait", self.queue_mean_s), ("Prefill", self.prefill_mean_s))
+                ],
             )
         )
         return tables
@@ -116,12 +119,15 @@ async def run_ttft(ctx: BatteryContext) -> Outcome:
     for label in sorted(labels.unique(), key=lambda s: int(s.split("-")[0].rstrip("+"))):
         d = summarize(ok.loc[labels == label, "ttft_s"])
         buckets.append(BucketRow(bucket=label, count=d.count, p50_s=d.p50, p95_s=d.p95, p99_s=d.p99))
-    prefill = None
-    names = ctx.engine.metrics.prefill_time
-    if before is not None and after is not None and names:
+
+    def mean_s(names: tuple[str, ...]) -> float | None:
+        """Mean of a server histogram over the run (its _sum and _count deltas)."""
+        if before is None or after is None or not names:
+            return None
         total = after.delta(before, [f"{n}_sum" for n in names])
         count = after.delta(before, [f"{n}_count" for n in names])
-        prefill = total / count if total is not None and count else None
+        return total / count if total is not None and count else None
+
     data = TtftData(
         workload=spec.name,
         load=f"open loop, Poisson {rate:.2f} req/s ({p.ttft_load:.0%} of estimated capacity {capacity:.2f})",
@@ -133,7 +139,8 @@ async def run_ttft(ctx: BatteryContext) -> Outcome:
         tpot=summarize(ok["tpot_s"]),
         samples_s=sorted(float(v) for v in ok["ttft_s"] if np.isfinite(v)),
         by_length=buckets,
-        prefill_mean_s=prefill,
+        prefill_mean_s=mean_s(ctx.engine.metrics.prefill_time),
+        queue_mean_s=mean_s(ctx.engine.metrics.queue_time),
     )
     reqs = sample_requirements("5.1.2.1", data.ttft.count)
     reqs += [
