@@ -177,15 +177,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "vllm_bench": asyncio.run(vllm_delay(url, rate, n)),
             }
         report["ingest"] = {"streams": args.streams, "tokens_per_stream": args.tokens, "rounds": args.rounds}
-        runs: dict[str, list[dict[str, float]]] = {"ours": [], "vllm_bench": [], "ours_continuous_usage": []}
+        clients = {
+            # the same byte stream as vLLM's client gets (usage only in the last chunk)
+            "ours": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, continuous_usage=False)),
+            "vllm_bench": lambda: asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
+            # our default: usage in every chunk (exact tokens per chunk), a larger stream to parse
+            "ours_continuous_usage": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, True)),
+        }
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in clients}
         for i in range(args.rounds):  # interleaved, order alternating: the box's drift hits all alike
-            clients = {
-                # the same byte stream as vLLM's client gets (usage only in the last chunk)
-                "ours": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, continuous_usage=False)),
-                "vllm_bench": lambda: asyncio.run(vllm_ingest(url, args.streams, args.tokens)),
-                # our default: usage in every chunk (exact tokens per chunk), a larger stream to parse
-                "ours_continuous_usage": lambda: aio.run(ours_ingest(url, args.streams, args.tokens, True)),
-            }
             for name in list(clients)[:: 1 if i % 2 == 0 else -1]:
                 runs[name].append(clients[name]())
         for name, results in runs.items():
