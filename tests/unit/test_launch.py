@@ -106,7 +106,7 @@ def test_engine_env_drops_unlisted_variables(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
-    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2))
+    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2), sys.executable)
     assert "OPENAI_API_KEY" not in env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the spec wins over the inherited value
     assert signal.SIGTERM  # keep the import honest for readers: stop uses SIGTERM then SIGKILL
