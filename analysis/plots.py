@@ -153,7 +153,8 @@ def injection_timeline(raw: pd.DataFrame, record: RunRecord, before_ms: float | 
         lo, hi = max(lo, float(decode["t_ms"].min())), min(hi, float(decode["t_ms"].max()))
         lo, hi = min(lo, -0.02 * window), max(hi, 1.02 * window)
     streams = sorted(int(s) for s in decode["stream"].unique())
-    steps = record.interference.engine_steps_log
+    # steps end to end need every duration: the first one may have none (SGLang: start not logged)
+    steps = [s for s in record.interference.engine_steps_log if s.elapsed_ms is not None]
     fig = Figure(
         figsize=(11, 1.8 + 0.32 * max(len(streams), 1) + (1.3 if steps else 0)), layout="constrained"
     )

@@ -49,7 +49,8 @@ def _keys(rec: RunRecord) -> dict[str, int]:
 
 def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     """One row per logged engine step of every valid record: ``REGRESSORS``, ``elapsed_ms``, ``kind``
-    ('mixed' or 'decode'), ``step_index`` and the record's cell keys. Empty when no record has a log."""
+    ('mixed' or 'decode'), ``step_index`` and the record's cell keys. Empty when no record has a log.
+    A step without a duration (the engine did not report it) has no row but counts in the context."""
     rows = []
     for rec in records:
         if not rec.validity.valid:
@@ -57,6 +58,9 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
         ctx = 0
         for i, step in enumerate(rec.interference.engine_steps_log):
             c = step.prefill_tokens
+            if step.elapsed_ms is None:  # the engine did not report this step's duration
+                ctx += c
+                continue
             rows.append(
                 {
                     **_keys(rec),

@@ -130,6 +130,7 @@ def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
         "model": cfg.model,
         "gpu": cfg.gpu,
         "engine": cfg.engine,
+        "scheduling": cfg.scheduling,
         "tpot_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
         "local_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
         "tpot_interference_ms": der.tpot_during_prefill_ms,

@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine_harness.environments import EngineEnvError, package_installed
 from engine_harness.sglang_kind import SETUP_HINT as SGLANG_SETUP_HINT
-from engine_harness.sglang_kind import SGLANG_PRESETS, check_sglang_args, sglang_argv, sglang_env, sglang_python
+from engine_harness.sglang_kind import (
+    SGLANG_PRESETS,
+    check_sglang_args,
+    sglang_argv,
+    sglang_env,
+    sglang_python,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -79,6 +85,12 @@ class EngineSpec(StrictModel):
     mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")
     device: str | None = Field(None, description="SGLang --device ('cpu' on a box without a GPU)")
     attention_backend: str | None = Field(None, description="SGLang --attention-backend (CPU: torch_native)")
+    overlap_schedule: bool = Field(
+        True,
+        description="SGLang's overlap scheduler (False: --disable-overlap-schedule). The CPU presets turn it "
+        "off: on a CPU device it handles each step's results after the next step ran, so its step log "
+        "lines come a step late and out of order",
+    )
     max_total_tokens: int | None = Field(
         None, gt=0, description="SGLang --max-total-tokens: the KV pool in tokens (CPU: else ≈85% of RAM)"
     )
@@ -144,7 +156,9 @@ VLLM_METRICS = MetricNames(
     queue_time=("vllm:request_queue_time_seconds",),
 )
 
-# SGLang has no tokens-per-step histogram: steps come from its logs or the client's window timing.
+# SGLang has no tokens-per-step histogram (steps come from its scheduler log: microbench.sglang_steps)
+# and no preemption counter (sglang:num_retracted_reqs is a gauge of the last log interval), nor a
+# per-request prefill-time histogram. Checked against a live 0.5.23 scrape: tests/fixtures/sglang_cpu_metrics.txt.
 SGLANG_METRICS = MetricNames(
     prefix_cache_queries=("sglang:prompt_tokens_total",),
     prefix_cache_hits=("sglang:cached_tokens_total",),
@@ -154,7 +168,8 @@ SGLANG_METRICS = MetricNames(
     prompt_tokens=("sglang:prompt_tokens_total",),
     generation_tokens=("sglang:generation_tokens_total",),
     time_to_first_token=("sglang:time_to_first_token_seconds",),
-    inter_token_latency=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    inter_token_latency=("sglang:inter_token_latency_seconds",),
+    queue_time=("sglang:queue_time_seconds",),
     cache_hit_rate=("sglang:cache_hit_rate",),
 )
 

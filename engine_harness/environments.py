@@ -35,7 +35,9 @@ def find_venv_python(venv: str) -> str | None:
     return None
 
 
-def ask_python(python: str, code: str, args: list[str], timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
+def ask_python(
+    python: str, code: str, args: list[str], timeout_s: float = 180.0
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -P -c code args…`` and return its result (output captured as text)."""
     if python != sys.executable and not Path(python).exists():
         raise EngineEnvError(f"the engine's interpreter {python} does not exist")
@@ -58,5 +60,7 @@ def package_installed(python: str, package: str) -> bool:
         return importlib.util.find_spec(package) is not None
     result = ask_python(python, _FIND, [package], timeout_s=60)
     if result.returncode not in (0, 3):
-        raise EngineEnvError(f"{python} failed while looking for {package!r}:\n{result.stderr.strip()[-2000:]}")
+        raise EngineEnvError(
+            f"{python} failed while looking for {package!r}:\n{result.stderr.strip()[-2000:]}"
+        )
     return result.returncode == 0

@@ -147,6 +147,7 @@ def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, st
         venv = Path(python).parent.parent
         env["VIRTUAL_ENV"] = str(venv)
         env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+        env.pop("PYTHONPATH", None)  # the suite's packages, not the engine's
     env.update(kind.env(spec))
     env["PYTHONUNBUFFERED"] = "1"
     return env

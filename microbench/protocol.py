@@ -286,9 +286,14 @@ async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probe
     return WarmUp(probes, False)
 
 
-def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:
-    """vLLM V1 schedules the D decode tokens first, so a step holds chunk − D prefill tokens."""
-    return math.ceil(prefill_tokens / max(chunk - decode_batch, 1))
+def expected_chunks(
+    prefill_tokens: int, chunk: int, decode_batch: int, scheduling: str | None = "mixed"
+) -> int:
+    """Mixed steps (vLLM V1, SGLang --enable-mixed-chunk) take the D decode tokens out of the budget
+    first, so a step holds chunk − D prefill tokens; an exclusive prefill step (SGLang's default) holds
+    the whole chunk."""
+    riders = 0 if scheduling == "exclusive" else decode_batch
+    return math.ceil(prefill_tokens / max(chunk - riders, 1))
 
 
 async def inject(
@@ -407,8 +412,9 @@ def build_record(
         # tokens of the step that produced the prefill's first token arrive within a fraction of a
         # decode step of it: a quarter of the local baseline gap
         slack = int(0.25 * 1e6 * (percentile_ms([g for b in all_before for g in b], 50) or 0.0))
+        exclusive = config.scheduling == "exclusive"
         for i in range(batch.size):
-            split = split_window(batch.gaps(i, s.discard_tokens), t0, t1, slack)
+            split = split_window(batch.gaps(i, s.discard_tokens), t0, t1, slack, exclusive)
             local_i = split.before[-s.local_gaps :]
             local.extend(local_i)
             before_all.extend(split.before)
@@ -459,13 +465,19 @@ def build_record(
         chunks_actual, source = mixed, "histogram"
     else:
         chunks_actual, source = None, "none"
-    mixed_ms = [st.elapsed_ms for st in window_steps if st.prefill_tokens > 0]
-    decode_ms = [st.elapsed_ms for st in inj.steps if st.prefill_tokens == 0 and st.decode_tokens > 0]
+    mixed_ms = [st.elapsed_ms for st in window_steps if st.prefill_tokens > 0 and st.elapsed_ms is not None]
+    decode_ms = [
+        st.elapsed_ms
+        for st in inj.steps
+        if st.prefill_tokens == 0 and st.decode_tokens > 0 and st.elapsed_ms is not None
+    ]
 
     during_p50 = percentile_ms(during_all, 50)
     base_p50 = baseline.tpot_p50_ms if baseline else None
     p50_penalty = during_p50 - base_p50 if during_p50 is not None and base_p50 is not None else None
-    n_chunks_for_cost = chunks_actual if chunks_actual is not None else expected_chunks(P, chunk, D)
+    n_chunks_for_cost = (
+        chunks_actual if chunks_actual is not None else expected_chunks(P, chunk, D, config.scheduling)
+    )
     aggregate = aggregate_ms if batch is not None and local_p50 is not None else None
     penalty = aggregate / (D * n_chunks_for_cost) if aggregate is not None and D else None
     during_ms = base_p50 + penalty if base_p50 is not None and penalty is not None else None
@@ -489,7 +501,7 @@ def build_record(
             tpot_after_prefill_p50_ms=percentile_ms(after_all, 50),
             num_chunks_actual=chunks_actual,
             num_chunks_source=source,
-            num_chunks_expected=expected_chunks(P, chunk, D),
+            num_chunks_expected=expected_chunks(P, chunk, D, config.scheduling),
             engine_steps=engine_steps,
             step_time_mixed_ms=_median(mixed_ms),
             prefill_duration_ms=ttft_ms,

@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from engine_harness.engines import Scheduling, engine_kind
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError, Snapshot
 from engine_harness.telemetry import TelemetrySampler, default_source
@@ -49,6 +50,7 @@ from microbench.protocol import (
 )
 from microbench.records import Baseline, BaselineRecord, RunConfig, RunRecord, point_name, write_record
 from microbench.run_folder import RunFolder
+from microbench.sglang_steps import SglangLogStepSource
 from microbench.streams import StreamError, StreamRecord
 from microbench.sweep_config import SweepConfig
 from microbench.sweep_summary import print_summary
@@ -156,7 +158,7 @@ class SweepRunner:
     @contextlib.asynccontextmanager
     async def _engine(self, chunk: int) -> AsyncIterator[EngineProcess]:
         spec = self.sweep.engine_spec(chunk)
-        if spec.kind == "vllm":
+        if spec.kind in ("vllm", "sglang"):  # their per-step logs are the step source
             spec = spec.model_copy(update={"log_iteration_details": True})
         engine = EngineProcess(spec, self.folder.engine_log(chunk))
         self._describe(f"chunk {chunk}: starting {spec.kind} engine")
@@ -187,6 +189,13 @@ class SweepRunner:
         steps: StepSource | None = None
         if engine.spec.kind == "vllm" and engine.spec.log_iteration_details and engine.log_path:
             steps = VllmLogStepSource(engine.log_path)
+        elif (
+            engine.spec.kind == "sglang"
+            and engine.spec.log_iteration_details
+            and not engine.spec.overlap_schedule  # with it, the step lines come a step late
+            and engine.log_path
+        ):
+            steps = SglangLogStepSource(engine.log_path, mixed=engine.spec.mixed_chunk)
         elif engine.spec.kind == "sim":
             steps = SimStepSource(session, engine.base_url)
         headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
@@ -277,6 +286,7 @@ class SweepRunner:
             engine=engine.kind,
             decode_context=self.sweep.decode_context,
             decode_max_tokens=budget if d else 0,
+            scheduling=self._scheduling(chunk),
         )
 
     def _attempt(self, chunk: int, d: int, p: int, r: int) -> int:
@@ -360,7 +370,16 @@ class SweepRunner:
 
     def _need(self, chunk: int, d: int, p: int) -> int:
         """Decode tokens one injection uses: local baseline, window, recovery, and slack."""
-        return self.s.local_gaps + expected_chunks(p, chunk, d) + self.s.recovery_gaps + 8
+        return (
+            self.s.local_gaps
+            + expected_chunks(p, chunk, d, self._scheduling(chunk))
+            + self.s.recovery_gaps
+            + 8
+        )
+
+    def _scheduling(self, chunk: int) -> Scheduling:
+        spec = self.sweep.engine_spec(chunk)
+        return engine_kind(spec.kind).scheduling(spec)
 
     async def _batched_points(
         self, client: EngineClient, chunk: int, d: int, todo: list[tuple[int, int]]

@@ -73,15 +73,26 @@ class WindowSplit:
     after: list[Gap]
 
 
-def split_window(gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0) -> WindowSplit:
+def split_window(
+    gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0, exclusive: bool = False
+) -> WindowSplit:
     """Gaps before, during and after the prefill window [t0, t1].
 
     A gap belongs to the window when its token arrived in it: ``t0 < end ≤ t1 + slack``. The slack
     takes in a decode token of the same engine step as the prefill's first token that the client
     happened to read just after it; without it, a gap that merely straddles ``t1`` by a fraction of a
     millisecond — the first decode-only step after the prefill — would be counted as interfered.
+
+    ``exclusive``: the prefill steps ran *instead of* the decode steps (SGLang without
+    ``--enable-mixed-chunk``), so no decode token comes with the prefill's first token: the decodes
+    resume one decode step after ``t1``, and the gap that straddles ``t1`` is the stalled one. Then a
+    gap belongs to the window when it overlaps it: ``end > t0`` and ``start < t1``.
     """
     before = [g for g in gaps if g.end_ns <= t0_ns]
+    if exclusive:
+        during = [g for g in gaps if g.end_ns > t0_ns and g.start_ns < t1_ns]
+        after = [g for g in gaps if g.end_ns > t0_ns and g.start_ns >= t1_ns]
+        return WindowSplit(before, during, after)
     during = [g for g in gaps if t0_ns < g.end_ns <= t1_ns + slack_ns]
     after = [g for g in gaps if g.end_ns > t1_ns + slack_ns]
     return WindowSplit(before, during, after)

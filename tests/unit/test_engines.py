@@ -111,13 +111,17 @@ def test_missing_engine_package_names_the_setup_command(monkeypatch: pytest.Monk
 def test_sglang_missing_from_its_interpreter_names_the_sglang_setup_command() -> None:
     # Asked in the engine's own interpreter (a subprocess), here the suite's, which has no SGLang.
     spec = EngineSpec(kind="sglang", python=sys.executable)
-    with pytest.raises(EngineEnvError, match=r"not installed for .*SETUP_ENGINE=sglang-cpu bash scripts/setup.sh"):
+    with pytest.raises(
+        EngineEnvError, match=r"not installed for .*SETUP_ENGINE=sglang-cpu bash scripts/setup.sh"
+    ):
         engine_kind("sglang").check_installed(spec)
 
 
 def test_a_missing_engine_interpreter_is_named() -> None:
     spec = EngineSpec(kind="sglang", python="/nonexistent/.venv-sglang/bin/python")
-    with pytest.raises(EngineEnvError, match=r"interpreter /nonexistent/.venv-sglang/bin/python does not exist"):
+    with pytest.raises(
+        EngineEnvError, match=r"interpreter /nonexistent/.venv-sglang/bin/python does not exist"
+    ):
         engine_kind("sglang").check_installed(spec)
 
 
@@ -132,6 +136,7 @@ def test_sglang_cpu_presets_carry_the_cpu_recipe(preset: str, mixed: bool) -> No
     assert _flag(argv, "--chunked-prefill-size") == "2048"
     assert _flag(argv, "--max-total-tokens") == "65536"
     assert _flag(argv, "--decode-log-interval") == "1"
+    assert {"--disable-overlap-schedule", "--enable-cache-report", "--enable-metrics"} <= set(argv)
     assert ("--enable-mixed-chunk" in argv) is mixed
     assert kind.scheduling(spec) == ("mixed" if mixed else "exclusive")
     env = kind.env(spec)

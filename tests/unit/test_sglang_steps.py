@@ -1,0 +1,64 @@
+"""SGLang's scheduler log lines → engine steps, on lines transcribed from a real SGLang 0.5.23 on CPU."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from microbench.sglang_steps import SglangLogStepSource, parse_sglang_step_lines
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_exclusive_prefill_steps_carry_no_decodes_and_take_the_whole_chunk() -> None:
+    steps = parse_sglang_step_lines((FIXTURES / "sglang_cpu_steps_exclusive.log").read_text(), mixed=False)
+    assert [s.prefill_tokens for s in steps] == [0] * 6 + [2048, 2048] + [0]
+    assert [s.decode_tokens for s in steps] == [4] * 6 + [0, 0] + [4]
+    assert [s.prefill_requests for s in steps] == [0] * 6 + [1, 1] + [0]
+    # a step's duration: from the previous step line to its own (epoch µs in the lines)
+    assert steps[0].elapsed_ms is None  # nothing before it: its start is not logged
+    assert steps[6].elapsed_ms == pytest.approx(1795391675.079053e3 - 1795391674.672351e3, abs=1e-3)
+    assert steps[7].elapsed_ms == pytest.approx(596.476, abs=1e-3)
+    assert steps[8].elapsed_ms == pytest.approx(73.501, abs=1e-3)  # the INFO line in between is no step
+
+
+def test_mixed_prefill_steps_carry_the_running_decodes_and_budget_minus_d() -> None:
+    steps = parse_sglang_step_lines((FIXTURES / "sglang_cpu_steps_mixed.log").read_text(), mixed=True)
+    prefill = [s for s in steps if s.prefill_tokens]
+    assert [s.prefill_tokens for s in prefill] == [2044, 2044, 8]  # ceil(4096 / (2048 − 4)) = 3 steps
+    assert all(s.decode_tokens == 4 and s.decode_requests == 4 for s in prefill)
+    assert sum(s.prefill_tokens for s in prefill) == 4096
+    assert all(s.elapsed_ms is not None and s.elapsed_ms > 0 for s in steps[1:])
+
+
+def test_sglangs_own_millisecond_format_and_forward_iteration_numbers_are_read() -> None:
+    text = (
+        "[2026-11-22 23:54:34.600 TP0] Decode batch [17], #running-req: 2, #token: 90, token usage: 0.00, "
+        "cpu graph: False, gen throughput (token/s): 80.00, #queue-req: 0\n"
+        "[2026-11-22 23:54:34.612 TP0] Prefill batch [18], #new-seq: 1, #new-token: 512, #cached-token: 0, "
+        "token usage: 0.01, #running-req: 2, #queue-req: 0, #pending-token: 0, cpu graph: False, "
+        "input throughput (token/s): 900.00\n"
+    )
+    steps = parse_sglang_step_lines(text, mixed=False, previous_t=None)
+    assert [(s.prefill_tokens, s.decode_tokens) for s in steps] == [(0, 2), (512, 0)]
+    assert steps[1].elapsed_ms == pytest.approx(12.0, abs=1e-6)
+
+
+def test_a_step_line_older_than_the_previous_one_gets_no_duration() -> None:
+    line = "[2026-11-22 23:54:34.{ms:03d} @17953916{t}] Decode batch, #running-req: 1, #token: 9, #queue-req: 0\n"
+    text = line.format(ms=600, t="74.600000") + line.format(ms=500, t="74.500000")
+    assert [s.elapsed_ms for s in parse_sglang_step_lines(text, mixed=False)] == [None, None]
+
+
+def test_log_source_returns_only_whole_lines_after_the_mark(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    lines = (FIXTURES / "sglang_cpu_steps_exclusive.log").read_text().splitlines(keepends=True)[2:]
+    log.write_text("".join(lines[:4]))
+    source = SglangLogStepSource(log, mixed=False)
+    mark = asyncio.run(source.mark())
+    with log.open("a") as f:
+        f.write("".join(lines[4:]))
+        f.write(lines[4][:40])  # a line being written right now
+    steps = asyncio.run(source.since(mark))
+    assert [s.prefill_tokens for s in steps] == [0, 0, 2048, 2048, 0]
+    assert steps[0].elapsed_ms is None and all(s.elapsed_ms for s in steps[1:])
