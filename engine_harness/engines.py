@@ -158,7 +158,7 @@ VLLM_METRICS = MetricNames(
 
 # SGLang has no tokens-per-step histogram (steps come from its scheduler log: microbench.sglang_steps)
 # and no preemption counter (sglang:num_retracted_reqs is a gauge of the last log interval), nor a
-# per-request prefill-time histogram. Checked against a live 0.5.23 scrape: tests/fixtures/sglang_cpu_metrics.txt.
+# per-request prefill-time histogram. Checked on a live 0.5.23 scrape: tests/fixtures/sglang_cpu_metrics.txt
 SGLANG_METRICS = MetricNames(
     prefix_cache_queries=("sglang:prompt_tokens_total",),
     prefix_cache_hits=("sglang:cached_tokens_total",),

@@ -69,11 +69,13 @@ def test_sglang_names_table_reads_sglang_exposition() -> None:
 
 def test_sglang_names_table_against_a_live_sglang_scrape() -> None:
     # tests/fixtures/sglang_cpu_metrics.txt: SGLang 0.5.23 on the CPU box after 4 decodes of 300 tokens on
-    # a shared 1024-token prefix (3 of them hit it: 3 × 1023 + 1023 from the warm request = 4092) and
-    # one cold 4096-token injection, all finished.
+    # a shared 1024-token prefix (each hit 1023 of it: 4092 cached tokens) and one cold 4096-token
+    # injection, all finished.
     snap = parse_metrics((FIXTURES / "sglang_cpu_metrics.txt").read_text())
-    gauges_and_counters = ("prefix_cache_queries", "prefix_cache_hits", "requests_running", "requests_waiting",
-                           "kv_cache_usage", "prompt_tokens", "generation_tokens", "cache_hit_rate")  # fmt: skip
+    gauges_and_counters = (
+        "prefix_cache_queries", "prefix_cache_hits", "requests_running", "requests_waiting",
+        "kv_cache_usage", "prompt_tokens", "generation_tokens", "cache_hit_rate",
+    )  # fmt: skip
     for field in gauges_and_counters:
         assert snap.total(getattr(SGLANG_METRICS, field)) is not None, field
     for field in ("time_to_first_token", "inter_token_latency", "queue_time"):

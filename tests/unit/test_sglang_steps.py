@@ -45,7 +45,7 @@ def test_sglangs_own_millisecond_format_and_forward_iteration_numbers_are_read()
 
 
 def test_a_step_line_older_than_the_previous_one_gets_no_duration() -> None:
-    line = "[2026-11-22 23:54:34.{ms:03d} @17953916{t}] Decode batch, #running-req: 1, #token: 9, #queue-req: 0\n"
+    line = "[2026-11-22 23:54:34.{ms:03d} @17953916{t}] Decode batch, #running-req: 1, #token: 9\n"
     text = line.format(ms=600, t="74.600000") + line.format(ms=500, t="74.500000")
     assert [s.elapsed_ms for s in parse_sglang_step_lines(text, mixed=False)] == [None, None]
 
