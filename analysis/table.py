@@ -69,6 +69,7 @@ TABLE_COLUMNS = [
     "tpot_interference_p90_ms",
     "penalty_ratio_p50",
     "local_baseline_ms",
+    "scheduling",
 ]
 
 # Per-record columns whose medians over valid repetitions make up the table.
@@ -188,6 +189,15 @@ def _cv(values: pd.Series) -> float:
     return float(x.std(ddof=1) / abs(x.mean()))
 
 
+def _one_value(frame: pd.DataFrame, key: tuple[int, ...], column: str) -> Any:
+    """The cell's single value of ``column`` over all its records; None when absent or mixed."""
+    if column not in frame:
+        return None
+    cell = frame[(frame[CELL[0]] == key[0]) & (frame[CELL[1]] == key[1]) & (frame[CELL[2]] == key[2])]
+    values = cell[column].dropna().unique()
+    return values[0] if len(values) == 1 else None
+
+
 def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per-cell medians over valid records, counts, CVs and a seeded bootstrap CI (``TABLE_COLUMNS``).
 
@@ -217,6 +227,7 @@ def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
         row["cv_step_time_mixed_ms"] = _cv(group["step_time_mixed_ms"])
         low, high = bootstrap_median_ci(group["penalty_ratio"], n_boot=n_boot, seed=[seed, *key])
         row["penalty_ratio_ci_low"], row["penalty_ratio_ci_high"] = low, high
+        row["scheduling"] = _one_value(frame, key, "scheduling")
         rows.append(row)
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     for col in [*CELL, "repetitions", "invalid"]:

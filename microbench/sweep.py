@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine_harness.engines import PRESETS
 from engine_harness.launch import EngineError
 from engine_harness.metrics import MetricsError
 from microbench import aio
@@ -92,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="kind",
         help="engine kind (default vllm: the embedded CPU default without a GPU)",
     )
-    eng.add_argument("--preset", choices=["cpu", "h100", "h20"], help="engine preset (default cpu)")
+    eng.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="engine preset (default cpu; with --engine sglang: sglang-cpu, SGLang's default scheduling; "
+        "sglang-cpu-mixed: with --enable-mixed-chunk)",
+    )
     eng.add_argument("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
     eng.add_argument("--url", help="base URL of an external engine (with --engine external)")
     eng.add_argument("--api-key-env", help="environment variable holding the external engine's API key")

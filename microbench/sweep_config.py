@@ -86,6 +86,8 @@ class SweepConfig(StrictModel):
         preset = settings.pop("preset", None)
         if settings.get("kind") in ("external", "sim") and preset == "cpu":
             preset = None  # the CPU preset describes the vLLM CPU engine only
+        if settings.get("kind") == "sglang" and preset == "cpu":
+            preset = "sglang-cpu"  # its SGLang counterpart
         try:
             return resolve_spec(preset, **settings, chunk_size=chunk or self.chunks[0])
         except ValidationError as exc:
