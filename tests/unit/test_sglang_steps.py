@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from microbench.sglang_steps import SglangLogStepSource, parse_sglang_step_lines
+from engine_harness.steps import SglangLogStepSource, parse_sglang_step_lines, sglang_step_source
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -62,3 +62,20 @@ def test_log_source_returns_only_whole_lines_after_the_mark(tmp_path: Path) -> N
     steps = asyncio.run(source.since(mark))
     assert [s.prefill_tokens for s in steps] == [0, 0, 2048, 2048, 0]
     assert steps[0].elapsed_ms is None and all(s.elapsed_ms for s in steps[1:])
+
+
+def test_the_source_reads_the_mode_from_sglangs_own_server_args_line(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    args = (
+        "[2026-11-22 23:52:56.129 @1795391576.129214] server_args={{'chunked_prefill_size': 2048, "
+        "'disable_overlap_schedule': {off}, 'enable_mixed_chunk': {mixed}, "
+        "'decode_log_interval': {every}}}\n"
+    )
+    log.write_text(args.format(off=False, mixed=False, every=1) + args.format(off=True, mixed=True, every=1))
+    source = sglang_step_source(None, "http://x", log)  # type: ignore[arg-type]
+    assert isinstance(source, SglangLogStepSource) and source.mixed  # the last start counts
+    log.write_text(args.format(off=False, mixed=False, every=1))
+    assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # overlap: lines late
+    log.write_text(args.format(off=True, mixed=False, every=40))
+    assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # one line per 40
+    assert sglang_step_source(None, "http://x", tmp_path / "none.log") is None  # type: ignore[arg-type]
