@@ -60,7 +60,9 @@ with open(constraints_path, "w") as f:
     f.write(f"torch=={md.version('torch')}\ntorchvision=={md.version('torchvision')}\n")
 print(f"setup: {len(kept)} of sglang's requirements kept, {len(skipped)} CUDA-only ones left out")
 PY
-pipq -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt"
+# pip then lists the CUDA-only requirements left out above as missing: that is on purpose, not shown.
+"$py" -m pip install -q -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt" 2>&1 \
+    | grep -v -e "is ignored" -e "^sglang $SGLANG_VERSION requires " -e "^ERROR: pip's dependency resolver" || true
 pipq --no-deps --force-reinstall ./scripts/sgl_kernel_standin
 # pip's exit status is hidden by the filter above: check the result instead (the server's argument
 # parser imports most of SGLang's server side).

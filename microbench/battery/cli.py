@@ -62,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the battery's tests")
     run = sub.add_parser("run", help="run the battery against an engine and write its reports")
-    run.add_argument("--engine", choices=["sim", "vllm", "external"], default="sim")
+    run.add_argument("--engine", choices=["sim", "vllm", "sglang", "external"], default="sim")
     run.add_argument("--url", help="base URL (required for --engine external)")
-    run.add_argument("--preset", default="cpu", help="engine preset for --engine vllm (default: cpu)")
+    run.add_argument(
+        "--preset", default="cpu", help="engine preset, --engine vllm|sglang (default cpu; SGLang: sglang-cpu)"
+    )
     run.add_argument(
         "--sim-args", default="", help="extra sim flags, e.g. '--time-scale 0.2 --kv-blocks 256'"
     )
@@ -105,7 +107,7 @@ async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) ->
     if args.engine == "sim":
         spec = resolve_spec(kind="sim", model="sim", extra_args=shlex.split(args.sim_args))
     else:
-        spec = resolve_spec(args.preset)
+        spec = resolve_spec(args.preset, kind=args.engine)
     process = await stack.enter_async_context(EngineProcess(spec, out / f"engine-{args.engine}.log"))
     return LaunchedEngine(process)
 
