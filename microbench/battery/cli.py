@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--engine", choices=["sim", "vllm", "sglang", "external"], default="sim")
     run.add_argument("--url", help="base URL (required for --engine external)")
     run.add_argument(
-        "--preset", default="cpu", help="engine preset, --engine vllm|sglang (default cpu; SGLang: sglang-cpu)"
+        "--preset", default="cpu", help="engine preset (vllm, sglang); default cpu (SGLang: sglang-cpu)"
     )
     run.add_argument(
         "--sim-args", default="", help="extra sim flags, e.g. '--time-scale 0.2 --kv-blocks 256'"
