@@ -190,7 +190,7 @@ class EngineKind:
         interpreter that would run it (the engine's own environment, not necessarily the suite's)."""
         if not self.package:
             return
-        python = self.python(spec or EngineSpec(kind=self.name))  # type: ignore[arg-type]
+        python = self.python(spec or EngineSpec(kind=self.name))
         if not package_installed(python, self.package):
             raise EngineEnvError(
                 f"engine kind {self.name!r} needs the Python package {self.package!r}, which is not "
