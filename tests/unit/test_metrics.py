@@ -67,6 +67,16 @@ def test_sglang_names_table_reads_sglang_exposition() -> None:
         step_counts(snap, snap, SGLANG_METRICS, decode_batch=4)
 
 
+def test_a_declared_counter_without_samples_reads_zero_an_undeclared_one_none() -> None:
+    # SGLang declares sglang:cached_tokens_total at start; its first sample comes with the first finished
+    # request that hit the prefix cache
+    text = "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n"
+    text += "# TYPE sglang:cached_tokens_total counter\n"
+    snap = parse_metrics(text)
+    assert snap.total(("sglang:cached_tokens_total",)) == 0
+    assert snap.total(("sglang:prompt_tokens_total",)) is None
+
+
 def test_sglang_names_table_against_a_live_sglang_scrape() -> None:
     # tests/fixtures/sglang_cpu_metrics.txt: SGLang 0.5.23 on the CPU box after 4 decodes of 300 tokens on
     # a shared 1024-token prefix (each hit 1023 of it: 4092 cached tokens) and one cold 4096-token
