@@ -16,6 +16,7 @@ requests in flight, and a saturation warning when the generator fell behind (med
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import tempfile
@@ -34,7 +35,6 @@ from microbench.loadgen.stages import RequestRecord, SessionResult, StageOutcome
 __all__ = [
     "SATURATION_DELAY_MS",
     "TRACE_COLUMNS",
-    "TRACE_VERSION",
     "StageHealth",
     "TraceHeader",
     "read_trace",
@@ -43,7 +43,6 @@ __all__ = [
     "write_trace",
 ]
 
-TRACE_VERSION = 1  # bump on a breaking change of columns or header
 SATURATION_DELAY_MS = 10.0
 SATURATION_RATE_FRACTION = 0.9
 LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
@@ -88,7 +87,7 @@ class StageHealth(StrictModel):
 class TraceHeader(StrictModel):
     """Everything needed to read, reproduce and trust a trace."""
 
-    trace_version: Literal[1] = 1
+    trace_version: Literal[1] = 1  # bump on a breaking change of columns or header; read_trace checks it
     created_at: str
     time_unit: Literal["ns"] = "ns"
     clock: str = "perf_counter_ns offsets from the session start"
@@ -279,5 +278,10 @@ def write_trace(
 def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
     """The header and the Parquet rows of a trace folder."""
     out = Path(out_dir)
-    header = TraceHeader.model_validate_json((out / "header.json").read_text())
+    raw = json.loads((out / "header.json").read_text())
+    if raw.get("trace_version") != 1:
+        raise ValueError(
+            f"{out} holds a trace of version {raw.get('trace_version')!r}; this suite reads version 1"
+        )
+    header = TraceHeader.model_validate(raw)
     return header, pd.read_parquet(out / "trace.parquet")

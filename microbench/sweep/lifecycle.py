@@ -17,6 +17,7 @@ from rich.console import Console
 
 from engine_harness.launch import EngineProcess
 from engine_harness.telemetry import TelemetrySampler, default_source
+from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
 from microbench.results.layout import RunFolder
 from microbench.sweep.config import SweepConfig
@@ -93,7 +94,9 @@ class EngineLifecycle:
         )
 
     @staticmethod
-    def client(session: aiohttp.ClientSession, engine: EngineProcess) -> EngineClient:
+    def client(
+        session: aiohttp.ClientSession, engine: EngineProcess, lag: LagMonitor | None = None
+    ) -> EngineClient:
         steps = engine.kind.step_source(session, engine.base_url, engine.log_path)
         headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
         return EngineClient(

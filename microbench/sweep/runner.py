@@ -26,11 +26,18 @@ from rich.progress import (
 from engine_harness.engines import Scheduling, engine_kind
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError
-from microbench.client.aio import no_full_collections
+from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.client.streams import StreamError
 from microbench.results.layout import RunFolder, attempt_stem
-from microbench.results.records import BaselineRecord, Observation, RunConfig, point_name
+from microbench.results.records import (
+    BaselineRecord,
+    Observation,
+    RunConfig,
+    RunRecord,
+    point_name,
+    read_record,
+)
 from microbench.results.windows import expected_chunks
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.lifecycle import EngineLifecycle, Timing
@@ -63,6 +70,7 @@ class SweepRunner:
         self.console = Console()
         self.timing = Timing()
         self.engines = EngineLifecycle(folder, sweep, self.console, self.timing)
+        self.lag = LagMonitor()
         self.invalid_attempts = 0
         self.last_ratio: float | None = None
         self.progress: Progress | None = None
@@ -91,13 +99,26 @@ class SweepRunner:
             self.progress = progress
             self.task_id = progress.add_task("starting", total=total, completed=done)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                for chunk in self.sweep.chunks:
-                    if all(self.folder.is_done(chunk, d, p, r) for _, d, p, r in self._grid(chunk)):
-                        continue
-                    self._describe(f"chunk {chunk}: starting the engine")
-                    async with self.engines.running(chunk) as engine:
-                        await self._run_chunk(session, engine, chunk)
+            self.lag.start()
+            try:
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    for chunk in self.sweep.chunks:
+                        if all(self.folder.is_done(chunk, d, p, r) for _, d, p, r in self._grid(chunk)):
+                            continue
+                        self._describe(f"chunk {chunk}: starting the engine")
+                        async with self.engines.running(chunk) as engine:
+                            await self._run_chunk(session, engine, chunk)
+            finally:
+                await self.lag.stop()
+
+    def invalid_points(self) -> int:
+        """Points of this run recorded as finally invalid (their attempts spent)."""
+        return sum(
+            1
+            for c, d, p, r in self._grid()
+            if self.folder.is_done(c, d, p, r)
+            and not read_record(self.folder.record_path(c, d, p, r), RunRecord).validity.valid
+        )
 
     def finish(self) -> None:
         """Write the table and print the summary from whatever is on disk."""
@@ -130,7 +151,7 @@ class SweepRunner:
     # -- one chunk -----------------------------------------------------------------------------------
 
     async def _run_chunk(self, session: aiohttp.ClientSession, engine: EngineProcess, chunk: int) -> None:
-        client = self.engines.client(session, engine)
+        client = self.engines.client(session, engine, self.lag)
         self._describe(f"chunk {chunk}: warming up")
         await self.engines.warm(client, self.space, chunk)
         # Prime the shared decode prefix once so every decode stream starts as a cache hit.
@@ -160,10 +181,10 @@ class SweepRunner:
                     self._fail_point(chunk, d, p, r, f"{type(exc).__name__}: {exc}")
                     if self.folder.is_done(chunk, d, p, r):
                         todo.pop(0)
-                    client = self.engines.client(session, engine)
+                    client = self.engines.client(session, engine, self.lag)
                     if await self.engines.recover(engine, str(exc)):
                         # a restarted engine is cold: warm it up again before it measures
-                        client = self.engines.client(session, engine)
+                        client = self.engines.client(session, engine, self.lag)
                         await self.engines.warm(client, self.space, chunk)
                     await client.complete(self.prefix, 1)
 
@@ -250,6 +271,7 @@ class SweepRunner:
             engine_steps=inj.steps if client.steps is not None else None,
             notes=inj.reasons,
             decode_failure=batch.failure() if batch is not None else None,
+            client_lag_max_ms=inj.client_lag_max_ms,
             baseline_file=batch_file,
             raw_file=raw,
             metrics_file=scrapes,
@@ -330,7 +352,7 @@ class SweepRunner:
         self._describe(f"chunk {chunk} D{d}: decode batch {index}, waiting for steady state")
         await wait_idle(client, self.rules.idle_timeout_s)
         gc.collect()
-        batch = DecodeBatch(client, self.prefix, d, budget)
+        batch = DecodeBatch(client, self.prefix, d, budget, self.rules)
         await batch.start()
         try:
             t = time.perf_counter()

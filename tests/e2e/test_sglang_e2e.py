@@ -52,8 +52,8 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
     }
     path = tmp_path / "sglang.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    assert main(["--sweep", str(path), "--out", str(tmp_path), "--run-id", "s"]) == 0
     run = tmp_path / "s"
+    assert main(["--config", str(path), "--out", str(run)]) == 0
     (record_path,) = sorted((run / "runs" / "2048").glob("*.json"))
     rec = read_record(record_path, RunRecord)
     assert rec.validity.valid, rec.validity.reasons

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_harness.steps import SglangLogStepSource, parse_sglang_step_lines, sglang_step_source
+from engine_harness.steps import EngineStep, SglangLogStepSource, parse_sglang_step_lines, sglang_step_source
+from microbench.results.steps import prefill_steps
+from microbench.results.windows import expected_chunks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -79,3 +81,38 @@ def test_the_source_reads_the_mode_from_sglangs_own_server_args_line(tmp_path: P
     log.write_text(args.format(off=True, mixed=False, every=40))
     assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # one line per 40
     assert sglang_step_source(None, "http://x", tmp_path / "none.log") is None  # type: ignore[arg-type]
+
+
+def _step(prefill: int, decode: int, ms: float | None) -> EngineStep:
+    return EngineStep(
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        prefill_requests=int(prefill > 0),
+        decode_requests=decode,
+        elapsed_ms=ms,
+    )
+
+
+def test_an_exclusive_prefill_step_delays_a_decode_token_by_the_whole_step() -> None:
+    # 4 decodes at 10 ms a step, then two exclusive 2048-token prefill steps of 400 and 600 ms
+    log = [
+        _step(0, 4, None),
+        _step(0, 4, 10.0),
+        _step(0, 4, 10.0),
+        _step(2048, 0, 400.0),
+        _step(2048, 0, 600.0),
+    ]
+    exclusive = prefill_steps(log, chunk=2048, d=4, exclusive=True)
+    assert exclusive.decode_step_ms == 10.0  # the step without a duration is left out
+    assert exclusive.penalty_full_ms() == 500.0  # no decode token in the step: the decodes wait it all
+    assert exclusive.total_penalty_ms() == 1000.0
+    mixed = prefill_steps(log, chunk=2048, d=4)
+    assert mixed.penalty_full_ms() == 490.0 and mixed.total_penalty_ms() == 980.0
+
+
+def test_a_prefill_step_without_a_duration_gives_no_sum_never_a_short_one() -> None:
+    # a bare prefill (D = 0) after idle: SGLang does not log when its first step started
+    steps = prefill_steps([_step(2048, 0, None), _step(2048, 0, 600.0)], chunk=2048, d=0, exclusive=True)
+    assert steps.prefill_ms is None and steps.full_ms == 600.0
+    assert steps.penalty_full_ms() is None and steps.total_penalty_ms() is None  # no decodes to delay
+    assert expected_chunks(4096, 2048, 4, "exclusive") == 2 and expected_chunks(4096, 2048, 4, "mixed") == 3
