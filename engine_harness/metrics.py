@@ -37,6 +37,13 @@ class MetricsError(RuntimeError):
     """/metrics could not be read or lacks a metric the caller needs."""
 
 
+def _name_and_labels(name: str) -> tuple[str, set[tuple[str, str]]]:
+    """``'family{a="x",b="y"}'`` → ``('family', {('a', 'x'), ('b', 'y')})``; a bare name has no labels."""
+    base, _, rest = name.partition("{")
+    pairs = [p.split("=", 1) for p in rest.rstrip("}").split(",") if "=" in p]
+    return base, {(k.strip(), v.strip().strip('"')) for k, v in pairs}
+
+
 def _order(item: tuple[SampleKey, float]) -> tuple[str, list[tuple[str, str]]]:
     return item[0][0], sorted(item[0][1])
 
@@ -54,11 +61,13 @@ class Snapshot:
     def total(self, names: Iterable[str], **labels: str) -> float | None:
         """Sum of the first name in ``names`` that is present, over label sets matching ``labels``.
 
-        ``None`` when none of the names exists (so a missing metric is never read as zero).
+        A name may fix labels itself, ``family{mode="device_hit"}``. ``None`` when none of the names
+        exists (so a missing metric is never read as zero).
         """
-        want = set(labels.items())
         for name in names:
-            values = [v for (n, ls), v in self.samples.items() if n == name and want <= ls]
+            base, fixed = _name_and_labels(name)
+            want = set(labels.items()) | fixed
+            values = [v for (n, ls), v in self.samples.items() if n == base and want <= ls]
             if values:
                 return float(sum(values))
         return None

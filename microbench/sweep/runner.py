@@ -23,7 +23,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from engine_harness.engines import Scheduling, engine_kind
+from engine_harness.engines import engine_kind
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError
 from microbench.client.aio import LagMonitor, no_full_collections
@@ -294,7 +294,7 @@ class SweepRunner:
             + 8
         )
 
-    def _scheduling(self, chunk: int) -> Scheduling:
+    def _scheduling(self, chunk: int) -> str:
         spec = self.sweep.engine_spec(chunk)
         return engine_kind(spec.kind).scheduling(spec)
 

@@ -55,8 +55,9 @@ def test_sglang_names_table_reads_sglang_exposition() -> None:
     assert snap.total(SGLANG_METRICS.requests_running) == 162
     assert snap.total(SGLANG_METRICS.requests_waiting) == 2826
     assert snap.total(SGLANG_METRICS.kv_cache_usage) == pytest.approx(0.28)
-    assert snap.total(SGLANG_METRICS.prefix_cache_hits) == 61024
-    assert snap.total(SGLANG_METRICS.prefix_cache_hits, cache_source="host") == 0
+    assert snap.total(("sglang:cached_tokens_total",)) == 61024
+    assert snap.total(('sglang:cached_tokens_total{cache_source="host"}',)) == 0  # a name may fix labels
+    assert snap.total(("sglang:cached_tokens_total",), cache_source="host") == 0
     assert snap.histogram(SGLANG_METRICS.time_to_first_token) == {
         0.1: 0,
         0.5: 6,
@@ -90,7 +91,9 @@ def test_sglang_names_table_against_a_live_sglang_scrape() -> None:
         assert snap.total(getattr(SGLANG_METRICS, field)) is not None, field
     for field in ("time_to_first_token", "inter_token_latency", "queue_time"):
         assert snap.histogram(getattr(SGLANG_METRICS, field)) is not None, field
+    # hits as the scheduler counted them at each prefill (4 × 1023); queries: every prompt token prefilled
     assert snap.total(SGLANG_METRICS.prefix_cache_hits) == 4092
+    assert snap.total(SGLANG_METRICS.prefix_cache_queries) == 5154 + 4092
     # SGLang's own start-up warm-up request (29 prompt tokens, 8 generated, not streamed), then ours:
     # the prefix (1024 → 1), 4 decodes (1024 → 300 each), the injection (4096 → 1)
     assert snap.total(SGLANG_METRICS.prompt_tokens) == 29 + 1024 + 4 * 1024 + 4096
