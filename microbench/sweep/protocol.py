@@ -1,12 +1,12 @@
-"""One interference measurement: hold D decodes steady, inject one cold prefill, cut the windows.
+"""One interference measurement, live: hold D decodes steady, inject one cold prefill, watch it through.
 
-``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source).
-``DecodeBatch`` runs D streaming completions on one shared warm prefix and watches their gaps live.
-``measure_baseline`` is seed 002's Phase 1; ``inject`` is Phase 2 for one (P, repetition): it stamps
-the send and first token of a unique cold prompt, waits through a recovery window, scrapes /metrics
-before and after, reads the engine's own step log, and returns a ``RunRecord`` whose ``validity``
-says whether the point may be used. The checks (zero prefix-cache hits, decodes spanning the window,
-steady state held, no preemption, no stream ending early) are made here, on what was measured.
+``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source, the
+client's loop-lag monitor). ``DecodeBatch`` runs D streaming completions on one shared warm prefix and
+keeps seed 002's steady rule per stream as chunks arrive. ``measure_baseline`` is seed 002's Phase 1;
+``inject`` is Phase 2 for one (P, repetition): it stamps the send and first token of a unique cold
+prompt, waits through a recovery window, scrapes /metrics before and after and reads the engine's own
+steps. It measures and nothing else: the runner stores what it saw (``microbench.results.layout``) and
+``microbench.results.derive`` computes every figure and the validity from what was stored.
 """
 
 from __future__ import annotations
