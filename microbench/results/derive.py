@@ -191,7 +191,7 @@ def _derived(
         )
     during_p50 = percentile_ms(cut.during, 50) if cut else None
     base_p50 = baseline.tpot_p50_ms if baseline else None
-    penalty = aggregate / (d * n_chunks) if aggregate is not None and d else None
+    penalty = aggregate / (d * n_chunks) if aggregate is not None and d and n_chunks else None
     during_ms = base_p50 + penalty if base_p50 is not None and penalty is not None else None
     derived = Derived(
         tpot_penalty_ms=penalty,
