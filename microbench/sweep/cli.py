@@ -232,6 +232,16 @@ def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
     )
 
 
+def _problem(exc: Exception) -> str:
+    """One line naming what went wrong; a file-system error names the file and the fix."""
+    if isinstance(exc, OSError) and exc.filename:
+        return (
+            f"cannot write {exc.filename}: {exc.strerror or exc}; free some space or make the folder "
+            "writable (the file was not half-written)"
+        )
+    return str(exc)
+
+
 def _lock(folder: RunFolder) -> filelock.BaseFileLock:
     try:
         lock = folder.lock()
@@ -266,7 +276,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
             )  # one line: survives copy and paste
             raise
         except (SweepAborted, EngineError, MetricsError, OSError) as exc:
-            runner.console.print(f"[red]error: {exc}", soft_wrap=True)
+            runner.console.print(f"[red]error: {_problem(exc)}", soft_wrap=True)
             runner.console.print(
                 f"measured points are kept in {folder.root}; continue with: {resume}", soft_wrap=True
             )
