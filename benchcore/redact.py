@@ -2,8 +2,8 @@
 name looks like a key or a token are replaced by ``REDACTED``.
 
 A name looks secret when one of its words (split at ``_``, ``-`` and ``.``) is one of ``SECRET_WORDS``
-or ends with ``KEY``/``TOKEN`` (``OPENAI_API_KEY``, ``HF_TOKEN``, ``--api-key``, ``APIKEY``); words that
-merely contain them (``TOKENIZERS_PARALLELISM``, ``max_tokens``) do not count.
+or its last word ends with ``KEY``/``TOKEN`` (``OPENAI_API_KEY``, ``HF_TOKEN``, ``--api-key``,
+``APIKEY``); ``TOKENIZERS_PARALLELISM``, ``max_tokens`` or ``token_range`` do not.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from collections.abc import Mapping, Sequence
 __all__ = ["REDACTED", "SECRET_WORDS", "looks_secret", "redact_argv", "redact_env", "secret_values"]
 
 REDACTED = "<redacted>"
-SECRET_WORDS = frozenset(
-    {"KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PWD", "CREDENTIAL", "CREDENTIALS", "AUTH", "BEARER"}
-)
+SECRET_WORDS = frozenset({"SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH", "BEARER"})
 
 
 def looks_secret(name: str) -> bool:
     """Whether a variable or flag name (``HF_TOKEN``, ``--api-key``) names a secret."""
     words = [w for w in re.split(r"[_\-.]+", name.upper()) if w]
-    return any(w in SECRET_WORDS or w.endswith(("KEY", "TOKEN")) for w in words)
+    if not words:
+        return False
+    return any(w in SECRET_WORDS for w in words) or words[-1].endswith(("KEY", "TOKEN"))
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

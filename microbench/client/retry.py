@@ -38,7 +38,9 @@ class RetryAfterWait(tenacity.wait.wait_base):
 
     def __init__(self, initial_s: float = 0.1, max_wait_s: float = 30.0) -> None:
         self.max_wait_s = max_wait_s
-        self.backoff = tenacity.wait_exponential_jitter(initial=initial_s, max=max_wait_s)
+        self.backoff = tenacity.wait_exponential(multiplier=initial_s, max=max_wait_s) + tenacity.wait_random(
+            0, initial_s
+        )
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
