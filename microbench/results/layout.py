@@ -21,6 +21,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import filelock
 import pandas as pd
@@ -51,15 +52,16 @@ class _RunLock(filelock.FileLock):
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), timeout=0)
 
-    def __enter__(self) -> _RunLock:
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        """As filelock's, with ``RunFolderBusy`` (what to do) instead of ``Timeout`` (an ``OSError`` that
+        callers would report as an unwritable folder)."""
         try:
-            self.acquire()
+            return super().acquire(*args, **kwargs)
         except filelock.Timeout:
             raise RunFolderBusy(
                 f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
                 "the same run); wait for it to finish or stop it, then --resume"
             ) from None
-        return self
 
 
 def _readable(path: Path) -> RunRecord | None:

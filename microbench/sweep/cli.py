@@ -206,7 +206,7 @@ def _unredact(stored: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise BadInput(
             f"--resume: the run's engine environment {', '.join(missing)} was not stored (secrets never "
-            f"are); export {missing[0]}=… in this shell and --resume again"
+            f"are); export {' '.join(f'{k}=…' for k in missing)} in this shell and --resume again"
         )
     restored = {k: os.environ[k] if v == REDACTED else v for k, v in env.items()}
     return stored | {"engine": stored["engine"] | {"env": restored}} if env else stored
