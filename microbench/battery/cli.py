@@ -96,16 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) -> EngineHandle:
     if args.engine == "external":
-        if not args.url:
-            raise BadInput("--engine external needs --url URL of the running engine")
-        if any(isinstance(target, EngineOverrides) for _, target in args.config):
-            raise BadInput(
-                f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
-                "engine-settings configurations need --engine vllm|sim"
-            )
         return ExternalEngine(args.url)
-    if args.url:
-        raise BadInput("--url is only for --engine external (drop it, or add --engine external)")
     if args.engine == "sim":
         spec = resolve_spec(kind="sim", model="sim", extra_args=shlex.split(args.sim_args))
     else:
@@ -131,22 +122,38 @@ def _check_inputs(args: argparse.Namespace) -> list[str] | None:
             raise BadInput(f"{flag} must be > 0 (got {value:g})")
     if args.gpus < 0:
         raise BadInput(f"--gpus must be ≥ 0 (got {args.gpus})")
+    if args.engine != "external" and args.url:
+        raise BadInput("--url is only for --engine external (drop it, or add --engine external)")
+    if args.engine == "external" and not args.url:
+        raise BadInput("--engine external needs --url URL of the running engine")
+    if args.engine == "external" and any(isinstance(t, EngineOverrides) for _, t in args.config):
+        raise BadInput(
+            f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+            "engine-settings configurations need --engine vllm|sim"
+        )
     return names
+
+
+async def _served(base_url: str) -> tuple[str, int | None]:
+    """The served model; an engine that does not answer is bad input (the URL) for an external one."""
+    try:
+        return await served_model(base_url)
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise BadInput(
+            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
+            "running, and is --url right?"
+        ) from None
 
 
 async def _run(args: argparse.Namespace) -> int:
     names = _check_inputs(args)  # before anything is written
+    if args.engine == "external":
+        await _served(args.url)  # a wrong URL is found before the output folder exists
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
     async with AsyncExitStack() as stack:
         engine = await _engine(args, stack, out)
-        try:
-            model, max_len = await served_model(engine.base_url)
-        except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
-            raise BadInput(
-                f"no model list at {engine.base_url}/v1/models ({type(exc).__name__}: {exc}); is the "
-                "engine running, and is --url right?"
-            ) from None
+        model, max_len = await _served(engine.base_url)
         ctx = BatteryContext(
             engine=engine,
             model=model,
