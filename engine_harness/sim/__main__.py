@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--step-log-max", type=int, help="steps kept in memory for /sim/steps")
     a("--error-500-fraction", type=float)
     a("--error-429-fraction", type=float)
+    a("--retry-after-s", type=float, help="Retry-After header (s) on injected 429s")
     a("--cut-after-chunks", type=int)
     a("--cut-fraction", type=float)
     a("--slow-start-s", type=float)
@@ -69,6 +70,7 @@ _STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jit
 _FAULT_KEYS = (
     "error_500_fraction",
     "error_429_fraction",
+    "retry_after_s",
     "cut_after_chunks",
     "cut_fraction",
     "slow_start_s",

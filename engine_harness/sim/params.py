@@ -78,6 +78,9 @@ class FaultConfig(StrictModel):
 
     error_500_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 500")
     error_429_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 429")
+    retry_after_s: float | None = Field(
+        default=None, ge=0, le=3600, description="Retry-After (s) sent with each injected 429 (None: none)"
+    )
     cut_after_chunks: int | None = Field(
         default=None,
         ge=0,

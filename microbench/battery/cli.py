@@ -17,6 +17,9 @@ import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import aiohttp
+
+from benchcore.cli import BadInput, run_cli
 from engine_harness.engines import resolve_spec
 from engine_harness.launch import EngineProcess
 from microbench.battery.context import BatteryContext
@@ -30,6 +33,7 @@ from microbench.battery.engine import (
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.runner import ordered_tests, run_battery, write_report
 from microbench.workloads.reference import WORKLOADS
+from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
 
 __all__ = ["build_parser", "main"]
 
@@ -92,16 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) -> EngineHandle:
     if args.engine == "external":
-        if not args.url:
-            raise SystemExit("--engine external needs --url")
-        if any(isinstance(target, EngineOverrides) for _, target in args.config):
-            raise SystemExit(
-                f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
-                "engine-settings configurations need --engine vllm|sim"
-            )
         return ExternalEngine(args.url)
-    if args.url:
-        raise SystemExit("--url is only for --engine external")
     if args.engine == "sim":
         spec = resolve_spec(kind="sim", model="sim", extra_args=shlex.split(args.sim_args))
     else:
@@ -110,17 +105,55 @@ async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) ->
     return LaunchedEngine(process)
 
 
-async def _run(args: argparse.Namespace) -> int:
-    out: Path = args.out or Path("results") / f"battery-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
+def _check_inputs(args: argparse.Namespace) -> list[str] | None:
+    """Bad input (exit 2) is found before an engine starts: test names, the workload, the SLOs."""
     names = [n.strip() for n in args.tests.split(",") if n.strip()] if args.tests else None
     try:
-        ordered_tests(names)  # unknown names fail before an engine starts
+        ordered_tests(names)
     except KeyError as exc:
-        raise SystemExit(f"--tests: {exc.args[0]}") from None
+        raise BadInput(f"--tests: {exc.args[0]}") from None
+    if args.workload not in WORKLOADS:
+        try:
+            load_workload_spec(args.workload)
+        except (WorkloadSpecError, OSError, ValueError) as exc:
+            raise BadInput(f"--workload: {exc}") from None
+    for flag, value in (("--ttft-slo-ms", args.ttft_slo_ms), ("--tpot-slo-ms", args.tpot_slo_ms)):
+        if value is not None and value <= 0:
+            raise BadInput(f"{flag} must be > 0 (got {value:g})")
+    if args.gpus < 0:
+        raise BadInput(f"--gpus must be ≥ 0 (got {args.gpus})")
+    if args.engine != "external" and args.url:
+        raise BadInput("--url is only for --engine external (drop it, or add --engine external)")
+    if args.engine == "external" and not args.url:
+        raise BadInput("--engine external needs --url URL of the running engine")
+    if args.engine == "external" and any(isinstance(t, EngineOverrides) for _, t in args.config):
+        raise BadInput(
+            f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+            "engine-settings configurations need --engine vllm|sim"
+        )
+    return names
+
+
+async def _served(base_url: str) -> tuple[str, int | None]:
+    """The served model; an engine that does not answer is bad input (the URL) for an external one."""
+    try:
+        return await served_model(base_url)
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise BadInput(
+            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
+            "running, and is --url right?"
+        ) from None
+
+
+async def _run(args: argparse.Namespace) -> int:
+    names = _check_inputs(args)  # before anything is written
+    if args.engine == "external":
+        await _served(args.url)  # a wrong URL is found before the output folder exists
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
     async with AsyncExitStack() as stack:
         engine = await _engine(args, stack, out)
-        model, max_len = await served_model(engine.base_url)
+        model, max_len = await _served(engine.base_url)
         ctx = BatteryContext(
             engine=engine,
             model=model,
@@ -152,4 +185,5 @@ def main(argv: list[str] | None = None) -> int:
         for t in ordered_tests():
             print(f"{t.section:>5}  {t.name:<16} {t.title}")
         return 0
-    return asyncio.run(_run(args))
+    args.out = args.out or Path("results") / f"battery-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_cli(lambda: asyncio.run(_run(args)), lambda: args.out if args.out.is_dir() else None)

@@ -24,7 +24,7 @@ from analysis.table import TABLE_COLUMNS, load_records
 pytestmark = pytest.mark.integration
 
 TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0, "delta_ns": 40.0}
-FRONTEND_NS = 5000.0
+FRONTEND_NS = 20000.0  # 5–41 ms over P 256–2048: well above a loaded box's few ms of HTTP jitter
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +102,17 @@ def test_step_model_and_front_end_recover_the_sims_parameters(sim_run: Path) -> 
     # intra-chunk attention is found from the data; the decode-context term (δ·D·ctx, 0.1 ms at D = 8 on
     # this grid's short contexts) is too small to tell apart from β_d here, so it may be folded into it
     assert fit.data == "steps" and fit.model.startswith("c·(ctx + c/2)"), fit.selection
-    for name, true in TRUTH.items():
-        if name in fit.params:
-            assert fit.params[name] == pytest.approx(true, rel=0.10), (name, fit.params)
+    for name in ("alpha_ms", "beta_c_ms", "gamma_ns"):
+        assert fit.params[name] == pytest.approx(TRUTH[name], rel=0.10), (name, fit.params)
+    # β_d and δ·ctx_dec are nearly collinear on these contexts: their sum, a decode token's cost at the
+    # run's mean decode context, is what the data determine
+    ctx = statistics.mean(r.local_baseline.context_tokens for r in records if r.local_baseline)
+    decode_token = fit.params["beta_d_ms"] + fit.params.get("delta_ns", 0.0) * 1e-6 * ctx
+    assert decode_token == pytest.approx(TRUTH["beta_d_ms"] + TRUTH["delta_ns"] * 1e-6 * ctx, rel=0.10)
     front = fit_frontend(records)
     assert front.per_token_ns == pytest.approx(FRONTEND_NS, rel=0.10), front
     comparison = compare_models(records)
-    seed_r2, step_r2 = comparison["r2"].tolist()
+    step_r2 = comparison["r2"].tolist()[1]
     assert step_r2 > 0.95 and comparison["loo_p_median_ape_pct"].notna().all()
 
 
