@@ -11,6 +11,7 @@ Examples::
     python -m microbench.transfer --config sweeps/transfer-smoke.yaml
     python -m microbench.transfer --P 1024 4096 --reps 1 --connector example-storage
     python -m microbench.transfer --resume                          # continue the newest transfer run
+                                                                    # (failed and invalid points again)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from engine_harness.launch import EngineError
 from microbench.records import Manifest
@@ -41,7 +43,8 @@ __all__ = ["build_parser", "main", "manifest_notes"]
 
 REPO = Path(__file__).resolve().parents[2]
 _KEYS = ("prefill_tokens", "repetitions", "connector", "decode_tokens", "producer_chunk", "consumer_chunk",
-         "producer_cores", "consumer_cores", "token_range", "colocated")  # fmt: skip
+         "producer_cores", "consumer_cores", "token_range", "colocated", "alone", "phase_timeout_s",
+         "stall_timeout_s")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--consumer-cores", help="VLLM_CPU_OMP_THREADS_BIND of the consumer (default 1)")
     a("--token-range", help="LO:HI token ids for prompts (default: read from the model)")
     a("--no-colocated", dest="colocated", action="store_false", default=None, help="skip the colocated TTFT")
+    a(
+        "--no-alone",
+        dest="alone",
+        action="store_false",
+        default=None,
+        help="skip the lone-engine baseline (no connector, no peer; an extra engine start)",
+    )
+    a("--phase-timeout", type=float, dest="phase_timeout_s", help="seconds per phase of a request (default 600)")
+    a(
+        "--stall-timeout",
+        type=float,
+        dest="stall_timeout_s",
+        help="seconds without progress after which an engine counts as hung and the run stops (default 60)",
+    )
     a("--engine", choices=["vllm", "sim"], dest="kind", help="engine kind of both roles (default vllm)")
     a("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
     a("--out", type=Path, default=REPO / "results", help="results folder (default results/)")
@@ -88,16 +105,17 @@ def manifest_notes(cfg: TransferConfig) -> list[str]:
     notes = [
         f"connector {preset.name}: {preset.description}",
         "colocated TTFT is measured on the producer engine (same settings, no kv_transfer_params) while the "
-        "consumer engine idles beside it",
+        "consumer engine idles beside it; alone TTFT on the same engine started with no connector and no peer",
         "phases are client/proxy perf_counter_ns stamps in one process; engine-side times are /metrics "
         "histogram-sum deltas around each request",
     ]
-    if producer.kind == "vllm":
-        notes.append(
-            f"CPU contention: both engines share one host ({producer.cpu_threads_bind=}, "
-            f"{consumer.cpu_threads_bind=}); idle NIXL engines were seen to keep ~half a core busy each, so "
-            "absolute times include interference between the two engines"
-        )
+    notes.append(
+        f"cores: producer {producer.cpu_threads_bind or 'unpinned'}, consumer {consumer.cpu_threads_bind or 'unpinned'}"
+        " on one host; contention is measured, not assumed: idle CPU of each engine per stage in idle_cpu.json, "
+        "and the lone engine (no connector, no peer) as the uncontended baseline (mode alone)"
+        if cfg.alone
+        else "no lone-engine baseline in this run (--no-alone): the contention of the idle peer is not measured"
+    )
     if producer.kind == "vllm" and cfg.pin_engine_threads:
         notes.append(
             "every thread of each engine's processes (API server, engine core, worker) was pinned to that "
@@ -179,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         code = 130
     except (TransferAborted, EngineError, OSError) as exc:
-        console.print(f"[red]error: {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         code = 1
     finish_run(folder, cfg, console)
     if runner.failures and code == 0:

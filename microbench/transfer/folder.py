@@ -3,8 +3,9 @@
 Layout: ``manifest.json``; ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the final attempt);
 ``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons); ``raw/<mode>/…parquet``
 (every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
-``engine-producer.log`` / ``engine-consumer.log``; ``kv-storage/`` (storage connectors only);
-``transfer_table.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
+``engine-producer.log`` / ``engine-consumer.log`` / ``engine-alone.log``; ``idle_cpu.json`` (each
+engine's idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table.csv``,
+``breakdown.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 from engine_harness.metrics import Snapshot
 from microbench.records import atomic_write_bytes, read_record, write_record
 from microbench.run_folder import RunFolder
+from microbench.transfer.idle import IdleCpu
 from microbench.transfer.records import Mode, TransferRecord
 
 __all__ = ["TransferFolder", "point_stem", "records_frame"]
@@ -45,7 +47,19 @@ class TransferFolder(RunFolder):
         return self.root / "runs" / mode / f"{point_stem(prefill_tokens, repetition)}.json"
 
     def is_point_done(self, mode: Mode, prefill_tokens: int, repetition: int) -> bool:
-        return self.point_path(mode, prefill_tokens, repetition).is_file()
+        """A valid record is on disk; a failed or invalid one is measured again on --resume."""
+        path = self.point_path(mode, prefill_tokens, repetition)
+        return path.is_file() and read_record(path, TransferRecord).valid
+
+    def write_idle(self, stage: str, idle: dict[str, IdleCpu]) -> None:
+        """Idle CPU of the stage's engines, kept beside earlier stages' (``idle_cpu.json``)."""
+        body = self.read_idle()
+        body[stage] = {role: s.model_dump(mode="json") for role, s in idle.items()}
+        atomic_write_bytes(self.root / "idle_cpu.json", (json.dumps(body, indent=2) + "\n").encode())
+
+    def read_idle(self) -> dict[str, dict[str, dict[str, object]]]:
+        path = self.root / "idle_cpu.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def role_log(self, role: str) -> Path:
         return self.root / f"engine-{role}.log"
@@ -76,6 +90,8 @@ def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
             "repetition": r.repetition,
             "connector": r.connector,
             "valid": r.valid,
+            "failed_phase": r.failed_phase,
+            "hung": r.hung,
             **r.phases.model_dump(),
             "cached_tokens_consumer": r.cached_tokens_consumer,
             "cached_tokens_producer": r.cached_tokens_producer,

@@ -15,10 +15,11 @@ from pydantic import Field
 
 from microbench.records import Record
 
-__all__ = ["SCHEMA_VERSION", "EngineSide", "Mode", "Phases", "TransferRecord"]
+__all__ = ["PAIR_MODES", "SCHEMA_VERSION", "EngineSide", "Mode", "Phases", "TransferRecord"]
 
-SCHEMA_VERSION = 1
-Mode = Literal["disaggregated", "colocated"]
+SCHEMA_VERSION = 1  # additive since: mode "alone", field hung (default False); v1 records load as they are
+Mode = Literal["disaggregated", "colocated", "alone"]
+PAIR_MODES: tuple[Mode, ...] = ("disaggregated", "colocated")
 
 
 class Phases(Record):
@@ -56,7 +57,8 @@ class EngineSide(Record):
 
 
 class TransferRecord(Record):
-    """One measured request: disaggregated (proxy, producer → consumer) or colocated (one engine)."""
+    """One measured request: disaggregated (proxy, producer → consumer), colocated (the producer, its
+    connector peer idling beside it) or alone (the same engine started with no connector and no peer)."""
 
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -68,9 +70,10 @@ class TransferRecord(Record):
     valid: bool
     reasons: list[str] = Field(default_factory=list, description="why the point is invalid or failed")
     failed_phase: str | None = Field(None, description="producer / consumer / client, when it failed")
+    hung: bool = Field(False, description="the failed phase's engine made no progress for the stall timeout")
     engine_log_tail: str | None = Field(None, description="tail of the failed engine's log")
     phases: Phases
-    producer: EngineSide | None = Field(description="the producer (colocated: the one engine)")
+    producer: EngineSide | None = Field(description="the producer (colocated, alone: the one engine)")
     consumer: EngineSide | None = Field(description="None for colocated")
     cached_tokens_consumer: int | None = Field(
         description="consumer usage.prompt_tokens_details.cached_tokens"

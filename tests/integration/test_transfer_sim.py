@@ -38,7 +38,9 @@ def _config(tmp: Path, **over: object) -> Path:
         "connector": "none",
         "warmup_tokens": 64,
         "engine": {"kind": "sim", "chunk_size": 512, "extra_args": STEP_ARGS},
-        "request_timeout_s": 20,
+        "phase_timeout_s": 20,
+        "stall_timeout_s": 10,
+        "idle_sample_s": 0.5,
         "startup_timeout_s": 60,
     } | over
     path = tmp / "transfer.yaml"
@@ -63,7 +65,7 @@ def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_phase_is_stamped_in_order_and_the_phases_add_up(sim_run: Path) -> None:
     records = _records(sim_run)
-    assert set(records) == {(m, p) for m in ("disaggregated", "colocated") for p in (256, 2048)}
+    assert set(records) == {(m, p) for m in ("disaggregated", "colocated", "alone") for p in (256, 2048)}
     assert all(r.valid for r in records.values()), [r.reasons for r in records.values()]
     for p in (256, 2048):
         r = records[("disaggregated", p)]
@@ -102,7 +104,7 @@ def test_run_folder_has_manifest_raw_stamps_metrics_table_and_figure(sim_run: Pa
         assert (raw["event"] == "client_chunk").sum() >= 1
         assert (sim_run / "metrics" / r.mode / f"P{r.prefill_tokens}_r0.json").is_file()
     table = pd.read_csv(sim_run / "transfer_table.csv")
-    assert len(table) == 4 and {"producer_ms", "handoff_ms", "consumer_tokens_external"} <= set(table.columns)
+    assert len(table) == 6 and {"producer_ms", "handoff_ms", "consumer_tokens_external"} <= set(table.columns)
     assert (sim_run / "transfer_breakdown.png").stat().st_size > 10_000
     assert (sim_run / "engine-producer.log").is_file() and (sim_run / "engine-consumer.log").is_file()
 
