@@ -1,13 +1,19 @@
-"""The transfer benchmark against two simulated engines: the proxy's phase accounting, resume, and a
-consumer that dies mid-run (reported with its log, never hung on)."""
+"""The transfer benchmark against two simulated engines: the proxy's phase accounting, the link fit
+against a sim link of known setup and bandwidth, resume (also after a failure), a consumer that dies
+or hangs mid-run (detected, blamed, the run stopped), and a P too long refused before any start."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
@@ -133,3 +139,96 @@ def test_a_consumer_that_dies_mid_run_is_recorded_with_its_log_and_stops_the_run
     assert any("consumer failed" in r for r in failed.reasons), failed.reasons
     assert failed.engine_log_tail  # the dead consumer's log, for the reader
     assert ("colocated", 2048) not in records  # the run stopped instead of going on blind
+
+
+def test_the_link_fit_recovers_the_sim_links_setup_and_bandwidth_within_10_percent(tmp_path: Path) -> None:
+    # connector sim-link: every hand-off takes 20 ms + P × 8192 bytes at 1 Gbit/s on the consumer
+    cfg = _config(
+        tmp_path, connector="sim-link", prefill_tokens=[512, 1024, 2048, 4096], repetitions=3,
+        colocated=False, alone=False,
+    )  # fmt: skip
+    assert main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "link"]) == 0
+    run = tmp_path / "link"
+    records = [read_record(p, TransferRecord) for p in (run / "runs" / "disaggregated").glob("*.json")]
+    assert len(records) == 12 and all(r.valid for r in records), [r.reasons for r in records]
+    for r in records:  # the consumer loaded the prompt instead of computing it, and NIXL's counters say so
+        assert r.consumer is not None and r.consumer.kv_bytes == r.prefill_tokens * 8192
+        assert r.consumer.tokens_external == r.prefill_tokens - 1 and r.consumer.kv_xfer_count == 1
+    fit = json.loads((run / "fit.json").read_text())["kv_xfer"]
+    assert fit["x_source"].startswith("connector bytes counter") and fit["resolvable"]
+    assert fit["setup_ms"] == pytest.approx(20.0, rel=0.10)
+    assert fit["bandwidth_gbit_s"] == pytest.approx(1.0, rel=0.10)
+    lo, hi = fit["bandwidth_ci_gbit_s"]
+    assert lo <= fit["bandwidth_gbit_s"] <= hi
+    link = yaml.safe_load((run / "link-measured-local.yaml").read_text())
+    assert link["basis"] == "measured" and link["run"].endswith("link")
+    assert link["bandwidth_gbit_s"] == pytest.approx(1.0, rel=0.10)
+    # the hand-off is more than the link: it also holds the consumer's first step
+    handoff = json.loads((run / "fit.json").read_text())["handoff"]
+    assert handoff["mean_ms"] > fit["mean_ms"]
+    breakdown = pd.read_csv(run / "breakdown.csv", index_col=0)
+    assert (breakdown["stack_sum_ms"] - breakdown["total_ttft_ms"]).abs().max() < 1e-6
+
+
+def _sim_pid(marker: str) -> int:
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if marker in " ".join(child.cmdline()):
+                return child.pid
+    raise AssertionError(f"no sim engine with {marker!r} in its command line")
+
+
+def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) -> None:
+    # the consumer (seed 7) is stopped with SIGSTOP after the first point: its /metrics stops answering
+    cfg = _config(tmp_path, consumer_args=["--seed", "7"], stall_timeout_s=2, phase_timeout_s=120)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "hung"]))
+    )
+    t0 = time.perf_counter()
+    thread.start()
+    first = tmp_path / "hung" / "runs" / "disaggregated" / "P256_r0.json"
+    while not first.is_file() and thread.is_alive():
+        time.sleep(0.02)
+    pid = _sim_pid("--seed 7")
+    os.kill(pid, signal.SIGSTOP)
+    thread.join(timeout=90)
+    elapsed = time.perf_counter() - t0
+    assert not thread.is_alive() and codes == [1]
+    assert elapsed < 45  # a stall of 2 s, not a phase timeout of 120 s
+    failed = _records(tmp_path / "hung")[("disaggregated", 2048)]
+    assert not failed.valid and failed.hung and failed.failed_phase == "consumer"
+    assert any("consumer engine made no progress" in r and "stopped" in r for r in failed.reasons), failed.reasons
+    assert ("alone", 256) not in _records(tmp_path / "hung")  # the run stopped
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stalled_producer_step_is_blamed_on_the_producer_not_the_client(tmp_path: Path) -> None:
+    # the producer's 6th step (P=256's prefill; warm-ups took 5) stalls 600 s: /metrics answers, nothing moves
+    cfg = _config(tmp_path, producer_args=["--stall-step", "5", "--stall-s", "600"], stall_timeout_s=2)
+    code = main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "stall"])
+    assert code == 1
+    failed = [r for r in _records(tmp_path / "stall").values() if not r.valid]
+    assert len(failed) == 1 and failed[0].failed_phase == "producer" and failed[0].hung
+    assert any("still answers but no counter moved" in r for r in failed[0].reasons), failed[0].reasons
+
+
+def test_resume_after_a_failure_measures_the_failed_point_again(tmp_path: Path) -> None:
+    # the consumer dies after 2 finished requests: warm-up + P=256; P=2048's hand-off fails
+    cfg = _config(tmp_path, consumer_args=["--die-after-requests", "2"])
+    assert main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "again"]) == 1
+    assert not _records(tmp_path / "again")[("disaggregated", 2048)].valid
+    # resumed: fresh engines; the consumer's warm-up and the failed point are its two requests
+    assert main(["--resume", "--run-id", "again", "--out", str(tmp_path)]) == 0
+    records = _records(tmp_path / "again")
+    assert records[("disaggregated", 2048)].valid and len(records) == 6
+    assert all(r.valid for r in records.values())
+    assert list((tmp_path / "again" / "invalid" / "disaggregated").glob("P2048_r0_a*.json"))
+
+
+def test_a_prompt_longer_than_the_model_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, engine={"kind": "sim", "max_model_len": 1024, "extra_args": STEP_ARGS})
+    t0 = time.perf_counter()
+    code = main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "long"])
+    assert code == 2 and time.perf_counter() - t0 < 5
+    assert not (tmp_path / "long").exists()
