@@ -224,15 +224,17 @@ class TransferConfig(StrictModel):
 
 
 def model_max_len(spec: EngineSpec) -> tuple[int | None, str]:
-    """The longest prompt + completion the engine serves, and where that number comes from."""
+    """The longest prompt + completion the engine serves (the smaller of its ``max_model_len`` and the
+    model's ``max_position_embeddings``), and where that number comes from."""
+    limits: list[tuple[int, str]] = []
     if spec.max_model_len is not None:
-        return spec.max_model_len, "the engine's max_model_len"
+        limits.append((spec.max_model_len, "the engine's max_model_len"))
     cfg_path = Path(spec.model) / "config.json"
     if spec.kind == "vllm" and cfg_path.is_file():
-        limit = json.loads(cfg_path.read_text()).get("max_position_embeddings")
-        if isinstance(limit, int):
-            return limit, f"max_position_embeddings of {cfg_path}"
-    return None, "unknown"
+        positions = json.loads(cfg_path.read_text()).get("max_position_embeddings")
+        if isinstance(positions, int):
+            limits.append((positions, f"max_position_embeddings of {cfg_path}"))
+    return min(limits) if limits else (None, "unknown")
 
 
 def _check_model_length(cfg: TransferConfig) -> None:
