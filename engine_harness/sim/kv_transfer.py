@@ -6,7 +6,7 @@ transfer benchmark's proxy drives them:
 * producer: a request whose ``kv_transfer_params`` ask ``do_remote_decode`` is answered with
   ``kv_transfer_params`` (``do_remote_prefill: true`` and the prompt length), as NixlConnector does;
 * consumer: a request carrying ``do_remote_prefill`` first waits out the modelled transfer of
-  ``P × bytes_per_token`` bytes, records it in NIXL's metric names (``vllm:nixl_xfer_time_seconds``,
+  ``P × bytes_per_token`` bytes (× ``time_scale``), records that modelled time in NIXL's metric names (``vllm:nixl_xfer_time_seconds``,
   ``vllm:nixl_bytes_transferred``) and ``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``,
   and then computes only the prompt's last token (the rest counts as loaded).
 

@@ -29,14 +29,13 @@ __all__ = ["STACK", "breakdown_table", "median_row"]
 
 STACK = ["producer_ms", "proxy_gap_ms", "kv_xfer_ms", "consumer_rest_ms", "client_overhead_ms"]
 _NUMERIC = ["total_ttft_ms", "producer_ms", "proxy_gap_ms", "consumer_ttft_ms", "handoff_ms",
-            "client_overhead_ms", "consumer_kv_xfer_ms"]  # fmt: skip
+            "client_overhead_ms", "kv_xfer_ms"]  # fmt: skip
 
 
 def _parts(dis: pd.DataFrame) -> pd.DataFrame:
     out = dis.copy()
     for col in _NUMERIC:
         out[col] = pd.to_numeric(out[col], errors="coerce") if col in out else np.nan
-    out["kv_xfer_ms"] = out["consumer_kv_xfer_ms"]
     out["consumer_rest_ms"] = out["consumer_ttft_ms"] - out["kv_xfer_ms"]
     return out
 

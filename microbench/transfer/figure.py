@@ -69,10 +69,10 @@ def _panel(ax: Axes, p: int, row: pd.Series) -> bool:
 
 def _fit_panel(ax: Axes, table: pd.DataFrame, link: TransferFit | None) -> None:
     dis = table[(table["mode"] == "disaggregated") & table["valid"].astype(bool)]
-    has_bytes = "consumer_kv_bytes" in dis and dis["consumer_kv_bytes"].notna().any()
-    x = dis["consumer_kv_bytes"].to_numpy(float) / 2**20 if has_bytes else dis["prefill_tokens"].to_numpy(float)
-    if "consumer_kv_xfer_ms" in dis and dis["consumer_kv_xfer_ms"].notna().any():
-        ax.scatter(x, dis["consumer_kv_xfer_ms"], s=18, marker="x", color="#DD8452", label="KV transfer (connector)")
+    has_bytes = "kv_bytes" in dis and dis["kv_bytes"].notna().any()
+    x = dis["kv_bytes"].to_numpy(float) / 2**20 if has_bytes else dis["prefill_tokens"].to_numpy(float)
+    if "kv_xfer_ms" in dis and dis["kv_xfer_ms"].notna().any():
+        ax.scatter(x, dis["kv_xfer_ms"], s=18, marker="x", color="#DD8452", label="KV transfer (connector)")
     ax.scatter(x, dis["handoff_ms"], s=12, color="#999999", label="hand-off (transfer + consumer step; not the link)")
     if link is not None and has_bytes and len(x):
         grid = np.linspace(0, max(float(np.nanmax(x)), 1e-9) * 1.05, 50)

@@ -2,8 +2,9 @@
 
 Targets, on the valid disaggregated records:
 
-* ``kv_xfer`` — the link: the consumer's own transfer-time histogram (NIXL's ``nixl_xfer_time_seconds``:
-  the pull of the KV blocks and nothing else). This one becomes the ``measured-local`` link profile.
+* ``kv_xfer`` — the link: the transfer-time histogram of the engine that ran the transfer (pull: the
+  consumer, push: the producer; NIXL's ``nixl_xfer_time_seconds``: the KV blocks moved and nothing
+  else). This one becomes the ``measured-local`` link profile.
 * ``handoff`` — what a request pays after its prefill (producer's answer → first token at the proxy):
   the proxy gap, the transfer and the consumer's first step (which grows with context); reported as
   that, never as a link's bandwidth.
@@ -33,8 +34,8 @@ from microbench.records import Record, atomic_write_bytes
 __all__ = ["TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
 
 Target = Literal["handoff", "kv_xfer"]
-_COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "consumer_kv_xfer_ms"}
-_BYTES = "consumer_kv_bytes"
+_COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
+_BYTES = "kv_bytes"  # records_frame: from the engine that ran the transfer
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 
 

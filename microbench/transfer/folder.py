@@ -80,6 +80,16 @@ class TransferFolder(RunFolder):
         return [read_record(p, TransferRecord) for p in sorted((self.root / "runs").glob("*/P*_r*.json"))]
 
 
+def _transfer_side(row: dict[str, object]) -> dict[str, object]:
+    """The connector's own transfer time and bytes from the engine that ran the transfer: the consumer
+    (pull: it reads) or else the producer (push: it writes); which one is said in ``kv_xfer_side``."""
+    for side in ("consumer", "producer"):
+        xfer = row.get(f"{side}_kv_xfer_ms")
+        if xfer is not None and not pd.isna(xfer) and row.get("mode") == "disaggregated":
+            return {"kv_xfer_ms": xfer, "kv_bytes": row.get(f"{side}_kv_bytes"), "kv_xfer_side": side}
+    return {"kv_xfer_ms": None, "kv_bytes": None, "kv_xfer_side": None}
+
+
 def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
     """One row per record: the phases, both engines' sides (prefixed) and the KV-reuse evidence."""
     rows = []
@@ -103,6 +113,7 @@ def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
             for key, value in (values.model_dump() if values is not None else {}).items():
                 # the engine's own TTFT must not overwrite the client-side phase consumer_ttft_ms
                 row[f"{side}_engine_ttft_ms" if key == "ttft_ms" else f"{side}_{key}"] = value
+        row |= _transfer_side(row)
         rows.append(row)
     frame = pd.DataFrame(rows)
     if not frame.empty:

@@ -30,7 +30,10 @@ class IdleCpu(Record):
     seconds: float = Field(gt=0, description="length of the sampling window")
     total_pct: float = Field(ge=0, description="all threads of the engine's process group, % of one core")
     per_process_pct: dict[str, float] = Field(description="by process name")
-    top_threads_pct: dict[str, float] = Field(description="busiest thread names (process/thread), % of a core")
+    top_threads_pct: dict[str, float] = Field(
+        description="busiest threads (process/thread name#tid), % of a core; native threads often carry "
+        "their creator's name, so the tid tells them apart"
+    )
 
 
 def _thread_name(pid: int, tid: int) -> str:
@@ -64,7 +67,7 @@ def idle_cpu_between(role: str, before: ThreadTimes, after: ThreadTimes, seconds
         used = cpu - before[key][2] if key in before else 0.0
         pct = max(used, 0.0) / seconds * 100
         by_proc[proc] += pct
-        by_thread[f"{proc}/{thread}"] += pct
+        by_thread[f"{proc}/{thread}#{key[1]}"] += pct  # threads inherit their creator's name: keep the tid
     busiest = sorted(by_thread.items(), key=lambda kv: -kv[1])[:top]
     return IdleCpu(
         role=role,

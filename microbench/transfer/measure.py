@@ -137,18 +137,32 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> Snapshot | None:
         return None
 
 
-async def _settle(ctx: PointContext, before: Snapshot | None) -> Snapshot | None:
-    """The consumer's after-scrape; the connector's transfer stats arrive a step late, so wait ≤ 3 s."""
-    assert ctx.consumer_url is not None
-    after = await _scrape(ctx.session, ctx.consumer_url)
+def _xfer_seen(metric: str, before: Snapshot | None, after: Snapshot | None) -> bool:
+    return before is not None and after is not None and (after.delta(before, [f"{metric}_count"]) or 0) > 0
+
+
+async def _settle(
+    ctx: PointContext, p_before: Snapshot | None, c_before: Snapshot | None, skip: str | None
+) -> tuple[Snapshot | None, Snapshot | None]:
+    """Both engines' after-scrapes of a hand-off. The connector's transfer stats arrive a step late, on
+    the engine that ran the transfer (pull: the consumer; push: the producer), so wait ≤ 3 s for
+    either to count it; a hung engine (``skip``) is not asked."""
+
+    async def both() -> tuple[Snapshot | None, Snapshot | None]:
+        return await asyncio.gather(
+            _scrape(ctx.session, ctx.producer_url) if skip != "producer" else asyncio.sleep(0, None),
+            _scrape(ctx.session, ctx.consumer_url) if skip != "consumer" and ctx.consumer_url else asyncio.sleep(0, None),
+        )  # fmt: skip
+
+    p_after, c_after = await both()
     metric = ctx.connector.transfer_time_metric
     deadline = time.perf_counter_ns() + 3_000_000_000
-    while metric and before is not None and after is not None and time.perf_counter_ns() < deadline:
-        if (after.delta(before, [f"{metric}_count"]) or 0) > 0:
+    while metric and skip is None and time.perf_counter_ns() < deadline:
+        if _xfer_seen(metric, p_before, p_after) or _xfer_seen(metric, c_before, c_after):
             break
         await asyncio.sleep(0.2)
-        after = await _scrape(ctx.session, ctx.consumer_url)
-    return after
+        p_after, c_after = await both()
+    return p_after, c_after
 
 
 def _raw(stamps: dict[str, int | None], rec: StreamRecord) -> pd.DataFrame:
@@ -235,10 +249,10 @@ async def measure_point(ctx: PointContext, mode: Mode, prefill_tokens: int, repe
         failed = pstamps.failed_phase
         reasons.append(f"{pstamps.failed_phase} failed: {pstamps.error}")
     skip = hung.role if hung is not None else None  # a hung engine's /metrics would only time out
-    p_after, c_after = await asyncio.gather(
-        _scrape(ctx.session, ctx.producer_url) if skip != "producer" else asyncio.sleep(0, None),
-        _settle(ctx, c_before) if disagg and skip != "consumer" else asyncio.sleep(0, None),
-    )
+    if disagg:
+        p_after, c_after = await _settle(ctx, p_before, c_before, skip)
+    else:
+        p_after, c_after = (await _scrape(ctx.session, ctx.producer_url) if skip is None else None), None
     producer = engine_side(p_before, p_after, ctx.connector)
     consumer = engine_side(c_before, c_after, ctx.connector) if disagg else None
     cached_consumer = rec.cached_prompt_tokens if disagg else None

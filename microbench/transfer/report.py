@@ -102,7 +102,7 @@ def _footnotes(agg: pd.DataFrame, cfg: TransferConfig) -> list[str]:
     if "kv_xfer_ms" in agg and agg["kv_xfer_ms"].isna().any():
         metric = cfg.connector_preset().transfer_time_metric
         out.append(
-            f"KV xfer –: the consumer's /metrics had no {metric} for those points: the consumer leg is not split"
+            f"KV xfer –: neither engine's /metrics counted {metric} for those points: the consumer leg is not split"
             if metric else f"KV xfer –: connector {cfg.connector} reports no transfer time: the consumer leg is not split"
         )
     if "stack_sum_ms" in agg:

@@ -120,13 +120,13 @@ def _synthetic(setup_ms: float, gbit_s: float, kv: int, noise_ms: float, seed: i
                     "repetition": rep,
                     "valid": True,
                     "handoff_ms": setup_ms + wire + rng.normal(0, noise_ms),
-                    "consumer_kv_xfer_ms": wire,
-                    "consumer_kv_bytes": float(p * kv),
+                    "kv_xfer_ms": wire,
+                    "kv_bytes": float(p * kv),
                 }
             )
     rows.append(
         {"mode": "colocated", "prefill_tokens": 1024, "repetition": 0, "valid": True, "handoff_ms": 1e6,
-         "consumer_kv_bytes": 1.0}
+         "kv_bytes": 1.0}
     )  # fmt: skip
     rows.append(
         {"mode": "disaggregated", "prefill_tokens": 1024, "repetition": 9, "valid": False, "handoff_ms": 1e6}
@@ -173,7 +173,7 @@ def test_the_bytes_axis_is_the_connectors_counter_when_present_else_the_model_co
     counted = fit_transfer(table, None, "kv_xfer")  # no model config needed: NIXL counted the bytes
     assert counted is not None and counted.x_source.startswith("connector bytes counter")
     assert counted.bandwidth_gbit_s == pytest.approx(20.0, rel=1e-6) and counted.resolvable
-    no_bytes = table.drop(columns="consumer_kv_bytes")
+    no_bytes = table.drop(columns="kv_bytes")
     assert fit_transfer(no_bytes, None, "kv_xfer") is None
     modelled = fit_transfer(no_bytes, kv, "kv_xfer")
     assert modelled is not None and modelled.x_source.startswith("P × kv_bytes_per_token")
@@ -205,7 +205,7 @@ def test_idle_cpu_shares_and_progress_keys_from_hand_built_readings() -> None:
              (1, 3): ("VLLM::Worker", "new", 9.0)}  # fmt: skip
     idle = idle_cpu_between("consumer", before, after, 5.0)
     assert idle.total_pct == pytest.approx(80.0) and idle.per_process_pct == {"VLLM::Worker": 80.0}
-    assert list(idle.top_threads_pct.items())[0] == ("VLLM::Worker/nixl_prog", 70.0)
+    assert list(idle.top_threads_pct.items())[0] == ("VLLM::Worker/nixl_prog#1", 70.0)
     snap = {("vllm:iteration_tokens_total_count", frozenset()): 7.0,
             ("vllm:prompt_tokens_total", frozenset({("engine", "0")})): 100.0,
             ("vllm:kv_cache_usage_perc", frozenset()): 0.5}  # fmt: skip

@@ -125,7 +125,7 @@ def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_
     assert agg["kv_xfer_ms"].isna().all() and agg["consumer_rest_ms"].isna().all()
     assert agg["stack_sum_ms"].notna().all()  # the consumer leg, undivided, still counts
     assert agg["contention_factor"].isna().all()  # no lone engine measured: unknown, not 1 or 0
-    assert "had no vllm:nixl_xfer_time_seconds" in printed and "KV xfer 0.0" not in printed
+    assert "counted vllm:nixl_xfer_time_seconds" in printed and "KV xfer 0.0" not in printed
     assert "not measured (needs colocated and alone points)" in printed
     fit = json.loads((folder.root / "fit.json").read_text())
     assert fit["kv_xfer"] is None and not (folder.root / "link-measured-local.yaml").exists()
