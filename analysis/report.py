@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from analysis import plots
 from analysis.breakeven import TransferMode, breakeven_table, load_link, load_model_kv
 from analysis.table import interference_table, load_manifest, load_raw, load_records
-from microbench.records import RunRecord
+from microbench.results.records import RunRecord
 
 __all__ = ["DEFAULT_LINKS", "ReportPaths", "build_report", "main", "pick_timeline_record", "success_criteria"]
 

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = ["KvTransferModel", "LinkMetrics", "consumer_transfer", "producer_params"]
 

@@ -23,13 +23,14 @@ from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.battery.engine import EngineHandle, EngineOverrides
 from microbench.battery.profiles import Profile
 from microbench.battery.stats import request_latencies
-from microbench.loadgen.requests import ApiSettings, RequestSpec
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage
+from microbench.client.requests import ApiSettings, RequestSpec
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import StageHealth, stage_health, trace_frame, write_trace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["BatteryContext", "Run", "StageWindow"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 from microbench.battery.context import StageWindow
 from microbench.battery.stats import Distribution, SteadyState, steady_state, summarize
 

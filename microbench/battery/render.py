@@ -11,7 +11,7 @@ import html
 from pathlib import Path
 
 from microbench.battery.report import BatteryReport, Table, TestResult, num
-from microbench.battery.tests.ttft import TtftData
+from microbench.battery.sections.ttft import TtftData
 
 __all__ = ["html_report", "markdown_full", "markdown_minimum"]
 

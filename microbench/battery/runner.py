@@ -17,7 +17,8 @@ from pathlib import Path
 
 import matplotlib
 
-from microbench.battery import tests as _tests  # noqa: F401  (registers the tests)
+from benchcore.provenance import cpu_model, git_commit
+from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
 from microbench.battery.plots import figures_for
@@ -25,7 +26,6 @@ from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
 from microbench.battery.warmup import warm_up, warmup_requirement
-from microbench.run_folder import cpu_model, git_commit
 
 __all__ = ["ordered_tests", "run_battery", "write_report"]
 

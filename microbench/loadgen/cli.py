@@ -14,16 +14,17 @@ from typing import Any
 
 import aiohttp
 
-from microbench import aio
+from microbench.client import aio
+from microbench.client.prompts import TokenSpace
+from microbench.client.requests import ApiSettings
 from microbench.loadgen.events import JsonlEventWriter
-from microbench.loadgen.requests import ApiSettings
-from microbench.loadgen.schedulers import SCHEDULERS, parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage, sweep_stages
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
-from microbench.prompts import TokenSpace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler
 from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["build_parser", "main"]

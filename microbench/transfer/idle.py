@@ -16,7 +16,7 @@ from collections import defaultdict
 import psutil
 from pydantic import Field
 
-from microbench.records import Record
+from benchcore.schema import StrictModel as Record
 
 __all__ = ["IdleCpu", "group_threads", "idle_cpu_between", "sample_idle_cpu"]
 

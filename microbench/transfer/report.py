@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from microbench.records import atomic_write_bytes
+from benchcore.atomic import atomic_write_bytes
 from microbench.transfer.breakdown import breakdown_table
 from microbench.transfer.config import TransferConfig
 from microbench.transfer.figure import breakdown_figure

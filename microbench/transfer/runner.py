@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from engine_harness.engines import EngineSpec
+from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess, free_port, log_tail
-from microbench.prompts import TokenSpace, token_space_for
+from microbench.client.prompts import TokenSpace, token_space_for
 from microbench.transfer.config import ConnectorPreset, TransferConfig, load_connector
 from microbench.transfer.folder import TransferFolder, point_stem
 from microbench.transfer.idle import sample_idle_cpu
@@ -80,10 +80,10 @@ def role_spec(base: EngineSpec, preset: ConnectorPreset, role: str, storage: str
     values = {"free_port": str(free_port()), "storage_path": storage}
     cfg = preset.role_config("producer" if role == "producer" else "consumer", values)
     extra = list(base.extra_args) + (
-        ["--kv-transfer-config", json.dumps(cfg)] if cfg and base.kind == "vllm" else []
+        ["--kv-transfer-config", json.dumps(cfg)] if cfg and engine_kind(base.kind).kv_connectors else []
     )
-    if base.kind == "sim":
-        extra += preset.sim_args
+    if not engine_kind(base.kind).kv_connectors:
+        extra += preset.sim_args  # the sim's own connector switch (engine_harness/sim/kv_transfer.py)
     return base.model_copy(update={"extra_args": extra, "env": base.env | preset.role_env(values)})
 
 
@@ -99,8 +99,7 @@ class TransferRunner:
 
     def check_runnable(self) -> None:
         """Refuse a GPU-only preset on this box and a connector whose package is missing, with the fix."""
-        kind = self.cfg.producer_spec().kind
-        if kind != "vllm":
+        if not engine_kind(self.cfg.producer_spec().kind).kv_connectors:
             return
         if not self.preset.run_here:
             from engine_harness.telemetry import NvmlSource

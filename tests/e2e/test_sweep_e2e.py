@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from microbench.records import RunRecord, read_record
-from microbench.sweep import main
+from microbench.results.records import RunRecord, read_record
+from microbench.sweep.cli import main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from microbench.records import read_record
+from microbench.results.records import read_record
 from microbench.transfer.fit import kv_bytes_per_token
-from microbench.transfer.__main__ import main
+from microbench.transfer.cli import main
 from microbench.transfer.records import TransferRecord
 
 pytestmark = [

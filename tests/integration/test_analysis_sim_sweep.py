@@ -21,7 +21,7 @@ TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0}
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sweep_main = pytest.importorskip("microbench.sweep").main
+    sweep_main = pytest.importorskip("microbench.sweep.cli").main
     tmp = tmp_path_factory.mktemp("sim-sweep")
     args = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
     sweep = {

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from microbench.records import RunRecord, read_record
-from microbench.sweep import main
+from microbench.results.records import RunRecord, read_record
+from microbench.sweep.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
 
 def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monkeypatch) -> None:
     # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
-    import microbench.protocol as protocol
+    import microbench.sweep.protocol as protocol
 
     real = protocol.cold_prompt
     fixed = real(1024, protocol.TokenSpace(0, 256))

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from microbench.battery.sections.itl import itl_level
 from microbench.battery.stats import (
     fit_scaling,
     jain_index,
@@ -21,7 +22,6 @@ from microbench.battery.stats import (
     steady_state,
     summarize,
 )
-from microbench.battery.tests.itl import itl_level
 from microbench.battery.warmup import probe_variation
 
 
