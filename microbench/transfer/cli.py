@@ -10,6 +10,7 @@ Examples::
     python -m microbench.transfer                                   # NIXL between two CPU engines
     python -m microbench.transfer --config sweeps/transfer-smoke.yaml
     python -m microbench.transfer --P 1024 4096 --reps 1 --connector example-storage
+    python -m microbench.transfer --connector nixl-push-cpu --out results/push   # NIXL push mode
     python -m microbench.transfer --resume                          # continue the newest transfer run
                                                                     # (failed and invalid points again)
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,18 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="skip the lone-engine baseline (no connector, no peer; an extra engine start)",
     )
-    a("--phase-timeout", type=float, dest="phase_timeout_s", help="seconds per phase of a request (default 600)")
+    a("--phase-timeout", type=duration, dest="phase_timeout_s", help="per phase of a request, e.g. 10m (default 600s)")
     a(
         "--stall-timeout",
-        type=float,
+        type=duration,
         dest="stall_timeout_s",
-        help="seconds without progress after which an engine counts as hung and the run stops (default 60)",
+        help="no progress this long and an engine counts as hung: the run stops (default 60s)",
     )
     a("--engine", choices=["vllm", "sim"], dest="kind", help="engine kind of both roles (default vllm)")
     a("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
-    a("--out", type=Path, default=REPO / "results", help="results folder (default results/)")
-    a("--run-id", help="name of the run folder (default: UTC time + 'transfer-' + name)")
-    a("--resume", action="store_true", help="continue a stopped run (--run-id, or the newest transfer run)")
+    a(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the run folder this command writes into (default results/<UTC time>-transfer-<name>)",
+    )
+    a(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (default: the newest transfer run under results/); failed and "
+        "invalid points are measured again",
+    )
     return p
 
 
@@ -132,28 +143,34 @@ def manifest_notes(cfg: TransferConfig) -> list[str]:
     return notes
 
 
+def _newest_run(results: Path) -> Path | None:
+    runs = sorted(results.glob("*transfer*/manifest.json")) if results.is_dir() else []
+    return max(runs, key=lambda p: p.stat().st_mtime).parent if runs else None
+
+
+def _resume(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[TransferFolder, TransferConfig, bool]:
+    root = args.out or _newest_run(REPO / "results")
+    if root is None:
+        raise TransferConfigError("--resume: no transfer run under results/; name one with --out DIR")
+    folder = TransferFolder(root)
+    if not folder.exists():
+        raise TransferConfigError(f"--resume: {folder.root} has no manifest.json (not a transfer run folder)")
+    given = [k for k, v in overrides.items() if k != "engine" and v is not None]
+    given += [k for k, v in overrides["engine"].items() if v is not None] + (["--config"] if args.config else [])
+    if given:
+        raise TransferConfigError(f"--resume continues the stored definition; drop {', '.join(given)}")
+    return folder, TransferConfig.model_validate(folder.read_manifest().sweep), True
+
+
 def _resolve(args: argparse.Namespace) -> tuple[TransferFolder, TransferConfig, bool]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in _KEYS}
     overrides["engine"] = {"kind": args.kind, "model": args.model}
     if args.resume:
-        runs = sorted(args.out.glob("*transfer*/manifest.json")) if args.out.is_dir() else []
-        run_id = args.run_id or (max(runs, key=lambda p: p.stat().st_mtime).parent.name if runs else None)
-        if run_id is None:
-            raise TransferConfigError(f"--resume: no transfer run with a manifest in {args.out}")
-        folder = TransferFolder(args.out / run_id)
-        if not folder.exists():
-            raise TransferConfigError(f"--resume: {folder.root} has no manifest.json")
-        given = [k for k, v in overrides.items() if k != "engine" and v is not None]
-        given += [k for k, v in overrides["engine"].items() if v is not None] + (
-            ["--config"] if args.config else []
-        )
-        if given:
-            raise TransferConfigError(f"--resume continues the stored definition; drop {', '.join(given)}")
-        return folder, TransferConfig.model_validate(folder.read_manifest().sweep), True
+        return _resume(args, overrides)
     cfg = load_transfer_config(args.config, overrides)
-    folder = TransferFolder(args.out / (args.run_id or new_run_id(f"transfer-{cfg.name}")))
+    folder = TransferFolder(args.out or REPO / "results" / new_run_id(f"transfer-{cfg.name}"))
     if folder.exists():
-        raise TransferConfigError(f"run {folder.root} exists: pass --resume, or choose another --run-id")
+        raise TransferConfigError(f"run {folder.root} exists: pass --resume to continue it, or another --out")
     return folder, cfg, False
 
 
@@ -193,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(runner.run())
     except KeyboardInterrupt:
         console.print(
-            "[yellow]stopped; continue with: python -m microbench.transfer --resume --run-id "
-            + folder.root.name
+            "[yellow]stopped; continue with: python -m microbench.transfer --resume --out "
+            + escape(str(folder.root))
         )
         code = 130
     except (TransferAborted, EngineError, OSError) as exc:
@@ -204,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     if runner.failures and code == 0:
         code = 1
     return code
+
+
+def duration(text: str) -> float:
+    """``'30s'``, ``'500ms'``, ``'2m'``, ``'1h'`` → seconds (the suite's duration vocabulary)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)\s*", text)
+    if m is None or float(m[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0: give a number with a unit, e.g. 30s or 2m")
+    return float(m[1]) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m[2]]
 
 
 def _connector_packages() -> dict[str, str]:

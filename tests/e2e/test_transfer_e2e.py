@@ -37,7 +37,7 @@ P_VALUES = (1024, 4096)
 def nixl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("transfer-e2e")
     code = main(
-        ["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp), "--run-id", "e2e"]
+        ["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp / "e2e")]
     )
     run = tmp / "e2e"
     if code != 0:

@@ -65,7 +65,7 @@ def _records(run: Path) -> dict[tuple[str, int], TransferRecord]:
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("transfer")
-    assert main(["--config", str(_config(tmp)), "--out", str(tmp), "--run-id", "t1"]) == 0
+    assert main(["--config", str(_config(tmp)), "--out", str(tmp / "t1")]) == 0
     return tmp / "t1"
 
 
@@ -120,7 +120,7 @@ def test_resume_measures_only_what_is_missing(sim_run: Path) -> None:
     kept = sim_run / "runs" / "disaggregated" / "P2048_r0.json"
     before = kept.read_bytes()
     gone.unlink()
-    assert main(["--resume", "--run-id", "t1", "--out", str(sim_run.parent)]) == 0
+    assert main(["--resume", "--out", str(sim_run)]) == 0
     assert gone.is_file() and kept.read_bytes() == before
 
 
@@ -128,7 +128,7 @@ def test_a_consumer_that_dies_mid_run_is_recorded_with_its_log_and_stops_the_run
     # consumer requests: warm-up, P=256 → then the sim consumer exits; P=2048's hand-off finds it dead
     cfg = _config(tmp_path, consumer_args=["--die-after-requests", "2"])
     t0 = time.perf_counter()
-    code = main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "dies"])
+    code = main(["--config", str(cfg), "--out", str(tmp_path / "dies")])
     elapsed = time.perf_counter() - t0
     assert code == 1
     assert elapsed < 60
@@ -147,7 +147,7 @@ def test_the_link_fit_recovers_the_sim_links_setup_and_bandwidth_within_10_perce
         tmp_path, connector="sim-link", prefill_tokens=[512, 1024, 2048, 4096], repetitions=3,
         colocated=False, alone=False,
     )  # fmt: skip
-    assert main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "link"]) == 0
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "link")]) == 0
     run = tmp_path / "link"
     records = [read_record(p, TransferRecord) for p in (run / "runs" / "disaggregated").glob("*.json")]
     assert len(records) == 12 and all(r.valid for r in records), [r.reasons for r in records]
@@ -184,7 +184,7 @@ def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) ->
     cfg = _config(tmp_path, consumer_args=["--seed", "7"], stall_timeout_s=2, phase_timeout_s=120)
     codes: list[int] = []
     thread = threading.Thread(
-        target=lambda: codes.append(main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "hung"]))
+        target=lambda: codes.append(main(["--config", str(cfg), "--out", str(tmp_path / "hung")]))
     )
     t0 = time.perf_counter()
     thread.start()
@@ -207,7 +207,7 @@ def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) ->
 def test_a_stalled_producer_step_is_blamed_on_the_producer_not_the_client(tmp_path: Path) -> None:
     # the producer's 6th step (P=256's prefill; warm-ups took 5) stalls 600 s: /metrics answers, nothing moves
     cfg = _config(tmp_path, producer_args=["--stall-step", "5", "--stall-s", "600"], stall_timeout_s=2)
-    code = main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "stall"])
+    code = main(["--config", str(cfg), "--out", str(tmp_path / "stall")])
     assert code == 1
     failed = [r for r in _records(tmp_path / "stall").values() if not r.valid]
     assert len(failed) == 1 and failed[0].failed_phase == "producer" and failed[0].hung
@@ -217,10 +217,10 @@ def test_a_stalled_producer_step_is_blamed_on_the_producer_not_the_client(tmp_pa
 def test_resume_after_a_failure_measures_the_failed_point_again(tmp_path: Path) -> None:
     # the consumer dies after 2 finished requests: warm-up + P=256; P=2048's hand-off fails
     cfg = _config(tmp_path, consumer_args=["--die-after-requests", "2"])
-    assert main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "again"]) == 1
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "again")]) == 1
     assert not _records(tmp_path / "again")[("disaggregated", 2048)].valid
     # resumed: fresh engines; the consumer's warm-up and the failed point are its two requests
-    assert main(["--resume", "--run-id", "again", "--out", str(tmp_path)]) == 0
+    assert main(["--resume", "--out", str(tmp_path / "again")]) == 0
     records = _records(tmp_path / "again")
     assert records[("disaggregated", 2048)].valid and len(records) == 6
     assert all(r.valid for r in records.values())
@@ -230,6 +230,6 @@ def test_resume_after_a_failure_measures_the_failed_point_again(tmp_path: Path) 
 def test_a_prompt_longer_than_the_model_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
     cfg = _config(tmp_path, engine={"kind": "sim", "max_model_len": 1024, "extra_args": STEP_ARGS})
     t0 = time.perf_counter()
-    code = main(["--config", str(cfg), "--out", str(tmp_path), "--run-id", "long"])
+    code = main(["--config", str(cfg), "--out", str(tmp_path / "long")])
     assert code == 2 and time.perf_counter() - t0 < 5
     assert not (tmp_path / "long").exists()

@@ -226,3 +226,16 @@ def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:
     assert (
         parse_cores("1") == {1} and parse_cores("0-3") == {0, 1, 2, 3} and parse_cores("0,2-3") == {0, 2, 3}
     )
+
+
+def test_cli_durations_carry_units_and_out_is_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from microbench.transfer.cli import build_parser, duration, main
+
+    assert duration("500ms") == 0.5 and duration("2m") == 120 and duration("30s") == 30
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--stall-timeout", "60"])  # no unit: refused, not read as seconds
+    assert "not a duration" in capsys.readouterr().err
+    args = build_parser().parse_args(["--out", str(tmp_path / "run"), "--phase-timeout", "10m"])
+    assert args.out == tmp_path / "run" and args.phase_timeout_s == 600
+    assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
+    assert "has no manifest.json" in capsys.readouterr().err
