@@ -131,7 +131,9 @@ class LinkProfile(BaseModel):
         if self.basis == "assumed" and not self.assumption:
             raise ValueError(f"link {self.name!r}: basis 'assumed' needs the assumption, in words")
         if self.basis == "measured" and (not self.run or self.placeholder):
-            raise ValueError(f"link {self.name!r}: basis 'measured' needs run: (the run folder), no placeholder")
+            raise ValueError(
+                f"link {self.name!r}: basis 'measured' needs run: (the run folder), no placeholder"
+            )
         if self.basis == "measured" and self.efficiency != 1.0:
             raise ValueError(f"link {self.name!r}: a measured link has no assumed efficiency")
         return self

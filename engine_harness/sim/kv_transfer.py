@@ -6,7 +6,8 @@ transfer benchmark's proxy drives them:
 * producer: a request whose ``kv_transfer_params`` ask ``do_remote_decode`` is answered with
   ``kv_transfer_params`` (``do_remote_prefill: true`` and the prompt length), as NixlConnector does;
 * consumer: a request carrying ``do_remote_prefill`` first waits out the modelled transfer of
-  ``P × bytes_per_token`` bytes (× ``time_scale``), records that modelled time in NIXL's metric names (``vllm:nixl_xfer_time_seconds``,
+  ``P × bytes_per_token`` bytes (× ``time_scale``), records that modelled time in NIXL's metric
+  names (``vllm:nixl_xfer_time_seconds``,
   ``vllm:nixl_bytes_transferred``) and ``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``,
   and then computes only the prompt's last token (the rest counts as loaded).
 
@@ -68,17 +69,25 @@ class LinkMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
         labels, values = ["engine", "model_name"], ("0", model_name)
         self.xfer_time = Histogram(
-            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
-            labels, buckets=_XFER_BUCKETS, registry=registry,
-        ).labels(*values)  # fmt: skip
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            labels,
+            buckets=_XFER_BUCKETS,
+            registry=registry,
+        ).labels(*values)
         self.bytes_transferred = Histogram(
-            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
-            labels, buckets=_BYTES_BUCKETS, registry=registry,
-        ).labels(*values)  # fmt: skip
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            labels,
+            buckets=_BYTES_BUCKETS,
+            registry=registry,
+        ).labels(*values)
         self.external_tokens = Counter(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-            [*labels, "source"], registry=registry,
-        ).labels(*values, "external_kv_transfer")  # fmt: skip
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*labels, "source"],
+            registry=registry,
+        ).labels(*values, "external_kv_transfer")
 
     def observe(self, seconds: float, nbytes: int, tokens: int) -> None:
         self.xfer_time.observe(seconds)

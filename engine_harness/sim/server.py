@@ -68,7 +68,9 @@ class SimServer:
         self.engine.on_die = self._on_die
         self.faults = FaultInjector(config.faults, config.seed)
         self.link_metrics = (
-            LinkMetrics(self.engine.metrics.registry, config.model) if config.kv_transfer is not None else None
+            LinkMetrics(self.engine.metrics.registry, config.model)
+            if config.kv_transfer is not None
+            else None
         )
         self.port: int | None = None
         self.died = asyncio.Event()
@@ -217,9 +219,13 @@ class SimServer:
         rid = new_request_id(kind)
         external = await self._load_remote_kv(body, len(params.prompt_token_ids))
         stream = self.engine.submit(
-            params.prompt_token_ids, params.max_tokens, params.min_tokens, params.ignore_eos, request_id=rid,
+            params.prompt_token_ids,
+            params.max_tokens,
+            params.min_tokens,
+            params.ignore_eos,
+            request_id=rid,
             external_tokens=external,
-        )  # fmt: skip
+        )
         kv_params = producer_params(body, len(params.prompt_token_ids)) if self.link_metrics else None
         try:
             if params.stream:
@@ -250,7 +256,11 @@ class SimServer:
         return stream.request.num_cached_tokens or 0
 
     async def _respond(
-        self, params: CompletionParams, stream: RequestStream, rid: str, kv_params: dict[str, Any] | None = None
+        self,
+        params: CompletionParams,
+        stream: RequestStream,
+        rid: str,
+        kv_params: dict[str, Any] | None = None,
     ) -> web.Response:
         tokens: list[int] = []
         while chunk := await stream.next():

@@ -28,8 +28,15 @@ import pandas as pd
 __all__ = ["STACK", "breakdown_table", "median_row"]
 
 STACK = ["producer_ms", "proxy_gap_ms", "kv_xfer_ms", "consumer_rest_ms", "client_overhead_ms"]
-_NUMERIC = ["total_ttft_ms", "producer_ms", "proxy_gap_ms", "consumer_ttft_ms", "handoff_ms",
-            "client_overhead_ms", "kv_xfer_ms"]  # fmt: skip
+_NUMERIC = [
+    "total_ttft_ms",
+    "producer_ms",
+    "proxy_gap_ms",
+    "consumer_ttft_ms",
+    "handoff_ms",
+    "client_overhead_ms",
+    "kv_xfer_ms",
+]
 
 
 def _parts(dis: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +57,12 @@ def _mode_stats(valid: pd.DataFrame, mode: str) -> pd.DataFrame:
     ttft = pd.to_numeric(valid[valid["mode"] == mode]["total_ttft_ms"], errors="coerce")
     g = ttft.groupby(valid[valid["mode"] == mode]["prefill_tokens"])
     return pd.DataFrame(
-        {f"{mode}_ttft_ms": g.median(), f"{mode}_min_ms": g.min(), f"{mode}_max_ms": g.max(), f"n_{mode}": g.size()}
+        {
+            f"{mode}_ttft_ms": g.median(),
+            f"{mode}_min_ms": g.min(),
+            f"{mode}_max_ms": g.max(),
+            f"n_{mode}": g.size(),
+        }
     )
 
 
@@ -78,6 +90,6 @@ def breakdown_table(table: pd.DataFrame) -> pd.DataFrame:
         legs = ["producer_ms", "proxy_gap_ms", "consumer_ttft_ms", "client_overhead_ms"]
         out["stack_sum_ms"] = out[legs].sum(axis=1, min_count=len(legs))
     out["contention_factor"] = out["colocated_ttft_ms"] / out["alone_ttft_ms"]
-    producer = out["producer_ms_median_ms"] if "producer_ms_median_ms" in out else np.nan
+    producer = out.get("producer_ms_median_ms", np.nan)
     out["prefill_factor"] = producer / out["alone_ttft_ms"]
     return out.sort_index()

@@ -86,7 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="skip the lone-engine baseline (no connector, no peer; an extra engine start)",
     )
-    a("--phase-timeout", type=duration, dest="phase_timeout_s", help="per phase of a request, e.g. 10m (default 600s)")
+    a(
+        "--phase-timeout",
+        type=duration,
+        dest="phase_timeout_s",
+        help="per phase of a request, e.g. 10m (default 600s)",
+    )
     a(
         "--stall-timeout",
         type=duration,
@@ -116,17 +121,19 @@ def manifest_notes(cfg: TransferConfig) -> list[str]:
     producer, consumer = cfg.producer_spec(), cfg.consumer_spec()
     notes = [
         f"connector {preset.name}: {preset.description}",
-        "colocated TTFT is measured on the producer engine (same settings, no kv_transfer_params) while the "
-        "consumer engine idles beside it; alone TTFT on the same engine started with no connector and no peer",
+        "colocated TTFT is measured on the producer engine (same settings, no kv_transfer_params) while "
+        "the consumer engine idles beside it; alone TTFT on the same engine started with no connector and "
+        "no peer",
         "phases are client/proxy perf_counter_ns stamps in one process; engine-side times are /metrics "
         "histogram-sum deltas around each request",
     ]
+    cores = f"cores: producer {producer.cpu_threads_bind or 'unpinned'}, consumer "
+    cores += f"{consumer.cpu_threads_bind or 'unpinned'} on one host; "
     notes.append(
-        f"cores: producer {producer.cpu_threads_bind or 'unpinned'}, consumer {consumer.cpu_threads_bind or 'unpinned'}"
-        " on one host; contention is measured, not assumed: idle CPU of each engine per stage in idle_cpu.json, "
-        "and the lone engine (no connector, no peer) as the uncontended baseline (mode alone)"
+        cores + "contention is measured, not assumed: idle CPU of each engine per stage in "
+        "idle_cpu.json, and the lone engine (no connector, no peer) as the uncontended baseline (mode alone)"
         if cfg.alone
-        else "no lone-engine baseline in this run (--no-alone): the contention of the idle peer is not measured"
+        else cores + "no lone-engine baseline in this run (--no-alone): the contention is not measured"
     )
     if engine_kind(producer.kind).cpu_thread_binding and cfg.pin_engine_threads:
         notes.append(
@@ -148,7 +155,9 @@ def _newest_run(results: Path) -> Path | None:
     return max(runs, key=lambda p: p.stat().st_mtime).parent if runs else None
 
 
-def _resume(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[TransferFolder, TransferConfig, bool]:
+def _resume(
+    args: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[TransferFolder, TransferConfig, bool]:
     root = args.out or _newest_run(REPO / "results")
     if root is None:
         raise TransferConfigError("--resume: no transfer run under results/; name one with --out DIR")
@@ -156,7 +165,9 @@ def _resume(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Transf
     if not folder.exists():
         raise TransferConfigError(f"--resume: {folder.root} has no manifest.json (not a transfer run folder)")
     given = [k for k, v in overrides.items() if k != "engine" and v is not None]
-    given += [k for k, v in overrides["engine"].items() if v is not None] + (["--config"] if args.config else [])
+    given += [k for k, v in overrides["engine"].items() if v is not None] + (
+        ["--config"] if args.config else []
+    )
     if given:
         raise TransferConfigError(f"--resume continues the stored definition; drop {', '.join(given)}")
     return folder, TransferConfig.model_validate(folder.read_manifest().sweep), True
@@ -227,7 +238,9 @@ def duration(text: str) -> float:
     """``'30s'``, ``'500ms'``, ``'2m'``, ``'1h'`` → seconds (the suite's duration vocabulary)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)\s*", text)
     if m is None or float(m[1]) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0: give a number with a unit, e.g. 30s or 2m")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration > 0: give a number with a unit, e.g. 30s or 2m"
+        )
     return float(m[1]) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m[2]]
 
 

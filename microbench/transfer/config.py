@@ -155,12 +155,16 @@ class TransferConfig(StrictModel):
         0.5, ge=0, description="idle time before each point, so the previous hand-off's bookkeeping is done"
     )
     phase_timeout_s: float = Field(
-        600, gt=0, description="per phase of one request (producer leg, consumer leg); the client waits longer"
+        600,
+        gt=0,
+        description="per phase of one request (producer leg, consumer leg); the client waits longer",
     )
     stall_timeout_s: float = Field(
-        60, gt=0, description="an engine making no progress (no /metrics answer, no counter moving, no byte "
+        60,
+        gt=0,
+        description="an engine making no progress (no /metrics answer, no counter moving, no byte "
         "streamed) this long is hung: the point fails blaming it and the run stops",
-    )  # fmt: skip
+    )
     idle_sample_s: float = Field(5, ge=0, description="idle CPU of each engine is sampled this long (0: not)")
     startup_timeout_s: float = Field(900, gt=0)
 

@@ -32,7 +32,10 @@ _STACK = [
     ("consumer_rest_ms", "consumer rest: scheduling + first step", "#55A868"),
     ("client_overhead_ms", "client ↔ proxy", "#8172B3"),
 ]
-_BARS = [("colocated", "colocated (peer idling)", "#C44E52"), ("alone", "alone (no connector, no peer)", "#64B5CD")]
+_BARS = [
+    ("colocated", "colocated (peer idling)", "#C44E52"),
+    ("alone", "alone (no connector, no peer)", "#64B5CD"),
+]
 
 
 def _stack(ax: Axes, row: pd.Series) -> bool:
@@ -45,7 +48,11 @@ def _stack(ax: Axes, row: pd.Series) -> bool:
         value = row.get("consumer_ttft_ms") if undivided and col == "consumer_rest_ms" else row.get(col)
         if value is None or pd.isna(value):
             continue
-        hatch, name = ("//", "consumer leg, undivided (no transfer time reported)") if undivided and col == "consumer_rest_ms" else (None, label)
+        hatch, name = (
+            ("//", "consumer leg, undivided (no transfer time reported)")
+            if undivided and col == "consumer_rest_ms"
+            else (None, label)
+        )
         ax.bar(0, float(value), 0.7, bottom=bottom, label=name, color=color, hatch=hatch)
         bottom += float(value)
     ax.errorbar(0, row["total_ttft_ms"], yerr=_span(row, "disaggregated"), fmt="none", ecolor="k")
@@ -73,7 +80,9 @@ def _fit_panel(ax: Axes, table: pd.DataFrame, link: TransferFit | None) -> None:
     x = dis["kv_bytes"].to_numpy(float) / 2**20 if has_bytes else dis["prefill_tokens"].to_numpy(float)
     if "kv_xfer_ms" in dis and dis["kv_xfer_ms"].notna().any():
         ax.scatter(x, dis["kv_xfer_ms"], s=18, marker="x", color="#DD8452", label="KV transfer (connector)")
-    ax.scatter(x, dis["handoff_ms"], s=12, color="#999999", label="hand-off (transfer + consumer step; not the link)")
+    ax.scatter(
+        x, dis["handoff_ms"], s=12, color="#999999", label="hand-off (transfer + consumer step; not the link)"
+    )
     if link is not None and has_bytes and len(x):
         grid = np.linspace(0, max(float(np.nanmax(x)), 1e-9) * 1.05, 50)
         ax.plot(grid, link.setup_ms + link.ms_per_mib * grid, color="k", lw=1, label=_fit_label(link))
@@ -88,12 +97,15 @@ def _fit_panel(ax: Axes, table: pd.DataFrame, link: TransferFit | None) -> None:
 def _fit_label(fit: TransferFit) -> str:
     if fit.resolvable and fit.bandwidth_ci_gbit_s is not None:
         lo, hi = fit.bandwidth_ci_gbit_s
-        return f"fit: {fit.setup_ms:.2f} ms + bytes / {fit.bandwidth_gbit_s:.3g} Gbit/s (CI {lo:.3g}…{hi:.3g})"
+        return (
+            f"fit: {fit.setup_ms:.2f} ms + bytes / {fit.bandwidth_gbit_s:.3g} Gbit/s (CI {lo:.3g}…{hi:.3g})"
+        )
     return f"fit: slope not resolvable at these sizes; mean {fit.mean_ms:.2f} ms"
 
 
-def breakdown_figure(table: pd.DataFrame, link: TransferFit | None = None, title: str = "",
-                     footnotes: list[str] | None = None) -> Figure:  # fmt: skip
+def breakdown_figure(
+    table: pd.DataFrame, link: TransferFit | None = None, title: str = "", footnotes: list[str] | None = None
+) -> Figure:
     """The two panels described in the module docstring; ``table`` is ``records_frame``'s output."""
     agg = breakdown_table(table)
     if agg.empty:
@@ -114,7 +126,9 @@ def breakdown_figure(table: pd.DataFrame, link: TransferFit | None = None, title
     notes = list(footnotes or [])
     notes.insert(0, "stacks: the median repetition's phases (they add up to its TTFT); whiskers: min–max")
     if any(undivided):
-        notes.append("hatched: the connector reported no transfer time, so the consumer leg is not split (not 0)")
+        notes.append(
+            "hatched: the connector reported no transfer time, so the consumer leg is not split (not 0)"
+        )
     fig.text(0.005, 0.002, "\n".join(notes), fontsize=6.5, ha="left", va="bottom")
     return fig
 

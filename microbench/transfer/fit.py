@@ -1,4 +1,4 @@
-"""The link model ``t(bytes) = setup + bytes / bandwidth``, fitted by OLS with 95 % intervals, as a link profile.
+"""The link model ``t(bytes) = setup + bytes / bandwidth``, fitted by OLS with 95 % intervals.
 
 Targets, on the valid disaggregated records:
 
@@ -101,7 +101,9 @@ def _verdict(target: Target, slope: float, ci: tuple[float, float], bw: float | 
     )
 
 
-def fit_transfer(table: pd.DataFrame, kv_per_token: int | None, target: Target = "handoff") -> TransferFit | None:
+def fit_transfer(
+    table: pd.DataFrame, kv_per_token: int | None, target: Target = "handoff"
+) -> TransferFit | None:
     """OLS of ``target`` on KV bytes over the valid disaggregated rows (None: fewer than 3 points, fewer
     than 2 distinct P, or no bytes axis)."""
     col = _COLUMNS[target]
@@ -170,5 +172,5 @@ def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") ->
 
 
 def write_link(path: Path, profile: dict[str, Any]) -> None:
-    header = "# Written by python -m microbench.transfer (fit of the connector's own transfer time); see fit.json.\n"
+    header = "# Written by python -m microbench.transfer (the connector's own transfer time); see fit.json.\n"
     atomic_write_bytes(path, (header + yaml.safe_dump(profile, sort_keys=False, allow_unicode=True)).encode())

@@ -59,7 +59,9 @@ def group_threads(pgid: int) -> ThreadTimes:
     return out
 
 
-def idle_cpu_between(role: str, before: ThreadTimes, after: ThreadTimes, seconds: float, top: int = 6) -> IdleCpu:
+def idle_cpu_between(
+    role: str, before: ThreadTimes, after: ThreadTimes, seconds: float, top: int = 6
+) -> IdleCpu:
     """The busy shares from two ``group_threads`` readings ``seconds`` apart (pure)."""
     by_proc: dict[str, float] = defaultdict(float)
     by_thread: dict[str, float] = defaultdict(float)
@@ -85,5 +87,6 @@ async def sample_idle_cpu(roles: dict[str, int], seconds: float = 5.0) -> dict[s
     await asyncio.sleep(seconds)
     elapsed = time.perf_counter() - t0
     return {
-        role: idle_cpu_between(role, before[role], group_threads(pgid), elapsed) for role, pgid in roles.items()
+        role: idle_cpu_between(role, before[role], group_threads(pgid), elapsed)
+        for role, pgid in roles.items()
     }

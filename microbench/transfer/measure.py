@@ -151,8 +151,10 @@ async def _settle(
     async def both() -> tuple[Snapshot | None, Snapshot | None]:
         return await asyncio.gather(
             _scrape(ctx.session, ctx.producer_url) if skip != "producer" else asyncio.sleep(0, None),
-            _scrape(ctx.session, ctx.consumer_url) if skip != "consumer" and ctx.consumer_url else asyncio.sleep(0, None),
-        )  # fmt: skip
+            _scrape(ctx.session, ctx.consumer_url)
+            if skip != "consumer" and ctx.consumer_url
+            else asyncio.sleep(0, None),
+        )
 
     p_after, c_after = await both()
     metric = ctx.connector.transfer_time_metric
@@ -194,7 +196,9 @@ def _active_role(ctx: PointContext, disagg: bool, rid: str) -> str:
     return "producer" if stamps is None or stamps.t_producer_done_ns is None else "consumer"
 
 
-async def _send(ctx: PointContext, url: str, payload: dict[str, Any], rec: StreamRecord, rid: str, disagg: bool) -> Hung | None:
+async def _send(
+    ctx: PointContext, url: str, payload: dict[str, Any], rec: StreamRecord, rid: str, disagg: bool
+) -> Hung | None:
     """The request, watched: ``None`` when it ended by itself (``StreamError``/``TimeoutError`` raised
     as they come), a ``Hung`` when the active engine stalled and the request was cancelled."""
     request = asyncio.ensure_future(
@@ -204,7 +208,12 @@ async def _send(ctx: PointContext, url: str, payload: dict[str, Any], rec: Strea
         )
     )
     watchdog = asyncio.ensure_future(
-        watch_request(ctx.session, lambda: ctx.watch(_active_role(ctx, disagg, rid)), lambda: len(rec.chunk_t_ns), ctx.stall_s)
+        watch_request(
+            ctx.session,
+            lambda: ctx.watch(_active_role(ctx, disagg, rid)),
+            lambda: len(rec.chunk_t_ns),
+            ctx.stall_s,
+        )
     )
     try:
         await asyncio.wait({request, watchdog}, return_when=asyncio.FIRST_COMPLETED)

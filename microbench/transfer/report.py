@@ -26,11 +26,18 @@ __all__ = ["contention_notes", "finish_run", "run_reference"]
 
 REPO = Path(__file__).resolve().parents[2]
 _COLUMNS = [  # (header, column)
-    ("P", None), ("producer", "producer_ms"), ("proxy gap", "proxy_gap_ms"), ("KV xfer", "kv_xfer_ms"),
-    ("consumer rest", "consumer_rest_ms"), ("client", "client_overhead_ms"), ("total", "total_ttft_ms"),
-    ("coloc.", "colocated_ttft_ms"), ("alone", "alone_ttft_ms"), ("contention", "contention_factor"),
+    ("P", None),
+    ("producer", "producer_ms"),
+    ("proxy gap", "proxy_gap_ms"),
+    ("KV xfer", "kv_xfer_ms"),
+    ("consumer rest", "consumer_rest_ms"),
+    ("client", "client_overhead_ms"),
+    ("total", "total_ttft_ms"),
+    ("coloc.", "colocated_ttft_ms"),
+    ("alone", "alone_ttft_ms"),
+    ("contention", "contention_factor"),
     ("prefill ×", "prefill_factor"),
-]  # fmt: skip
+]
 
 
 def run_reference(root: Path) -> str:
@@ -77,7 +84,9 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
     if table.empty:
         console.print("no point measured yet")
         return
-    atomic_write_bytes(folder.root / "transfer_table.csv", table.to_csv(index=False, float_format="%.4f").encode())
+    atomic_write_bytes(
+        folder.root / "transfer_table.csv", table.to_csv(index=False, float_format="%.4f").encode()
+    )
     agg = breakdown_table(table)
     atomic_write_bytes(folder.root / "breakdown.csv", agg.to_csv(float_format="%.4f").encode())
     fits = _fits(table, cfg)
@@ -90,7 +99,9 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
         write_link(folder.root / "link-measured-local.yaml", profile)
     footnotes = _footnotes(agg, cfg)
     try:
-        fig = breakdown_figure(table, link, f"PD-disaggregation TTFT breakdown ({cfg.connector})", notes + footnotes)
+        fig = breakdown_figure(
+            table, link, f"PD-disaggregation TTFT breakdown ({cfg.connector})", notes + footnotes
+        )
         fig.savefig(folder.root / "transfer_breakdown.png", dpi=120)
     except ValueError as exc:
         console.print(f"[yellow]no figure: {escape(str(exc))}")
@@ -102,8 +113,11 @@ def _footnotes(agg: pd.DataFrame, cfg: TransferConfig) -> list[str]:
     if "kv_xfer_ms" in agg and agg["kv_xfer_ms"].isna().any():
         metric = cfg.connector_preset().transfer_time_metric
         out.append(
-            f"KV xfer –: neither engine's /metrics counted {metric} for those points: the consumer leg is not split"
-            if metric else f"KV xfer –: connector {cfg.connector} reports no transfer time: the consumer leg is not split"
+            f"KV xfer –: neither engine's /metrics counted {metric} for those points: the consumer leg "
+            "is not split"
+            if metric
+            else f"KV xfer –: connector {cfg.connector} reports no transfer time: the consumer leg is not "
+            "split"
         )
     if "stack_sum_ms" in agg:
         gap = (agg["stack_sum_ms"] - agg["total_ttft_ms"]).abs().max()
@@ -116,15 +130,19 @@ def _cell(value: object, digits: int = 1) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _print(console: Console, agg: pd.DataFrame, fits: dict[str, TransferFit | None], notes: list[str]) -> None:
+def _print(
+    console: Console, agg: pd.DataFrame, fits: dict[str, TransferFit | None], notes: list[str]
+) -> None:
     t = Table(title="TTFT per P (ms): disaggregated parts of the median repetition; medians of the rest")
     for header, _ in _COLUMNS:
         t.add_column(header, justify="right")
     t.add_column("n d/c/a", justify="right")
     for p, row in agg.iterrows():
         cells = [str(p)] + [_cell(row.get(c), 2 if "factor" in (c or "") else 1) for _, c in _COLUMNS[1:]]
-        counts = "/".join("0" if pd.isna(row.get(f"n_{m}")) else f"{row[f'n_{m}']:.0f}"
-                          for m in ("disaggregated", "colocated", "alone"))  # fmt: skip
+        counts = "/".join(
+            "0" if pd.isna(row.get(f"n_{m}")) else f"{row[f'n_{m}']:.0f}"
+            for m in ("disaggregated", "colocated", "alone")
+        )
         t.add_row(*cells, counts)
     console.print(t)
     for name, f in fits.items():

@@ -40,8 +40,14 @@ from microbench.transfer.records import Mode, TransferRecord
 Point = tuple[Mode, int, int]
 
 __all__ = [
-    "MAX_ATTEMPTS", "TransferAborted", "TransferRunner", "parse_cores", "pin_group", "point_line", "role_spec",
-]  # fmt: skip
+    "MAX_ATTEMPTS",
+    "TransferAborted",
+    "TransferRunner",
+    "parse_cores",
+    "pin_group",
+    "point_line",
+    "role_spec",
+]
 
 MAX_ATTEMPTS = 2
 
@@ -155,10 +161,14 @@ class TransferRunner:
     async def alone_engine(self) -> AsyncIterator[EngineProcess]:
         """The producer's engine started alone: same settings and cores, no connector, no peer."""
         spec = role_spec(self.cfg.producer_spec(), load_connector("none"), "producer", "")
-        engine = EngineProcess(spec, self.folder.role_log("alone"), startup_timeout_s=self.cfg.startup_timeout_s)
+        engine = EngineProcess(
+            spec, self.folder.role_log("alone"), startup_timeout_s=self.cfg.startup_timeout_s
+        )
         try:
             await engine.start()
-            self.console.print(f"lone engine {engine.base_url} up in {engine.startup_s or 0:.1f} s (no connector)")
+            self.console.print(
+                f"lone engine {engine.base_url} up in {engine.startup_s or 0:.1f} s (no connector)"
+            )
             self._pin({"alone": engine})
             yield engine
         finally:
@@ -198,8 +208,13 @@ class TransferRunner:
                 if alone:
                     await self._alone_stage(session, alone, progress, task)
 
-    def _context(self, session: aiohttp.ClientSession, producer: EngineProcess, consumer: EngineProcess | None,
-                 proxy: TransferProxy | None) -> PointContext:  # fmt: skip
+    def _context(
+        self,
+        session: aiohttp.ClientSession,
+        producer: EngineProcess,
+        consumer: EngineProcess | None,
+        proxy: TransferProxy | None,
+    ) -> PointContext:
         return PointContext(
             session=session,
             producer_url=producer.base_url,
@@ -216,8 +231,9 @@ class TransferRunner:
             consumer_pgid=consumer.pid if consumer is not None else None,
         )
 
-    async def _pair_stage(self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress,
-                          task: TaskID) -> None:  # fmt: skip
+    async def _pair_stage(
+        self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
+    ) -> None:
         async with self.engines() as (producer, consumer):
             prefill_params = self.preset.prefill_kv_transfer_params
             async with TransferProxy(
@@ -230,8 +246,9 @@ class TransferRunner:
                 await self._sample_idle("pair", engines)
                 await self._points(ctx, engines, todo, progress, task)
 
-    async def _alone_stage(self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress,
-                           task: TaskID) -> None:  # fmt: skip
+    async def _alone_stage(
+        self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
+    ) -> None:
         async with self.alone_engine() as engine:
             ctx = self._context(session, engine, None, None)
             engines = {"producer": engine}
@@ -266,8 +283,14 @@ class TransferRunner:
                 f"connector set-up in {log}"
             )
 
-    async def _points(self, ctx: PointContext, engines: dict[str, EngineProcess], todo: list[Point],
-                      progress: Progress, task: TaskID) -> None:  # fmt: skip
+    async def _points(
+        self,
+        ctx: PointContext,
+        engines: dict[str, EngineProcess],
+        todo: list[Point],
+        progress: Progress,
+        task: TaskID,
+    ) -> None:
         for mode, p, rep in todo:
             progress.update(task, description=f"{mode} P={p} r{rep}")
             for attempt in range(MAX_ATTEMPTS):
@@ -306,10 +329,10 @@ class TransferRunner:
                 )
         if m.record.hung:
             role = m.record.failed_phase or "producer"
-            engine = engines.get(role)
-            if engine is not None and engine.pid is not None:
+            hung = engines.get(role)
+            if hung is not None and hung.pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(engine.pid, signal.SIGCONT)  # a stopped engine cannot act on SIGTERM
+                    os.killpg(hung.pid, signal.SIGCONT)  # a stopped engine cannot act on SIGTERM
             raise TransferAborted(
                 f"{what}: {'; '.join(m.record.reasons)}. The run stops (every later point would wait on it); "
                 f"see {self.folder.role_log(role)}, then continue with --resume"

@@ -71,18 +71,22 @@ def stopped_pids(pgid: int | None) -> list[int]:
     return out
 
 
-async def _probe(session: aiohttp.ClientSession, engine: EngineWatch, timeout_s: float) -> tuple[float, ...] | None:
+async def _probe(
+    session: aiohttp.ClientSession, engine: EngineWatch, timeout_s: float
+) -> tuple[float, ...] | None:
     try:
         snap = await scrape(session, engine.url, timeout_s=timeout_s)
     except (MetricsError, aiohttp.ClientError, TimeoutError):
         return None
-    return progress_key(snap.samples)  # type: ignore[arg-type]
+    return progress_key(snap.samples)
 
 
 def _detail(engine: EngineWatch, answered: bool) -> str:
     stopped = stopped_pids(engine.pgid)
     parts = [f"process(es) {stopped} are stopped (SIGSTOP?)"] if stopped else []
-    parts.append("its /metrics still answers but no counter moved" if answered else "its /metrics did not answer")
+    parts.append(
+        "its /metrics still answers but no counter moved" if answered else "its /metrics did not answer"
+    )
     return "; ".join(parts)
 
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from microbench.results.records import read_record
-from microbench.transfer.fit import kv_bytes_per_token
 from microbench.transfer.cli import main
+from microbench.transfer.fit import kv_bytes_per_token
 from microbench.transfer.records import TransferRecord
 
 pytestmark = [
@@ -36,9 +36,7 @@ P_VALUES = (1024, 4096)
 @pytest.fixture(scope="module")
 def nixl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("transfer-e2e")
-    code = main(
-        ["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp / "e2e")]
-    )
+    code = main(["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp / "e2e")])
     run = tmp / "e2e"
     if code != 0:
         tails = {n: (run / f"engine-{n}.log").read_text()[-3000:] for n in ("producer", "consumer")}

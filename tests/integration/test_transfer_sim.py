@@ -144,9 +144,13 @@ def test_a_consumer_that_dies_mid_run_is_recorded_with_its_log_and_stops_the_run
 def test_the_link_fit_recovers_the_sim_links_setup_and_bandwidth_within_10_percent(tmp_path: Path) -> None:
     # connector sim-link: every hand-off takes 20 ms + P × 8192 bytes at 1 Gbit/s on the consumer
     cfg = _config(
-        tmp_path, connector="sim-link", prefill_tokens=[512, 1024, 2048, 4096], repetitions=3,
-        colocated=False, alone=False,
-    )  # fmt: skip
+        tmp_path,
+        connector="sim-link",
+        prefill_tokens=[512, 1024, 2048, 4096],
+        repetitions=3,
+        colocated=False,
+        alone=False,
+    )
     assert main(["--config", str(cfg), "--out", str(tmp_path / "link")]) == 0
     run = tmp_path / "link"
     records = [read_record(p, TransferRecord) for p in (run / "runs" / "disaggregated").glob("*.json")]
@@ -199,7 +203,9 @@ def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) ->
     assert elapsed < 45  # a stall of 2 s, not a phase timeout of 120 s
     failed = _records(tmp_path / "hung")[("disaggregated", 2048)]
     assert not failed.valid and failed.hung and failed.failed_phase == "consumer"
-    assert any("consumer engine made no progress" in r and "stopped" in r for r in failed.reasons), failed.reasons
+    assert any("consumer engine made no progress" in r and "stopped" in r for r in failed.reasons), (
+        failed.reasons
+    )
     assert ("alone", 256) not in _records(tmp_path / "hung")  # the run stopped
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

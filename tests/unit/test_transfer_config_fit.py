@@ -84,7 +84,9 @@ def test_a_p_longer_than_the_model_is_refused_with_the_length_and_its_source(tmp
     cfg = json.loads((REPO / "engine_harness" / "models" / "qwen3-moe-tiny" / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 2048}))
     with pytest.raises(TransferConfigError, match="max_position_embeddings"):
-        load_transfer_config(None, {"prefill_tokens": [4096], "engine": {"preset": "cpu", "model": str(model)}})
+        load_transfer_config(
+            None, {"prefill_tokens": [4096], "engine": {"preset": "cpu", "model": str(model)}}
+        )
 
 
 def test_phases_add_up_to_the_client_ttft() -> None:
@@ -125,9 +127,15 @@ def _synthetic(setup_ms: float, gbit_s: float, kv: int, noise_ms: float, seed: i
                 }
             )
     rows.append(
-        {"mode": "colocated", "prefill_tokens": 1024, "repetition": 0, "valid": True, "handoff_ms": 1e6,
-         "kv_bytes": 1.0}
-    )  # fmt: skip
+        {
+            "mode": "colocated",
+            "prefill_tokens": 1024,
+            "repetition": 0,
+            "valid": True,
+            "handoff_ms": 1e6,
+            "kv_bytes": 1.0,
+        }
+    )
     rows.append(
         {"mode": "disaggregated", "prefill_tokens": 1024, "repetition": 9, "valid": False, "handoff_ms": 1e6}
     )
@@ -189,7 +197,9 @@ def test_link_profiles_say_measured_with_their_run_or_assumed_with_the_assumptio
             assert link.run and (REPO / link.run / "manifest.json").is_file(), "the cited run is committed"
         else:
             assert link.assumption
-    assert load_link("roce-4x200g").basis == "assumed" and "0.8" in (load_link("roce-4x200g").assumption or "")
+    assert load_link("roce-4x200g").basis == "assumed" and "0.8" in (
+        load_link("roce-4x200g").assumption or ""
+    )
     with pytest.raises(ValueError, match="needs the assumption"):
         LinkProfile(name="x", basis="assumed", fixed_ms=1.0)
     with pytest.raises(ValueError, match="needs run"):
@@ -201,14 +211,19 @@ def test_idle_cpu_shares_and_progress_keys_from_hand_built_readings() -> None:
     from microbench.transfer.watchdog import progress_key
 
     before = {(1, 1): ("VLLM::Worker", "nixl_prog", 10.0), (1, 2): ("VLLM::Worker", "python", 5.0)}
-    after = {(1, 1): ("VLLM::Worker", "nixl_prog", 13.5), (1, 2): ("VLLM::Worker", "python", 5.5),
-             (1, 3): ("VLLM::Worker", "new", 9.0)}  # fmt: skip
+    after = {
+        (1, 1): ("VLLM::Worker", "nixl_prog", 13.5),
+        (1, 2): ("VLLM::Worker", "python", 5.5),
+        (1, 3): ("VLLM::Worker", "new", 9.0),
+    }
     idle = idle_cpu_between("consumer", before, after, 5.0)
     assert idle.total_pct == pytest.approx(80.0) and idle.per_process_pct == {"VLLM::Worker": 80.0}
-    assert list(idle.top_threads_pct.items())[0] == ("VLLM::Worker/nixl_prog#1", 70.0)
-    snap = {("vllm:iteration_tokens_total_count", frozenset()): 7.0,
-            ("vllm:prompt_tokens_total", frozenset({("engine", "0")})): 100.0,
-            ("vllm:kv_cache_usage_perc", frozenset()): 0.5}  # fmt: skip
+    assert next(iter(idle.top_threads_pct.items())) == ("VLLM::Worker/nixl_prog#1", 70.0)
+    snap = {
+        ("vllm:iteration_tokens_total_count", frozenset()): 7.0,
+        ("vllm:prompt_tokens_total", frozenset({("engine", "0")})): 100.0,
+        ("vllm:kv_cache_usage_perc", frozenset()): 0.5,
+    }
     assert progress_key(snap) == (7.0, 100.0, 0.0, 0.0)
 
 
@@ -228,7 +243,9 @@ def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:
     )
 
 
-def test_cli_durations_carry_units_and_out_is_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_durations_carry_units_and_out_is_the_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from microbench.transfer.cli import build_parser, duration, main
 
     assert duration("500ms") == 0.5 and duration("2m") == 120 and duration("30s") == 30

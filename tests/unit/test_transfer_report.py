@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from analysis.breakeven import LinkProfile
-from microbench.transfer.config import TransferConfig
 from microbench.transfer.breakdown import breakdown_table
+from microbench.transfer.config import TransferConfig
 from microbench.transfer.folder import TransferFolder
 from microbench.transfer.records import EngineSide, Phases, TransferRecord
 from microbench.transfer.report import finish_run
@@ -25,8 +25,9 @@ def _side(**kw: float | None) -> EngineSide:
     return EngineSide(**(fields | kw))
 
 
-def _record(mode: str, p: int, rep: int, rng: np.random.Generator, valid: bool = True,
-            xfer_reported: bool = True) -> TransferRecord:  # fmt: skip
+def _record(
+    mode: str, p: int, rep: int, rng: np.random.Generator, valid: bool = True, xfer_reported: bool = True
+) -> TransferRecord:
     producer = 0.5 * p / 100 + rng.normal(0, 0.2)
     if mode == "colocated":
         producer *= 2  # the idle peer's busy-polling: twice the lone engine's time
@@ -53,10 +54,14 @@ def _record(mode: str, p: int, rep: int, rng: np.random.Generator, valid: bool =
         ),
         producer=_side(tokens_local_compute=p),
         consumer=(
-            _side(tokens_external=p - 1, kv_xfer_ms=xfer if xfer_reported else None,
-                  kv_bytes=float(p * KV) if xfer_reported else None)
-            if disagg else None
-        ),  # fmt: skip
+            _side(
+                tokens_external=p - 1,
+                kv_xfer_ms=xfer if xfer_reported else None,
+                kv_bytes=float(p * KV) if xfer_reported else None,
+            )
+            if disagg
+            else None
+        ),
         cached_tokens_consumer=p - 1 if disagg else None,
         cached_tokens_producer=0,
         completion_tokens=4,
@@ -114,7 +119,9 @@ def test_finish_run_writes_table_fit_link_and_figure_from_the_records(tmp_path: 
     assert "contention factor colocated ÷ alone" in printed and "P 16384 ×" in printed
 
 
-def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_never_zero(tmp_path: Path) -> None:
+def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_never_zero(
+    tmp_path: Path,
+) -> None:
     folder = TransferFolder(tmp_path / "run")
     rng = np.random.default_rng(2)
     cfg = TransferConfig(prefill_tokens=[1024, 4096], repetitions=2, engine={"preset": "cpu"}, alone=False)
