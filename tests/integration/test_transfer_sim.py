@@ -220,6 +220,26 @@ def test_a_stalled_producer_step_is_blamed_on_the_producer_not_the_client(tmp_pa
     assert any("still answers but no counter moved" in r for r in failed[0].reasons), failed[0].reasons
 
 
+def test_a_producer_past_its_phase_timeout_is_blamed_on_the_producer_not_the_client(tmp_path: Path) -> None:
+    # the same stalled step, but the phase timeout (2 s) comes before the stall timeout (8 s): the
+    # proxy's producer leg times out first and says so; the next point finds the producer hung
+    cfg = _config(
+        tmp_path,
+        producer_args=["--stall-step", "5", "--stall-s", "600"],
+        phase_timeout_s=2,
+        stall_timeout_s=8,
+    )
+    t0 = time.perf_counter()
+    code = main(["--config", str(cfg), "--out", str(tmp_path / "slow")])
+    assert code == 1 and time.perf_counter() - t0 < 60
+    records = _records(tmp_path / "slow")
+    timed_out = records[("disaggregated", 256)]
+    assert timed_out.failed_phase == "producer" and not timed_out.hung
+    assert any("producer failed: TimeoutError" in r for r in timed_out.reasons), timed_out.reasons
+    hung = records[("colocated", 256)]
+    assert hung.failed_phase == "producer" and hung.hung and ("disaggregated", 2048) not in records
+
+
 def test_resume_after_a_failure_measures_the_failed_point_again(tmp_path: Path) -> None:
     # the consumer dies after 2 finished requests: warm-up + P=256; P=2048's hand-off fails
     cfg = _config(tmp_path, consumer_args=["--die-after-requests", "2"])
