@@ -85,7 +85,8 @@ def _fit_panel(ax: Axes, table: pd.DataFrame, link: TransferFit | None) -> None:
     )
     if link is not None and has_bytes and len(x):
         grid = np.linspace(0, max(float(np.nanmax(x)), 1e-9) * 1.05, 50)
-        ax.plot(grid, link.setup_ms + link.ms_per_mib * grid, color="k", lw=1, label=_fit_label(link))
+        line = link.setup_ms + link.ms_per_mib * grid if link.resolvable else np.full_like(grid, link.mean_ms)
+        ax.plot(grid, line, color="k", lw=1, ls="-" if link.resolvable else "--", label=_fit_label(link))
     ax.set_xlabel("KV bytes moved (MiB, connector's counter)" if has_bytes else "prompt tokens P")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
@@ -111,8 +112,11 @@ def breakdown_figure(
     if agg.empty:
         raise ValueError("no valid point to draw")
     n = len(agg)
-    fig = Figure(figsize=(3.0 + 2.2 * n + 5.0, 5.4), layout="constrained")
-    subs: Any = fig.subfigures(1, 2, width_ratios=[1.0 + 2.2 * n, 5.0])
+    notes = ["stacks: the median repetition's phases (they add up to its TTFT); whiskers: min–max"]
+    notes += list(footnotes or [])
+    fig = Figure(figsize=(3.0 + 2.2 * n + 5.0, 5.6 + 0.16 * len(notes)), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[5.6, 0.3 + 0.16 * len(notes)])
+    subs: Any = top.subfigures(1, 2, width_ratios=[1.0 + 2.2 * n, 5.0])
     axes = subs[0].subplots(1, n, squeeze=False)[0]
     undivided = [_panel(ax, int(p), row) for ax, (p, row) in zip(axes, agg.iterrows(), strict=True)]
     axes[0].set_ylabel("time to first token (ms)")
@@ -123,13 +127,11 @@ def breakdown_figure(
     subs[0].legend(list(seen.values()), list(seen), loc="outside lower center", ncol=3, fontsize=7)
     subs[0].suptitle(title or "PD-disaggregation TTFT breakdown")
     _fit_panel(subs[1].subplots(), table, link)
-    notes = list(footnotes or [])
-    notes.insert(0, "stacks: the median repetition's phases (they add up to its TTFT); whiskers: min–max")
     if any(undivided):
         notes.append(
             "hatched: the connector reported no transfer time, so the consumer leg is not split (not 0)"
         )
-    fig.text(0.005, 0.002, "\n".join(notes), fontsize=6.5, ha="left", va="bottom")
+    bottom.text(0.005, 0.98, "\n".join(notes), fontsize=7, ha="left", va="top")
     return fig
 
 
