@@ -47,7 +47,7 @@ __all__ = ["build_parser", "main", "manifest_notes"]
 REPO = Path(__file__).resolve().parents[2]
 _KEYS = ("prefill_tokens", "repetitions", "connector", "decode_tokens", "producer_chunk", "consumer_chunk",
          "producer_cores", "consumer_cores", "token_range", "colocated", "alone", "phase_timeout_s",
-         "stall_timeout_s")  # fmt: skip
+         "stall_timeout_s", "spinners")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         default=None,
         help="skip the lone-engine baseline (no connector, no peer; an extra engine start)",
+    )
+    a(
+        "--spinners",
+        choices=["leave", "sched-idle"],
+        help="threads spinning while their engine idles (NIXL's UCX progress thread): leave them (default) "
+        "or move them to SCHED_IDLE",
     )
     a(
         "--phase-timeout",

@@ -166,6 +166,11 @@ class TransferConfig(StrictModel):
         "streamed) this long is hung: the point fails blaming it and the run stops",
     )
     idle_sample_s: float = Field(5, ge=0, description="idle CPU of each engine is sampled this long (0: not)")
+    spinners: Literal["leave", "sched-idle"] = Field(
+        "leave",
+        description="threads that burn over half a core while their engine is idle (NIXL's UCX progress "
+        "thread polls with a zero timeout): leave them, or move them to SCHED_IDLE after the idle sample",
+    )
     startup_timeout_s: float = Field(900, gt=0)
 
     @field_validator("prefill_tokens")

@@ -115,7 +115,8 @@ def breakdown_figure(
     notes = ["stacks: the median repetition's phases (they add up to its TTFT); whiskers: min–max"]
     notes += list(footnotes or [])
     fig = Figure(figsize=(3.0 + 2.2 * n + 5.0, 5.6 + 0.16 * len(notes)), layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=[5.6, 0.3 + 0.16 * len(notes)])
+    rows: Any = fig.subfigures(2, 1, height_ratios=[5.6, 0.3 + 0.16 * len(notes)])
+    top, bottom = rows[0], rows[1]
     subs: Any = top.subfigures(1, 2, width_ratios=[1.0 + 2.2 * n, 5.0])
     axes = subs[0].subplots(1, n, squeeze=False)[0]
     undivided = [_panel(ax, int(p), row) for ax, (p, row) in zip(axes, agg.iterrows(), strict=True)]

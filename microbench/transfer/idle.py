@@ -18,7 +18,16 @@ from pydantic import Field
 
 from benchcore.schema import StrictModel as Record
 
-__all__ = ["IdleCpu", "group_threads", "idle_cpu_between", "sample_idle_cpu"]
+__all__ = [
+    "SPINNER_PCT",
+    "IdleCpu",
+    "deprioritize_spinners",
+    "group_threads",
+    "idle_cpu_between",
+    "sample_idle_cpu",
+]
+
+SPINNER_PCT = 50.0  # a thread using more than half a core while its engine serves nothing is spinning
 
 ThreadTimes = dict[tuple[int, int], tuple[str, str, float]]  # (pid, tid) -> (process, thread, cpu s)
 
@@ -30,6 +39,9 @@ class IdleCpu(Record):
     seconds: float = Field(gt=0, description="length of the sampling window")
     total_pct: float = Field(ge=0, description="all threads of the engine's process group, % of one core")
     per_process_pct: dict[str, float] = Field(description="by process name")
+    deprioritized: list[str] = Field(
+        default_factory=list, description="threads moved to SCHED_IDLE after this sample (spinners)"
+    )
     top_threads_pct: dict[str, float] = Field(
         description="busiest threads (process/thread name#tid), % of a core; native threads often carry "
         "their creator's name, so the tid tells them apart"
@@ -90,3 +102,20 @@ async def sample_idle_cpu(roles: dict[str, int], seconds: float = 5.0) -> dict[s
         role: idle_cpu_between(role, before[role], group_threads(pgid), elapsed)
         for role, pgid in roles.items()
     }
+
+
+def deprioritize_spinners(idle: IdleCpu) -> list[str]:
+    """Move the threads that spin while idle to ``SCHED_IDLE``: they then run only when nothing else on
+    their core wants to. (The NIXL UCX progress thread is one: NIXL's Python API starts it with
+    ``pthrDelay = 0``, a zero-timeout ``poll()`` loop, and no setting reaches that value.)"""
+    moved = []
+    for name, pct in idle.top_threads_pct.items():
+        tid = int(name.rsplit("#", 1)[1]) if "#" in name else None
+        if tid is None or pct < SPINNER_PCT:
+            continue
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            continue
+        moved.append(name)
+    return moved

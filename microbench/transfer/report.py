@@ -56,9 +56,11 @@ def contention_notes(agg: pd.DataFrame, idle: dict[str, dict[str, dict[str, obje
         for role, s in roles.items():
             top = s.get("top_threads_pct") or {}
             busiest = next(iter(top.items()), None) if isinstance(top, dict) else None
+            moved = s.get("deprioritized") or []
             parts.append(
                 f"{role} {s.get('total_pct')}% of a core"
                 + (f" (busiest thread {busiest[0]} {busiest[1]}%)" if busiest else "")
+                + (f", then moved to SCHED_IDLE: {', '.join(moved)}" if moved else "")  # type: ignore[arg-type]
             )
         notes.append(f"idle CPU, {stage} stage: " + ", ".join(parts))
     factors = agg["contention_factor"].dropna() if "contention_factor" in agg else pd.Series(dtype=float)

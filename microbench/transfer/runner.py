@@ -32,7 +32,7 @@ from engine_harness.launch import EngineProcess, free_port, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
 from microbench.transfer.config import ConnectorPreset, TransferConfig, load_connector
 from microbench.transfer.folder import TransferFolder, point_stem
-from microbench.transfer.idle import sample_idle_cpu
+from microbench.transfer.idle import deprioritize_spinners, sample_idle_cpu
 from microbench.transfer.measure import Measured, PointContext, measure_point
 from microbench.transfer.proxy import TransferProxy
 from microbench.transfer.records import Mode, TransferRecord
@@ -265,10 +265,20 @@ class TransferRunner:
             return
         await asyncio.sleep(self.cfg.pause_s)
         idle = await sample_idle_cpu(groups, self.cfg.idle_sample_s)
+        if self.cfg.spinners == "sched-idle":
+            idle = {
+                role: s.model_copy(update={"deprioritized": deprioritize_spinners(s)})
+                for role, s in idle.items()
+            }
         self.folder.write_idle(stage, idle)
         self.console.print(
             f"idle CPU ({stage}, {self.cfg.idle_sample_s:g} s): "
             + ", ".join(f"{role} {s.total_pct:.0f}% of a core" for role, s in idle.items())
+            + "".join(
+                f"; {role}: {', '.join(s.deprioritized)} moved to SCHED_IDLE"
+                for role, s in idle.items()
+                if s.deprioritized
+            )
         )
 
     async def _warm_up(self, ctx: PointContext, mode: Mode, engines: dict[str, EngineProcess]) -> None:

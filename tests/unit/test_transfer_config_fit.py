@@ -256,3 +256,29 @@ def test_cli_durations_carry_units_and_out_is_the_run_folder(
     assert args.out == tmp_path / "run" and args.phase_timeout_s == 600
     assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
     assert "has no manifest.json" in capsys.readouterr().err
+
+
+def test_spinning_threads_are_moved_to_sched_idle_and_quiet_ones_left_alone() -> None:
+    import os
+    import threading
+
+    from microbench.transfer.idle import IdleCpu, deprioritize_spinners
+
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: stop.wait())
+    spinner.start()
+    try:
+        tid = spinner.native_id
+        idle = IdleCpu(
+            role="consumer",
+            seconds=5,
+            total_pct=91.0,
+            per_process_pct={"VLLM::Worker": 91.0},
+            top_threads_pct={f"VLLM::Worker/VLLM::Worker#{tid}": 90.0, f"python/python#{os.getpid()}": 1.0},
+        )
+        assert deprioritize_spinners(idle) == [f"VLLM::Worker/VLLM::Worker#{tid}"]
+        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(os.getpid()) != os.SCHED_IDLE  # the quiet one stays as it was
+    finally:
+        stop.set()
+        spinner.join()
