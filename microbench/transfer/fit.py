@@ -153,7 +153,7 @@ def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") ->
         "description": (
             f"KV transfer ({fit.target}) measured between two engines on one host, connector {connector}: "
             f"OLS over P {fit.prefill_tokens}, n={fit.n}, R²={r2}, bytes from the {fit.x_source}. "
-            f"{fit.verdict}. {notes}"
+            f"{fit.verdict[:1].upper()}{fit.verdict[1:]}. {notes}"
         ).strip(),
         "basis": "measured",
         "run": run,
