@@ -22,6 +22,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
@@ -38,7 +39,26 @@ from microbench.results.records import (
     read_record,
 )
 
-__all__ = ["RunFolder", "attempt_stem"]
+__all__ = ["RunFolder", "RunFolderBusy", "attempt_stem"]
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process is writing this run folder."""
+
+
+class _RunLock(filelock.FileLock):
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), timeout=0)
+
+    def __enter__(self) -> _RunLock:
+        try:
+            self.acquire()
+        except filelock.Timeout:
+            raise RunFolderBusy(
+                f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
+                "the same run); wait for it to finish or stop it, then --resume"
+            ) from None
+        return self
 
 
 def attempt_stem(d: int, p: int, rep: int, attempt: int) -> str:
@@ -65,6 +85,11 @@ class RunFolder:
 
     def write_manifest(self, manifest: Manifest) -> None:
         write_model(self.manifest_path, manifest)
+
+    def lock(self) -> filelock.BaseFileLock:
+        """One writer per run folder: a second sweep (or ``--resume``) of the same run is refused."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return _RunLock(self.root / ".lock")
 
     # -- paths -------------------------------------------------------------------------------------
 

@@ -29,7 +29,14 @@ from microbench.client.aio import no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.client.streams import StreamError
 from microbench.results.layout import RunFolder, attempt_stem
-from microbench.results.records import BaselineRecord, Observation, RunConfig, point_name
+from microbench.results.records import (
+    BaselineRecord,
+    Observation,
+    RunConfig,
+    RunRecord,
+    point_name,
+    read_record,
+)
 from microbench.results.windows import expected_chunks
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.lifecycle import EngineLifecycle, Timing
@@ -97,6 +104,15 @@ class SweepRunner:
                     self._describe(f"chunk {chunk}: starting the engine")
                     async with self.engines.running(chunk) as engine:
                         await self._run_chunk(session, engine, chunk)
+
+    def invalid_points(self) -> int:
+        """Points of this run recorded as finally invalid (their attempts spent)."""
+        return sum(
+            1
+            for c, d, p, r in self._grid()
+            if self.folder.is_done(c, d, p, r)
+            and not read_record(self.folder.record_path(c, d, p, r), RunRecord).validity.valid
+        )
 
     def finish(self) -> None:
         """Write the table and print the summary from whatever is on disk."""

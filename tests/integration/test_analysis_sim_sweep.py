@@ -30,7 +30,7 @@ def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }  # fmt: skip
     path = tmp / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    assert sweep_main(["--sweep", str(path), "--out", str(tmp), "--run-id", "sim"]) == 0
+    assert sweep_main(["--config", str(path), "--out", str(tmp / "sim")]) == 0
     return tmp / "sim"
 
 
