@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,13 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
 from engine_harness.engines import engine_kind
+from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError
+from microbench.results.layout import RunFolderBusy
 from microbench.results.records import Manifest
 from microbench.transfer.config import (
     TransferConfig,
@@ -57,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     a = p.add_argument
-    a("--config", type=Path, help="a transfer definition, e.g. sweeps/transfer-smoke.yaml")
+    add_config(p, "sweeps/transfer-smoke.yaml")
     a(
         "--P",
         type=int,
@@ -104,14 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="stall_timeout_s",
         help="no progress this long and an engine counts as hung: the run stops (default 60s)",
     )
-    a("--engine", choices=["vllm", "sim"], dest="kind", help="engine kind of both roles (default vllm)")
-    a("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
-    a(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="the run folder this command writes into (default results/<UTC time>-transfer-<name>)",
-    )
+    add_engine_flags(p, kinds=["vllm", "sim"], default_text="vllm: both roles, the embedded CPU default")
+    add_out(p, "results/<UTC time>-transfer-<name>")
     a(
         "--resume",
         action="store_true",
@@ -181,7 +178,7 @@ def _resume(
 
 def _resolve(args: argparse.Namespace) -> tuple[TransferFolder, TransferConfig, bool]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in _KEYS}
-    overrides["engine"] = {"kind": args.kind, "model": args.model}
+    overrides["engine"] = {k: v for k, v in engine_overrides(args).items() if v is not None}
     if args.resume:
         return _resume(args, overrides)
     cfg = load_transfer_config(args.config, overrides)
@@ -191,63 +188,72 @@ def _resolve(args: argparse.Namespace) -> tuple[TransferFolder, TransferConfig, 
     return folder, cfg, False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    console = Console()
+def _write_manifest(folder: TransferFolder, cfg: TransferConfig) -> None:
+    from engine_harness.telemetry import NvmlSource
+
+    folder.write_manifest(
+        Manifest(
+            run_id=folder.root.name,
+            created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            sweep=cfg.model_dump(mode="json"),
+            engine_spec={
+                "producer": cfg.producer_spec().model_dump(mode="json"),
+                "consumer": cfg.consumer_spec().model_dump(mode="json"),
+                "connector": cfg.connector_preset().model_dump(mode="json"),
+            },
+            engine_version=None,
+            hardware=hardware_info(NvmlSource.gpu_names()),
+            packages=package_versions() | _connector_packages(),
+            git_commit=git_commit(REPO),
+            seed=0,
+            notes=manifest_notes(cfg),
+        )
+    )
+
+
+def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
     try:
         folder, cfg, resumed = _resolve(args)
     except TransferConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not resumed:
-        from engine_harness.telemetry import NvmlSource
+        raise BadInput(str(exc)) from None
+    state["out"] = folder.root
+    try:
+        with folder.lock():
+            return _measure(folder, cfg, resumed)
+    except RunFolderBusy as exc:
+        raise BadInput(str(exc)) from None
 
-        folder.write_manifest(
-            Manifest(
-                run_id=folder.root.name,
-                created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                sweep=cfg.model_dump(mode="json"),
-                engine_spec={
-                    "producer": cfg.producer_spec().model_dump(mode="json"),
-                    "consumer": cfg.consumer_spec().model_dump(mode="json"),
-                    "connector": cfg.connector_preset().model_dump(mode="json"),
-                },
-                engine_version=None,
-                hardware=hardware_info(NvmlSource.gpu_names()),
-                packages=package_versions() | _connector_packages(),
-                git_commit=git_commit(REPO),
-                seed=0,
-                notes=manifest_notes(cfg),
-            )
-        )
-    console.print(f"run folder: {folder.root}")
+
+def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:
+    console = Console()
+    if not resumed:
+        try:
+            _write_manifest(folder, cfg)
+        except OSError as exc:
+            raise BadInput(
+                f"cannot write the run folder {folder.root}: {exc}; choose another --out"
+            ) from None
+    console.print(f"run folder: {folder.root}", soft_wrap=True)
+    resume = f"python -m microbench.transfer --resume --out {folder.root}"
     runner = TransferRunner(folder, cfg, console)
-    code = 0
     try:
         asyncio.run(runner.run())
-    except KeyboardInterrupt:
-        console.print(
-            "[yellow]stopped; continue with: python -m microbench.transfer --resume --out "
-            + escape(str(folder.root))
-        )
-        code = 130
+    except (KeyboardInterrupt, Stopped):
+        console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
+        raise
     except (TransferAborted, EngineError, OSError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        code = 1
-    finish_run(folder, cfg, console)
-    if runner.failures and code == 0:
-        code = 1
-    return code
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        console.print(f"measured points are kept; continue with: {escape(resume)}", soft_wrap=True)
+        return EXIT_FAILURES
+    finally:
+        finish_run(folder, cfg, console)
+    return EXIT_FAILURES if runner.failures else 0
 
 
-def duration(text: str) -> float:
-    """``'30s'``, ``'500ms'``, ``'2m'``, ``'1h'`` → seconds (the suite's duration vocabulary)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)\s*", text)
-    if m is None or float(m[1]) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration > 0: give a number with a unit, e.g. 30s or 2m"
-        )
-    return float(m[1]) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m[2]]
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    state: dict[str, Path] = {}
+    return run_cli(lambda: _run(args, state), lambda: state.get("out"))
 
 
 def _connector_packages() -> dict[str, str]:
