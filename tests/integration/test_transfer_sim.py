@@ -186,20 +186,24 @@ def _sim_pid(marker: str) -> int:
 def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) -> None:
     # the consumer (seed 7) is stopped with SIGSTOP after the first point: its /metrics stops answering
     cfg = _config(tmp_path, consumer_args=["--seed", "7"], stall_timeout_s=2, phase_timeout_s=120)
-    codes: list[int] = []
-    thread = threading.Thread(
-        target=lambda: codes.append(main(["--config", str(cfg), "--out", str(tmp_path / "hung")]))
-    )
-    t0 = time.perf_counter()
-    thread.start()
     first = tmp_path / "hung" / "runs" / "disaggregated" / "P256_r0.json"
-    while not first.is_file() and thread.is_alive():
-        time.sleep(0.02)
-    pid = _sim_pid("--seed 7")
-    os.kill(pid, signal.SIGSTOP)
-    thread.join(timeout=90)
+    stopped: list[int] = []
+
+    def stop_the_consumer() -> None:  # beside the run (main() keeps the main thread for its signals)
+        deadline = time.perf_counter() + 60
+        while not first.is_file() and time.perf_counter() < deadline:
+            time.sleep(0.02)
+        pid = _sim_pid("--seed 7")
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+
+    helper = threading.Thread(target=stop_the_consumer, daemon=True)
+    t0 = time.perf_counter()
+    helper.start()
+    code = main(["--config", str(cfg), "--out", str(tmp_path / "hung")])
     elapsed = time.perf_counter() - t0
-    assert not thread.is_alive() and codes == [1]
+    helper.join(timeout=5)
+    assert stopped and code == 1
     assert elapsed < 45  # a stall of 2 s, not a phase timeout of 120 s
     failed = _records(tmp_path / "hung")[("disaggregated", 2048)]
     assert not failed.valid and failed.hung and failed.failed_phase == "consumer"
@@ -207,6 +211,7 @@ def test_a_hung_consumer_is_detected_blamed_and_stops_the_run(tmp_path: Path) ->
         failed.reasons
     )
     assert ("alone", 256) not in _records(tmp_path / "hung")  # the run stopped
+    pid = stopped[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
