@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
 from engine_harness.engines import EngineSpec, engine_kind, resolve_spec
-from microbench.transfer.records import Mode
+from microbench.results.transfer import Mode
 
 __all__ = [
     "CONNECTORS_DIR",

@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from benchcore.atomic import atomic_write_bytes
 from benchcore.atomic import write_model as write_record
 from engine_harness.metrics import Snapshot
 from microbench.results.layout import RunFolder
 from microbench.results.records import read_record
+from microbench.results.transfer import Mode, TransferRecord
 from microbench.transfer.idle import IdleCpu
-from microbench.transfer.records import Mode, TransferRecord
 
-__all__ = ["TransferFolder", "point_stem", "records_frame"]
+__all__ = ["TransferFolder", "point_stem"]
 
 
 def point_stem(prefill_tokens: int, repetition: int) -> str:
@@ -80,44 +78,3 @@ class TransferFolder(RunFolder):
 
     def records(self) -> list[TransferRecord]:
         return [read_record(p, TransferRecord) for p in sorted((self.root / "runs").glob("*/P*_r*.json"))]
-
-
-def _transfer_side(row: dict[str, object]) -> dict[str, object]:
-    """The connector's own transfer time and bytes from the engine that ran the transfer: the consumer
-    (pull: it reads) or else the producer (push: it writes); which one is said in ``kv_xfer_side``."""
-    for side in ("consumer", "producer"):
-        xfer = row.get(f"{side}_kv_xfer_ms")
-        if xfer is not None and not pd.isna(xfer) and row.get("mode") == "disaggregated":
-            return {"kv_xfer_ms": xfer, "kv_bytes": row.get(f"{side}_kv_bytes"), "kv_xfer_side": side}
-    return {"kv_xfer_ms": None, "kv_bytes": None, "kv_xfer_side": None}
-
-
-def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
-    """One row per record: the phases, both engines' sides (prefixed) and the KV-reuse evidence."""
-    rows = []
-    for r in records:
-        row: dict[str, object] = {
-            "mode": r.mode,
-            "prefill_tokens": r.prefill_tokens,
-            "repetition": r.repetition,
-            "connector": r.connector,
-            "valid": r.valid,
-            "failed_phase": r.failed_phase,
-            "hung": r.hung,
-            **r.phases.model_dump(),
-            "cached_tokens_consumer": r.cached_tokens_consumer,
-            "cached_tokens_producer": r.cached_tokens_producer,
-            "completion_tokens": r.completion_tokens,
-            "reasons": "; ".join(r.reasons),
-        }
-        for side in ("producer", "consumer"):
-            values = getattr(r, side)
-            for key, value in (values.model_dump() if values is not None else {}).items():
-                # the engine's own TTFT must not overwrite the client-side phase consumer_ttft_ms
-                row[f"{side}_engine_ttft_ms" if key == "ttft_ms" else f"{side}_{key}"] = value
-        row |= _transfer_side(row)
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    if not frame.empty:
-        frame = frame.sort_values(["mode", "prefill_tokens", "repetition"], kind="stable")
-    return frame.reset_index(drop=True)

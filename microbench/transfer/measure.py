@@ -22,9 +22,9 @@ import pandas as pd
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.client.prompts import TokenSpace, cold_prompt
 from microbench.client.streams import StreamError, StreamRecord, stream_request
+from microbench.results.transfer import EngineSide, Mode, Phases, TransferRecord
 from microbench.transfer.config import ConnectorPreset
 from microbench.transfer.proxy import PhaseStamps, TransferProxy
-from microbench.transfer.records import EngineSide, Mode, Phases, TransferRecord
 from microbench.transfer.watchdog import EngineWatch, Hung, watch_request
 
 __all__ = ["Measured", "PointContext", "engine_side", "measure_point", "phases_from"]

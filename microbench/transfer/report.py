@@ -15,12 +15,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.transfer.breakdown import breakdown_table
+from analysis.transfer.figure import breakdown_figure
+from analysis.transfer.fit import TransferFit, fit_transfer, kv_bytes_per_token, link_profile, write_link
 from benchcore.atomic import atomic_write_bytes
-from microbench.transfer.breakdown import breakdown_table
+from microbench.results.transfer import records_frame
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.figure import breakdown_figure
-from microbench.transfer.fit import TransferFit, fit_transfer, kv_bytes_per_token, link_profile, write_link
-from microbench.transfer.folder import TransferFolder, records_frame
+from microbench.transfer.folder import TransferFolder
 
 __all__ = ["contention_notes", "finish_run", "run_reference"]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.transfer.fit import kv_bytes_per_token
 from microbench.results.records import read_record
+from microbench.results.transfer import TransferRecord
 from microbench.transfer.cli import main
-from microbench.transfer.fit import kv_bytes_per_token
-from microbench.transfer.records import TransferRecord
 
 pytestmark = [
     pytest.mark.e2e,

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from microbench.results.records import read_record
+from microbench.results.transfer import TransferRecord
 from microbench.transfer.cli import main
-from microbench.transfer.records import TransferRecord
 
 pytestmark = pytest.mark.integration
 

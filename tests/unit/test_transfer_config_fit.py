@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from analysis.breakeven import LinkProfile
+from analysis.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
 from microbench.transfer.config import (
     TransferConfig,
     TransferConfigError,
@@ -19,7 +20,6 @@ from microbench.transfer.config import (
     load_connector,
     load_transfer_config,
 )
-from microbench.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
 from microbench.transfer.measure import phases_from
 from microbench.transfer.proxy import PhaseStamps
 from microbench.transfer.runner import role_spec

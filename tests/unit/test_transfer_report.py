@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from analysis.breakeven import LinkProfile
-from microbench.transfer.breakdown import breakdown_table
+from analysis.transfer.breakdown import breakdown_table
+from microbench.results.transfer import EngineSide, Phases, TransferRecord
 from microbench.transfer.config import TransferConfig
 from microbench.transfer.folder import TransferFolder
-from microbench.transfer.records import EngineSide, Phases, TransferRecord
 from microbench.transfer.report import finish_run
 
 KV = 1024  # bytes per token of the bundled tiny model in float32
@@ -139,7 +139,7 @@ def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_
 
 
 def test_median_row_is_the_middle_repetition_and_the_lower_middle_for_even_counts() -> None:
-    from microbench.transfer.breakdown import median_row
+    from analysis.transfer.breakdown import median_row
 
     rows = pd.DataFrame({"total_ttft_ms": [30.0, 10.0, 20.0, 40.0], "rep": [0, 1, 2, 3]})
     assert median_row(rows)["rep"] == 2  # 10, 20, 30, 40 → 20 (the lower middle)

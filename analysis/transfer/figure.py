@@ -20,8 +20,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from microbench.transfer.breakdown import breakdown_table
-from microbench.transfer.fit import TransferFit
+from analysis.transfer.breakdown import breakdown_table
+from analysis.transfer.fit import TransferFit
 
 __all__ = ["breakdown_figure"]
 
