@@ -113,6 +113,9 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
 
 def _footnotes(agg: pd.DataFrame, cfg: TransferConfig) -> list[str]:
     out = []
+    missing = sorted(set(cfg.prefill_tokens) - {int(p) for p in agg.index})
+    if missing:
+        out.append(f"P {missing}: no valid point (yet): see invalid/ and the records' reasons")
     if "kv_xfer_ms" in agg and agg["kv_xfer_ms"].isna().any():
         metric = cfg.connector_preset().transfer_time_metric
         out.append(

@@ -134,6 +134,9 @@ def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_
     assert agg["contention_factor"].isna().all()  # no lone engine measured: unknown, not 1 or 0
     assert "counted vllm:nixl_xfer_time_seconds" in printed and "KV xfer 0.0" not in printed
     assert "not measured (needs colocated and alone points)" in printed
+    # a P of the definition with no valid point is named, not dropped in silence
+    cfg8 = cfg.model_copy(update={"prefill_tokens": [1024, 4096, 8192]})
+    assert "P [8192]: no valid point" in _finish(folder, cfg8)
     fit = json.loads((folder.root / "fit.json").read_text())
     assert fit["kv_xfer"] is None and not (folder.root / "link-measured-local.yaml").exists()
 
