@@ -87,11 +87,13 @@ class TransferRecord(Record):
 
 
 def _transfer_side(row: dict[str, object]) -> dict[str, object]:
-    """The connector's own transfer time and bytes from the engine that ran the transfer: the consumer
-    (pull: it reads) or else the producer (push: it writes); which one is said in ``kv_xfer_side``."""
+    """The connector's own transfer time and bytes from the engine that counted the transfer (its
+    histogram's count grew): the consumer (pull: it reads) or else the producer (push: it writes); which
+    one is said in ``kv_xfer_side``. An engine whose count did not grow measured nothing (not 0 ms)."""
     for side in ("consumer", "producer"):
-        xfer = row.get(f"{side}_kv_xfer_ms")
-        if xfer is not None and not pd.isna(xfer) and row.get("mode") == "disaggregated":
+        xfer, count = row.get(f"{side}_kv_xfer_ms"), row.get(f"{side}_kv_xfer_count")
+        counted = isinstance(count, int | float) and not pd.isna(count) and count > 0  # a 0 is no transfer
+        if xfer is not None and counted and row.get("mode") == "disaggregated":
             return {"kv_xfer_ms": xfer, "kv_bytes": row.get(f"{side}_kv_bytes"), "kv_xfer_side": side}
     return {"kv_xfer_ms": None, "kv_bytes": None, "kv_xfer_side": None}
 

@@ -356,12 +356,20 @@ def point_line(r: TransferRecord) -> str:
     if r.mode == "disaggregated" and r.consumer is not None:
         line += (
             f" = producer {_f(ph.producer_ms)} + hand-off {_f(ph.handoff_ms)} + client "
-            f"{_f(ph.client_overhead_ms)}; KV xfer {_f(r.consumer.kv_xfer_ms)} ms, "
+            f"{_f(ph.client_overhead_ms)}; KV xfer {_f(_xfer_ms(r))} ms, "
             f"external tokens {_f(r.consumer.tokens_external, 0)}"
         )
     if not r.valid:
         line += " " + escape(f"[invalid: {'; '.join(r.reasons)}]")
     return line
+
+
+def _xfer_ms(r: TransferRecord) -> float | None:
+    """The transfer time of the engine that counted the transfer (pull: consumer, push: producer)."""
+    for side in (r.consumer, r.producer):
+        if side is not None and side.kv_xfer_count:
+            return side.kv_xfer_ms
+    return None
 
 
 def _f(x: float | None, digits: int = 1) -> str:

@@ -57,6 +57,7 @@ def _record(
             _side(
                 tokens_external=p - 1,
                 kv_xfer_ms=xfer if xfer_reported else None,
+                kv_xfer_count=1.0 if xfer_reported else None,
                 kv_bytes=float(p * KV) if xfer_reported else None,
             )
             if disagg
@@ -160,3 +161,24 @@ def test_an_invalid_point_prints_its_reason_through_rich_markup() -> None:
     out = io.StringIO()
     Console(file=out, width=300).print(point_line(rec))
     assert "[invalid: the consumer recomputed the prompt]" in out.getvalue()
+
+
+def test_the_transfer_comes_from_the_engine_that_counted_it_push_on_the_producer() -> None:
+    from microbench.results.transfer import records_frame
+
+    rec = _record("disaggregated", 4096, 0, np.random.default_rng(3))
+    pull = records_frame([rec]).iloc[0]
+    assert pull["kv_xfer_side"] == "consumer" and pull["kv_bytes"] == 4096 * KV
+    # push: the consumer's histogram exists but did not count (0 ms, 0 transfers); the producer wrote
+    push = rec.model_copy(
+        update={
+            "consumer": _side(tokens_external=4095, kv_xfer_ms=0.0, kv_xfer_count=0.0, kv_bytes=0.0),
+            "producer": _side(
+                tokens_local_compute=4096, kv_xfer_ms=0.96, kv_xfer_count=1.0, kv_bytes=4194304.0
+            ),
+        }
+    )
+    row = records_frame([push]).iloc[0]
+    assert row["kv_xfer_side"] == "producer" and row["kv_xfer_ms"] == 0.96 and row["kv_bytes"] == 4194304.0
+    nothing = push.model_copy(update={"producer": _side(kv_xfer_ms=0.0, kv_xfer_count=0.0)})
+    assert pd.isna(records_frame([nothing]).iloc[0]["kv_xfer_ms"])  # measured nowhere: missing, not 0
