@@ -181,7 +181,8 @@ def build_report(
             wins = known[known["decode_batch_size"] > 0]["offload_wins"]
             flag = " **(placeholder link values)**" if link.placeholder else ""
             be_md.append(
-                f"- `{link.name}`{flag}: offload wins in {int(wins.sum())} of {len(wins)} cells with D > 0"
+                f"- `{link.name}`{flag} — {link.describe()}: offload wins in {int(wins.sum())} of "
+                f"{len(wins)} cells with D > 0"
             )
             key = f"offload_region_{link.name}"
             figures[key] = plots.offload_region(

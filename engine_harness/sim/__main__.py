@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--die-at-s", type=float)
     a("--stall-step", type=int)
     a("--stall-s", type=float)
+    a("--kv-transfer-setup-ms", type=float, help="simulated KV link: fixed cost per hand-off (ms)")
+    a("--kv-transfer-gbit-s", type=float, help="simulated KV link: bandwidth (10⁹ bit/s)")
+    a("--kv-bytes-per-token", type=int, help="simulated KV link: bytes per prompt token")
     return p
 
 
@@ -81,6 +84,13 @@ _FAULT_KEYS = (
 )
 
 
+_LINK_KEYS = {  # flag dest -> KvTransferModel field
+    "kv_transfer_setup_ms": "setup_ms",
+    "kv_transfer_gbit_s": "bandwidth_gbit_s",
+    "kv_bytes_per_token": "bytes_per_token",
+}
+
+
 def config_from_args(argv: list[str] | None = None) -> SimConfig:
     """Parse the command line into one validated ``SimConfig``."""
     ns = vars(build_parser().parse_args(argv))
@@ -88,6 +98,11 @@ def config_from_args(argv: list[str] | None = None) -> SimConfig:
     overrides: dict[str, Any] = {k: v for k, v in ns.items() if k not in _STEP_KEYS + _FAULT_KEYS}
     overrides["step"] = {k: ns[k] for k in _STEP_KEYS}
     overrides["faults"] = {k: ns[k] for k in _FAULT_KEYS}
+    link = {field: ns[flag] for flag, field in _LINK_KEYS.items()}
+    for flag in _LINK_KEYS:
+        overrides.pop(flag, None)
+    if any(v is not None for v in link.values()):
+        overrides["kv_transfer"] = link
     return load_config(params, overrides)
 
 
