@@ -3,7 +3,9 @@
 
 ``--engine sim`` and ``vllm`` launch the engine (restartable, so 5.7 can turn prefix caching off and 5.10
 can compare engine settings); ``external`` only reaches ``--url``. Exit status: 0 when every selected test
-ran or was skipped with a reason, 1 when one failed with an error.
+ran or was skipped with a reason, 1 when one failed with an error or the report's consistency gate failed.
+A plan (tests, levels, requests, estimated time) prints before the tests and a progress line with ETA
+after each; a run stopped part-way continues where it stopped when started again with the same ``--out``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from microbench.battery.engine import (
     served_model,
 )
 from microbench.battery.profiles import PROFILES, profile
+from microbench.battery.render import gate_lines
 from microbench.battery.runner import ordered_tests, run_battery, write_report
 from microbench.workloads.reference import WORKLOADS
 
@@ -86,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ttft-slo-ms", type=float, help="TTFT P99 SLO (5.2 search, 5.3 optimal point)")
     run.add_argument("--tpot-slo-ms", type=float, help="TPOT P99 SLO (5.2 search)")
     run.add_argument("--gpus", type=int, default=0, help="accelerator count of the SUT (0: CPU only)")
-    run.add_argument("--out", type=Path, help="output folder (default results/battery-<time>)")
+    run.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (default results/battery-<time>); an existing one with a stopped run resumes it",
+    )
     return parser
 
 
@@ -135,7 +142,9 @@ async def _run(args: argparse.Namespace) -> int:
             accelerators=args.gpus,
             cpu_count=os.cpu_count() or 1,
         )
-        report = await run_battery(ctx, names, cold_start=args.cold_start, command=shlex.join(sys.argv))
+        report = await run_battery(
+            ctx, names, cold_start=args.cold_start, command=shlex.join(sys.argv), emit=_emit
+        )
     write_report(report, out)
     for t in report.tests:
         print(
@@ -143,7 +152,14 @@ async def _run(args: argparse.Namespace) -> int:
             + (f"  ({t.reason})" if t.reason else "")
         )
     print(f"reports in {out}")
-    return 1 if any(t.status == "failed" for t in report.tests) else 0
+    gate = gate_lines(report)
+    for line in gate:
+        print(line, file=sys.stderr)
+    return 1 if gate or any(t.status == "failed" for t in report.tests) else 0
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

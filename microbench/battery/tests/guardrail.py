@@ -3,7 +3,7 @@
 A configuration is an endpoint (``--config NAME=URL``, e.g. the bare engine and the same engine behind an
 input filter) or the battery's own engine restarted with other settings (``--config NAME=engine:KEY=VALUE``,
 ``EngineOverrides``; warmed up after the restart); the first is the baseline. Configurations run in order,
-each a closed-loop throughput probe (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
+each a closed-loop ramp to saturation (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
 baseline's probed capacity (Table 13); afterwards the engine runs as launched again. With fewer than two
 configurations the test is skipped: there is nothing to compare, and the report's guardrail disclosure says
 what the SUT runs.
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-
 from engine_harness.engines import StrictModel
+from microbench.battery.capacity_search import closed_loop_ramp
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.engine import EngineOverrides, NotRestartable
@@ -94,6 +93,9 @@ class GuardrailData(TestData):
                 title="Throughput Impact (Table 14)",
                 columns=["Configuration", "Max Throughput", "Reduction"],
                 rows=impact,
+                note="Max Throughput per configuration: the best closed-loop ramp level meeting 5.5's "
+                "criteria (concurrency doubled while throughput rose > 10%). The battery's own maximum "
+                "for the engine it launched is in 5.2.",
             ),
         ]
 
@@ -109,17 +111,15 @@ async def _target(ctx: BatteryContext, config: str | EngineOverrides, notes: lis
 
 
 async def _probe(ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec) -> tuple[float, float]:
-    """Closed-loop probe: output tokens/s and completed requests/s."""
-    p = ctx.profile
-    stage = Stage.scheduled(
-        "probe",
-        parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency}),
-        ctx.requests(spec),
-        max_requests=p.probe_requests,
-    )
-    w = (await ctx.run(f"guardrail/{name}/probe", [stage], base_url=url)).stage("probe")
-    span = max(float(np.nanmax(w.latencies["done_s"])) - w.start_s, 1e-9)
-    return w.output_tokens_per_s, int(w.latencies["ok"].sum()) / span
+    """The capacity measurement's closed-loop ramp against one configuration: (output tok/s, req/s).
+
+    The maximum is the best level meeting 5.5's criteria (≥ 99% completed, TTFT P99 within the limit), or
+    the best level at all when none met them; the same ramp 5.2 starts from, not a fixed-concurrency probe.
+    """
+    rows = await closed_loop_ramp(ctx, f"guardrail/{name}/closed", spec, base_url=url)
+    good = [r for r in rows if r.slo_met] or rows
+    best = max(good, key=lambda r: r.output_tps)
+    return best.output_tps, best.request_rps
 
 
 async def _levels(
@@ -198,8 +198,8 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
         ),
     ]
     notes += [
-        f"capacity of the baseline {capacity[baseline]:.2f} req/s (closed-loop probe); every configuration "
-        "gets the same absolute rates",
+        f"capacity of the baseline {capacity[baseline]:.2f} req/s (closed-loop ramp, as in 5.2's first "
+        "phase); every configuration gets the same absolute rates",
         "refused requests count as failures in each configuration",
     ]
     return Outcome(data, reqs, notes)
