@@ -9,7 +9,6 @@ rate (what was asked), its sent rate (what the Poisson draw delivered) and its a
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -37,7 +36,7 @@ class LevelRow(StrictModel):
     output_tps: float = Field(..., description="output tokens/s finished in the window")
     output_tps_ci: float | None = Field(
         default=None,
-        description="95% half-width: Poisson count of completions (open loop), batch means of quarters (closed)",
+        description="95% half-width from the Poisson count of completions (conservative for a closed loop)",
     )
     input_tps: float
     request_rps: float = Field(..., description="achieved: completions/s inside the window")
@@ -54,23 +53,10 @@ class LevelRow(StrictModel):
         return not self.steady.saturated and self.slo_met is not False
 
 
-_BATCHES, _T3 = 4, 3.182  # batch means: 4 quarters, Student t with 3 degrees of freedom (95%)
-
-
-def _closed_ci(done: np.ndarray, tokens: np.ndarray, begin: float, end: float) -> float | None:
-    """95% half-width of a closed loop's output rate from its four quarters (no Poisson arrivals there)."""
-    edges = np.linspace(begin, end, _BATCHES + 1)
-    width = (end - begin) / _BATCHES
-    if width <= 0:
-        return None
-    rates = [float(np.nansum(tokens[(done >= a) & (done < b)])) / width for a, b in itertools.pairwise(edges)]
-    return _T3 * float(np.std(rates, ddof=1)) / math.sqrt(_BATCHES)
-
-
 def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:
     """Summarise ``window`` (one stage) as a load level offered at ``offered``."""
     lat = window.latencies
-    steady = steady_state(lat, window.start_s, window.issue_end_s)
+    steady = steady_state(lat, window.start_s, window.issue_end_s, closed=loop == "closed")
     begin, end = window.issue_end_s - steady.window_s, window.issue_end_s
     done, send = lat["done_s"].to_numpy(), lat["send_s"].to_numpy()
     ok = lat["ok"].to_numpy()
@@ -92,9 +78,7 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
         window_s=span,
         sent_rps=float(np.sum((send >= begin) & (send < end))) / span,
         output_tps=float(np.nansum(out_tokens)) / span,
-        output_tps_ci=_closed_ci(done[finished], out_tokens, begin, end)
-        if loop == "closed"
-        else 1.96 * math.sqrt(n_done) * per_request / span,
+        output_tps_ci=1.96 * math.sqrt(n_done) * per_request / span,
         input_tps=float(np.nansum(lat["input_tokens"].to_numpy(dtype=float)[finished])) / span,
         request_rps=n_done / span,
         ttft=summarize(measured["ttft_s"]),

@@ -214,6 +214,6 @@ def level_rate_rows(title: str, rows: list[Any]) -> Table:
             "Saturation signs",
         ],
         rows=body,
-        note="rates over the nominal issuing window less the ramp; ± is a 95% half-width (open loop: Poisson "
-        "count of completions; closed loop: batch means of four quarters)",
+        note="rates over the nominal issuing window less the ramp; ± is the 95% half-width from the Poisson "
+        "count of completions (conservative for a closed loop, which has no arrival noise)",
     )

@@ -84,8 +84,12 @@ def _window_tokens(done: np.ndarray, tokens: np.ndarray, lo: float, hi: float) -
     return float(tokens[(done >= lo) & (done < hi)].sum()) / max(hi - lo, 1e-9)
 
 
-def steady_state(lat: pd.DataFrame, start_s: float, end_s: float) -> SteadyState:
-    """Judge one level (``lat`` from ``stats.request_latencies``) issued over [start_s, end_s]."""
+def steady_state(lat: pd.DataFrame, start_s: float, end_s: float, closed: bool = False) -> SteadyState:
+    """Judge one level (``lat`` from ``stats.request_latencies``) issued over [start_s, end_s].
+
+    ``closed``: a closed loop's in-flight count is bounded by its concurrency and it sends only on a
+    completion, so neither sign applies; its quantities are still measured (its test judges it).
+    """
     send, done = lat["send_s"].to_numpy(dtype=float), lat["done_s"].to_numpy(dtype=float)
     ok = lat["ok"].to_numpy(dtype=bool)
     ramp, e2e = ramp_length(send, lat["e2e_s"].to_numpy(dtype=float), start_s, end_s)
@@ -105,10 +109,12 @@ def steady_state(lat: pd.DataFrame, start_s: float, end_s: float) -> SteadyState
     mid = (begin + end_s) / 2
     first, second = _window_tokens(done, tokens, begin, mid), _window_tokens(done, tokens, mid, end_s)
     stable = max(first, second) == 0 or abs(first - second) / max(first, second) < 0.2
-    reasons = []
-    if growing:
+    reasons: list[str] = []
+    if closed:
+        growing = False
+    elif growing:
         reasons.append(f"in-flight count grows by {growth:.1f} (> {limit:.1f}) after the ramp")
-    if expected > 0 and completions < 0.9 * expected:
+    if not closed and expected > 0 and completions < 0.9 * expected:
         reasons.append(f"{completions} completions < 90% of the {expected} requests due in the window")
     conclusive = math.isfinite(e2e) and window >= 3 * e2e
     return SteadyState(
