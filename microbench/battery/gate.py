@@ -3,8 +3,9 @@
 ``check_report(report)`` (pure) returns one line per contradiction; the renderers print them in a banner
 above everything else and never swap a figure for a "better" one. Checked:
 
-* no level judged sustainable reports more output throughput than the battery's Max (the ledger's);
-  the Max is not above the peak; 5.3's optimal point is not above the Max;
+* no level judged sustainable reports more output throughput than the battery's Max (the ledger's), and
+  no level at all more than the peak; the Max is not above the peak; 5.3's optimal point is not above
+  the Max;
 * no open-loop level completes more requests than were offered, beyond 3 standard deviations of the
   offered Poisson count (the bias of a window that dropped its empty tail shows up here);
 * every distribution's percentiles are in order (min ≤ P50 ≤ P90 ≤ P95 ≤ P99 ≤ P99.9 ≤ max).
@@ -54,12 +55,14 @@ def distribution_order(d: Distribution) -> str | None:
     return None
 
 
-def _level_problems(where: str, row: LevelRow, max_tps: float | None) -> list[str]:
+def _level_problems(where: str, row: LevelRow, max_tps: float | None, peak: float | None) -> list[str]:
     out = []
     if max_tps is not None and row.sustainable and row.output_tps > max_tps * (1 + _EPS):
         out.append(
             f"{where}: a sustainable level reports {row.output_tps:.1f} tok/s, above the Max {max_tps:.1f} tok/s"
         )
+    elif peak is not None and row.output_tps > peak * (1 + _EPS):
+        out.append(f"{where}: a level reports {row.output_tps:.1f} tok/s, above the peak {peak:.1f} tok/s")
     if row.loop == "open" and row.window_s:
         expected = row.offered * row.window_s
         limit = expected + 3 * math.sqrt(max(expected, 1.0)) + 1
@@ -76,6 +79,7 @@ def check_report(report: BatteryReport) -> list[str]:
     """Every contradiction between the report's figures (empty: the gate passes)."""
     cap = report.capacity
     max_tps = None if cap is None else cap.max_output_tps
+    peak = None if cap is None else cap.peak_output_tps
     problems: list[str] = []
     if cap is not None and cap.max_output_tps is not None and cap.peak_output_tps is not None:
         if cap.max_output_tps > cap.peak_output_tps * (1 + _EPS):
@@ -88,7 +92,7 @@ def check_report(report: BatteryReport) -> list[str]:
             if isinstance(obj, Distribution) and (bad := distribution_order(obj)):
                 problems.append(f"{where}: percentiles out of order ({bad})")
             if isinstance(obj, LevelRow) and test.name not in _OTHER_SUT:
-                problems += _level_problems(where, obj, max_tps)
+                problems += _level_problems(where, obj, max_tps, peak)
         optimal = getattr(test.data, "throughput_within_slo", None)
         if max_tps is not None and optimal is not None and optimal > max_tps * (1 + _EPS):
             problems.append(

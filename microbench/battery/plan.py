@@ -17,7 +17,7 @@ from pydantic import Field
 from engine_harness.engines import StrictModel
 from microbench.battery.profiles import Profile
 
-__all__ = ["PlanRow", "Probe", "Progress", "estimate_plan", "format_plan"]
+__all__ = ["RESTART_S", "PlanRow", "Probe", "Progress", "estimate_plan", "format_plan"]
 
 RESTART_S = 60.0  # an engine restart (5.7, 5.10 with engine settings) on the CPU engine
 
@@ -48,7 +48,7 @@ def _capacity_plan(p: Profile, probe: Probe) -> tuple[int, int, float]:
     return levels, int(levels * probe.rps * p.level_duration_s), levels * _level_s(p, probe, p.level_duration_s)
 
 
-def _one(name: str, p: Profile, probe: Probe, configs: int) -> tuple[int, int, float]:
+def _one(name: str, p: Profile, probe: Probe, configs: int, restart_s: float) -> tuple[int, int, float]:
     x = probe.rps
     lvl = _level_s
     if name == "ttft":
@@ -70,7 +70,7 @@ def _one(name: str, p: Profile, probe: Probe, configs: int) -> tuple[int, int, f
         return 3, int(reqs), reqs / rate + 6 * probe.e2e_s
     if name == "prefix_cache":
         reqs = 3 * p.prefix_requests
-        return 3, reqs, reqs * probe.e2e_s / p.prefix_concurrency + 2 * RESTART_S
+        return 3, reqs, reqs * probe.e2e_s / p.prefix_concurrency + 2 * restart_s
     if name == "memory_pressure":
         n = len(p.pressure_levels)
         return n, int(n * x * p.pressure_duration_s), n * lvl(p, probe, p.pressure_duration_s)
@@ -83,12 +83,14 @@ def _one(name: str, p: Profile, probe: Probe, configs: int) -> tuple[int, int, f
             return 0, 0, 0.0
         n = 4 + len(p.guardrail_levels)
         return configs * n, int(configs * n * x * p.level_duration_s), configs * (
-            n * lvl(p, probe, p.level_duration_s) + RESTART_S
+            n * lvl(p, probe, p.level_duration_s) + restart_s
         )
     return 0, 0, 0.0
 
 
-def estimate_plan(names: list[str], p: Profile, probe: Probe, configs: int = 0) -> list[PlanRow]:
+def estimate_plan(
+    names: list[str], p: Profile, probe: Probe, configs: int = 0, restart_s: float = RESTART_S
+) -> list[PlanRow]:
     """Rows for the capacity measurement (before the first test that needs it) and each test."""
     rows = []
     needs_capacity = {"ttft", "throughput", "tradeoff", "itl"}
@@ -96,7 +98,7 @@ def estimate_plan(names: list[str], p: Profile, probe: Probe, configs: int = 0) 
         levels, reqs, secs = _capacity_plan(p, probe)
         rows.append(PlanRow(name="capacity measurement (5.2)", levels=levels, requests=reqs, seconds=secs))
     for name in names:
-        levels, reqs, secs = _one(name, p, probe, configs)
+        levels, reqs, secs = _one(name, p, probe, configs, restart_s)
         rows.append(PlanRow(name=name, levels=levels, requests=reqs, seconds=secs))
     return rows
 

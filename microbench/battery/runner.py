@@ -21,7 +21,7 @@ import matplotlib
 from microbench.battery import tests as _tests  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
-from microbench.battery.plan import Probe, Progress, estimate_plan, format_plan
+from microbench.battery.plan import RESTART_S, Probe, Progress, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
@@ -113,7 +113,10 @@ async def run_battery(
     progress = None
     if emit and todo:
         probe = await _probe(ctx)
-        rows = estimate_plan([t.name for t in todo], ctx.profile, probe, len(ctx.guardrail_configs))
+        restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
+        rows = estimate_plan(
+            [t.name for t in todo], ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s
+        )
         emit(format_plan(rows, probe, ctx.profile.name))
         progress = Progress(rows, emit)
     results = []
