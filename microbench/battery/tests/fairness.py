@@ -2,7 +2,7 @@
 
 Classes (5.6.2): short = input U[64, 256], output U[32, 128]; long = input U[1024, 4096], output
 U[256, 1024]; mixed 80/20. The total Poisson rate is ``fairness_load`` × the mixed workload's capacity
-(closed-loop probe). The mixed stream interleaves the classes in seeded shuffled blocks of 20 holding
+(the capacity measurement's closed-loop ramp, run on the mixed workload). The mixed stream interleaves the classes in seeded shuffled blocks of 20 holding
 exactly 16 short and 4 long requests, so the mix is 80/20 by construction (a per-request draw gave 88/12
 in a 100-request run). Latency inflation = mixed / isolated TTFT per class. Jain's index (5.6.4) is
 over the *classes*: x_c = class c's mixed TTFT P50 / its isolated TTFT P50 (``jain_over_classes``); the
@@ -21,6 +21,7 @@ from pydantic import Field
 import numpy as np
 
 from engine_harness.engines import StrictModel
+from microbench.battery.capacity_search import closed_loop_ramp
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.registry import Outcome, register_test
@@ -161,17 +162,9 @@ async def run_fairness(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     mixed_spec = class_workload(["short", "long"], ctx.seed)
     key = "fairness_capacity_rps"
-    if key not in ctx.estimates:
-        probe = Stage.scheduled(
-            "probe",
-            parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency}),
-            ctx.requests(mixed_spec),
-            max_requests=p.probe_requests,
-        )
-        w = (await ctx.run("fairness/probe", [probe])).stage("probe")
-        ctx.estimates[key] = int(w.latencies["ok"].sum()) / max(
-            float(np.nanmax(w.latencies["done_s"])) - w.start_s, 1e-9
-        )
+    if key not in ctx.estimates:  # the mixed workload's own service rate: the capacity search's ramp
+        ramp = await closed_loop_ramp(ctx, "fairness/closed", mixed_spec)
+        ctx.estimates[key] = max(r.request_rps for r in ramp)
     rate = p.fairness_load * ctx.estimates[key]
     n_mixed = max(
         math.ceil(p.fairness_per_class / CLASSES["long"]["rate_fraction"]),
