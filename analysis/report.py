@@ -286,12 +286,12 @@ def _html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -
 
 
 _CAPTIONS = {
-    "penalty_heatmaps": "Penalty ratio per cell: new prefill tokens P (x) by decode batch D (y), one panel per "
-    "chunk size; log colour scale shared by the panels, blank cells have no valid measurement.",
-    "chunk_sensitivity": "Against new prefill tokens P, one line per chunk size (log-log): prefill chunks, bare "
-    "prefill duration (ms) and total interference (ms).",
-    "injection_timeline": "One injection, stream by stream: each decode stream's inter-token gaps (ms, colour) "
-    "in ms since the injection's send, the prefill window shaded; below, the engine's steps.",
+    "penalty_heatmaps": "Penalty ratio per cell: new prefill tokens P (x) by decode batch D (y), one panel "
+    "per chunk size; log colour scale shared by the panels, blank cells have no valid measurement.",
+    "chunk_sensitivity": "Against new prefill tokens P, one line per chunk size (log-log): prefill chunks, "
+    "bare prefill duration (ms) and total interference (ms).",
+    "injection_timeline": "One injection, stream by stream: each decode stream's inter-token gaps (ms, "
+    "colour) in ms since the injection's send, the prefill window shaded; below, the engine's steps.",
     "model_comparison": "Predicted against measured total interference (ms, log-log): constant-penalty model "
     "vs step model.",
     "step_fit": "Step model diagnostics: measured against predicted step time (ms, log-log) and relative "
@@ -330,7 +330,8 @@ def _md_to_html(text: str) -> str:
                 i += 1
             header, rest = rows[0], rows[2:]
             out.append(
-                "<div class='scroll'><table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
+                "<div class='scroll'><table><tr>"
+                + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
                 + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest)
                 + "</table></div>"
             )  # fmt: skip

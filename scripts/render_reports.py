@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             png = args.out / f"{i:02d}-{page.parent.name}-{page.stem}.png"
             tiles = screenshot(page, png, args.width, int(info["height"]) + 20, profile)  # type: ignore[call-overload]
             overflow = info["overflow"]
-            print(f"{page}: {info['height']} px tall, {len(tiles)} tiles in {args.out}; "
-                  f"{'OVERFLOW' if overflow else 'no overflow'}")
+            print(
+                f"{page}: {info['height']} px tall, {len(tiles)} tiles in {args.out}; "
+                f"{'OVERFLOW' if overflow else 'no overflow'}"
+            )
             for line in overflow:  # type: ignore[attr-defined]
                 print(f"  wider than the page: {line}")
             failed |= bool(overflow)

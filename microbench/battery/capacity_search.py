@@ -66,8 +66,9 @@ async def rate_search(
     return (None if good is None else good * x), steps
 
 
-def sustainable_open(row: LevelRow, lower_p50: float | None, ttft_slo_ms: float | None,
-                     tpot_slo_ms: float | None) -> bool:
+def sustainable_open(
+    row: LevelRow, lower_p50: float | None, ttft_slo_ms: float | None, tpot_slo_ms: float | None
+) -> bool:
     """5.2.3.1's third sign (E2E P99 > 10× a lower level's P50) and the SLOs, on top of the row's verdict."""
     if lower_p50 is not None and row.e2e.p99 is not None and row.e2e.p99 > 10 * lower_p50:
         row.steady.reasons.append(f"E2E P99 {row.e2e.p99:.3f} s > 10× P50 {lower_p50:.3f} s at a lower load")

@@ -188,14 +188,15 @@ class BatteryContext:
         lowest rate probed stands in, and ``capacity_note`` says so.
         """
         if self.search is None:
-            from microbench.battery.capacity_search import measure_capacity  # noqa: PLC0415 (cycle)
+            from microbench.battery.capacity_search import measure_capacity
 
             self.search = await measure_capacity(self)
         if self.search.sustainable_rps is not None:
             return self.search.sustainable_rps
         lowest = min(s.value for s in self.search.search)
         self.capacity_note = (
-            f"no open-loop level was sustainable; loads scale by half the lowest probed rate ({lowest:.2f} req/s)"
+            "no open-loop level was sustainable; loads scale by half the lowest probed rate "
+            f"({lowest:.2f} req/s)"
         )
         return lowest / 2
 

@@ -15,6 +15,7 @@ above everything else and never swap a figure for a "better" one. Checked:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -49,7 +50,7 @@ def walk(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 def distribution_order(d: Distribution) -> str | None:
     """None when the percentiles are in order, else which pair is not."""
     values = [(n, getattr(d, n)) for n in _ORDER if getattr(d, n) is not None]
-    for (a, x), (b, y) in zip(values, values[1:], strict=False):
+    for (a, x), (b, y) in itertools.pairwise(values):
         if x > y + _EPS * max(1.0, abs(y)):
             return f"{a} {x:.6g} > {b} {y:.6g}"
     return None
@@ -59,7 +60,8 @@ def _level_problems(where: str, row: LevelRow, max_tps: float | None, peak: floa
     out = []
     if max_tps is not None and row.sustainable and row.output_tps > max_tps * (1 + _EPS):
         out.append(
-            f"{where}: a sustainable level reports {row.output_tps:.1f} tok/s, above the Max {max_tps:.1f} tok/s"
+            f"{where}: a sustainable level reports {row.output_tps:.1f} tok/s, "
+            f"above the Max {max_tps:.1f} tok/s"
         )
     elif peak is not None and row.output_tps > peak * (1 + _EPS):
         out.append(f"{where}: a level reports {row.output_tps:.1f} tok/s, above the peak {peak:.1f} tok/s")
@@ -81,9 +83,8 @@ def check_report(report: BatteryReport) -> list[str]:
     max_tps = None if cap is None else cap.max_output_tps
     peak = None if cap is None else cap.peak_output_tps
     problems: list[str] = []
-    if cap is not None and cap.max_output_tps is not None and cap.peak_output_tps is not None:
-        if cap.max_output_tps > cap.peak_output_tps * (1 + _EPS):
-            problems.append(f"Max {cap.max_output_tps:.1f} tok/s is above the peak {cap.peak_output_tps:.1f}")
+    if max_tps is not None and peak is not None and max_tps > peak * (1 + _EPS):
+        problems.append(f"Max {max_tps:.1f} tok/s is above the peak {peak:.1f}")
     for test in report.tests:
         if test.data is None:
             continue

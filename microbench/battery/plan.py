@@ -45,7 +45,11 @@ def _capacity_plan(p: Profile, probe: Probe) -> tuple[int, int, float]:
     ramp = max(1, int(math.log2(max(p.capacity_max / p.probe_concurrency, 1))) + 1)
     ramp = min(ramp, 4)  # the ramp stops once throughput stops rising; four doublings is typical
     levels = ramp + p.search_probes
-    return levels, int(levels * probe.rps * p.level_duration_s), levels * _level_s(p, probe, p.level_duration_s)
+    return (
+        levels,
+        int(levels * probe.rps * p.level_duration_s),
+        levels * _level_s(p, probe, p.level_duration_s),
+    )
 
 
 def _one(name: str, p: Profile, probe: Probe, configs: int, restart_s: float) -> tuple[int, int, float]:
@@ -82,8 +86,10 @@ def _one(name: str, p: Profile, probe: Probe, configs: int, restart_s: float) ->
         if configs < 2:
             return 0, 0, 0.0
         n = 4 + len(p.guardrail_levels)
-        return configs * n, int(configs * n * x * p.level_duration_s), configs * (
-            n * lvl(p, probe, p.level_duration_s) + restart_s
+        return (
+            configs * n,
+            int(configs * n * x * p.level_duration_s),
+            configs * (n * lvl(p, probe, p.level_duration_s) + restart_s),
         )
     return 0, 0, 0.0
 
@@ -104,7 +110,7 @@ def estimate_plan(
 
 
 def _hms(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
@@ -115,8 +121,9 @@ def format_plan(rows: list[PlanRow], probe: Probe, profile: str) -> str:
         f"  {'step':<28} {'levels':>6} {'requests':>9} {'est. time':>10}",
     ]
     lines += [f"  {r.name:<28} {r.levels:>6} {r.requests:>9} {_hms(r.seconds):>10}" for r in rows]
-    lines.append(f"  {'total':<28} {'':>6} {sum(r.requests for r in rows):>9} "
-                 f"{_hms(sum(r.seconds for r in rows)):>10}")
+    lines.append(
+        f"  {'total':<28} {'':>6} {sum(r.requests for r in rows):>9} {_hms(sum(r.seconds for r in rows)):>10}"
+    )
     return "\n".join(lines)
 
 

@@ -74,8 +74,12 @@ def throughput_search(data: ThroughputData) -> Figure:
     fig, (ax,) = _figure()
     for row in data.search.open_loop:
         ax.errorbar(
-            row.offered, row.output_tps, yerr=row.output_tps_ci or 0, fmt="o",
-            color="C2" if row.sustainable else "C3", zorder=3,
+            row.offered,
+            row.output_tps,
+            yerr=row.output_tps_ci or 0,
+            fmt="o",
+            color="C2" if row.sustainable else "C3",
+            zorder=3,
         )
     ax.scatter([], [], color="C2", label="sustainable")
     ax.scatter([], [], color="C3", label="saturated / SLO missed")
@@ -193,14 +197,16 @@ def figures_for(result: TestResult) -> list[tuple[str, Figure]]:
 
 
 CAPTIONS: dict[str, str] = {
-    "ttft": "Figure 5.1: cumulative distribution of TTFT (ms) over every request of the test, with P50/P99 marks.",
+    "ttft": "Figure 5.1: cumulative distribution of TTFT (ms) over every request of the test, "
+    "with P50/P99 marks.",
     "throughput": "Figure 5.2: open-loop levels of the capacity search: achieved output tokens/s (± 95% "
     "Poisson half-width) against the offered rate (req/s); green sustainable, red saturated.",
     "tradeoff": "Figure 5.3: achieved output tokens/s and TTFT P99 (ms) against the offered rate (req/s), "
     "with the knee, saturation and optimal points.",
     "itl": "Figure 5.4: distribution of inter-chunk gaps (ms, log scale) per load level.",
     "capacity": "Figure 5.5: TTFT P99 (ms) per closed-loop concurrency, against the success criterion.",
-    "long_context": "Figure 5.9: TTFT (ms) against context length (tokens), log-log, with the fitted power law.",
+    "long_context": "Figure 5.9: TTFT (ms) against context length (tokens), log-log, "
+    "with the fitted power law.",
 }
 
 

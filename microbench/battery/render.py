@@ -230,7 +230,10 @@ def markdown_full(report: BatteryReport, figures_dir: str = "figures") -> str:
         for table in tables:
             out += [_md_table(table)]
         if test is not None:
-            out += [f"![{caption_for(test.name)}]({figures_dir}/{f})\n\n*{caption_for(test.name)}*\n" for f in test.figures]
+            out += [
+                f"![{caption_for(test.name)}]({figures_dir}/{f})\n\n*{caption_for(test.name)}*\n"
+                for f in test.figures
+            ]
             out += [f"- {n}" for n in test.notes] + ([""] if test.notes else [])
     return "\n".join(out)
 

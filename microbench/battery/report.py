@@ -170,13 +170,21 @@ def capacity_rows(cap: Capacity | None) -> list[list[str]]:
     if cap is None:
         return [["Max Output Throughput", "not measured (the capacity measurement did not run)"]]
     return [
-        ["Max Output Throughput (sustainable)", _pm(cap.max_output_tps, cap.max_output_tps_ci, " tok/s")
-         + (f" ({cap.max_source})" if cap.max_source else "")],
+        [
+            "Max Output Throughput (sustainable)",
+            _pm(cap.max_output_tps, cap.max_output_tps_ci, " tok/s")
+            + (f" ({cap.max_source})" if cap.max_source else ""),
+        ],
         ["Max Request Throughput (at that level)", num(cap.max_rps, ".2f", " req/s")],
-        ["Max sustainable open-loop rate", num(cap.sustainable_rate_rps, ".2f", " req/s")
-         + (f" ({cap.sustainable_rate_source})" if cap.sustainable_rate_source else "")],
-        ["Peak throughput, any level (saturated included)", num(cap.peak_output_tps, ".1f", " tok/s")
-         + (f" ({cap.peak_source})" if cap.peak_source else "")],
+        [
+            "Max sustainable open-loop rate",
+            num(cap.sustainable_rate_rps, ".2f", " req/s")
+            + (f" ({cap.sustainable_rate_source})" if cap.sustainable_rate_source else ""),
+        ],
+        [
+            "Peak throughput, any level (saturated included)",
+            num(cap.peak_output_tps, ".1f", " tok/s") + (f" ({cap.peak_source})" if cap.peak_source else ""),
+        ],
     ]
 
 

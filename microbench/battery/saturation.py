@@ -13,8 +13,8 @@ After the ramp, over the rest of the issuing window:
   shifted back by one E2E (the requests that, in steady state, finish inside it).
 
 Either sign saturates an open-loop level; a closed loop (bounded in-flight count, a send per completion)
-shows neither and is judged by its test's criteria instead (5.5's). A window shorter than three E2E times cannot tell a ramp from growth: the
-verdict then carries a note saying so (``conclusive`` False) rather than a guess.
+shows neither and is judged by its test's criteria instead (5.5's). A window shorter than three E2E
+times cannot tell a ramp from growth: the verdict then says so (``conclusive`` False), not a guess.
 """
 
 from __future__ import annotations

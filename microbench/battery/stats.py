@@ -20,11 +20,11 @@ from pydantic import Field
 from engine_harness.engines import StrictModel
 
 __all__ = [
+    "FIT_RULE",
     "LENGTH_BUCKETS",
     "Distribution",
     "ScalingFit",
     "SearchStep",
-    "FIT_RULE",
     "fit_scaling",
     "fit_verdict",
     "inter_chunk_gaps",
@@ -262,7 +262,7 @@ def fit_verdict(lengths: int, span: float, r2: float) -> tuple[bool, str]:
 def _slope_ci(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     if x.size < 3:
         return None
-    import statsmodels.api as sm  # noqa: PLC0415  (heavy import, only when fitting)
+    import statsmodels.api as sm
 
     fit = sm.OLS(y, sm.add_constant(x)).fit()
     lo, hi = fit.conf_int(0.05)[1]

@@ -24,15 +24,15 @@ from microbench.battery.runner import run_battery
 
 pytestmark = pytest.mark.integration
 
-S, P, O = 4, 64, 16
+S, P, OUT = 4, 64, 16
 STEP = StepModel(alpha_ms=10.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=0.0)
-STEP_S = (STEP.alpha_ms + STEP.beta_d_ms * S * (O - 1) / O + STEP.beta_c_ms * P * S / O) / 1e3
-CAPACITY_RPS = S / (O * STEP_S)  # 23.7 req/s
-CAPACITY_TPS = CAPACITY_RPS * O  # 380 tok/s
+STEP_S = (STEP.alpha_ms + STEP.beta_d_ms * S * (OUT - 1) / OUT + STEP.beta_c_ms * P * S / OUT) / 1e3
+CAPACITY_RPS = S / (OUT * STEP_S)  # 23.7 req/s
+CAPACITY_TPS = CAPACITY_RPS * OUT  # 380 tok/s
 SIM = SimConfig(model="sim", max_num_batched_tokens=2048, max_num_seqs=S, step=STEP, seed=3)
 PROFILE = profile(
     "quick",
-    output_cap=O,
+    output_cap=OUT,
     warmup_requests=8,
     probe_concurrency=2,
     ttft_requests=30,
@@ -42,7 +42,7 @@ PROFILE = profile(
     capacity_initial=2,
     capacity_max=16,
     capacity_duration_s=2.0,
-    capacity_output=O,
+    capacity_output=OUT,
     capacity_ttft_p99_ms=1500.0,
 )
 
@@ -52,7 +52,11 @@ async def test_capacity_matches_the_step_model_and_every_test_agrees(tmp_path: P
         "name": "fixed-64-16",
         "seed": 0,
         "clients": [
-            {"id": "a", "input_length": {"type": "fixed", "value": P}, "output_length": {"type": "fixed", "value": O}}
+            {
+                "id": "a",
+                "input_length": {"type": "fixed", "value": P},
+                "output_length": {"type": "fixed", "value": OUT},
+            }
         ],
     }
     workload = tmp_path / "fixed.yaml"
@@ -70,12 +74,17 @@ async def test_capacity_matches_the_step_model_and_every_test_agrees(tmp_path: P
         report = await run_battery(ctx, ["ttft", "throughput", "tradeoff", "capacity"])
     cap = report.capacity
     assert cap is not None and cap.max_output_tps is not None
-    print(f"computed {CAPACITY_TPS:.1f} tok/s ({CAPACITY_RPS:.2f} req/s); battery {cap.max_output_tps:.1f} "
-          f"± {cap.max_output_tps_ci:.1f} tok/s from {cap.max_source}; rate {cap.sustainable_rate_rps:.2f} req/s "
-          f"({cap.sustainable_rate_source}); peak {cap.peak_output_tps:.1f} ({cap.peak_source})")
+    print(
+        f"computed {CAPACITY_TPS:.1f} tok/s ({CAPACITY_RPS:.2f} req/s); battery {cap.max_output_tps:.1f} "
+        f"± {cap.max_output_tps_ci:.1f} tok/s from {cap.max_source}; "
+        f"rate {cap.sustainable_rate_rps:.2f} req/s "
+        f"({cap.sustainable_rate_source}); peak {cap.peak_output_tps:.1f} ({cap.peak_source})"
+    )
     for e in cap.entries:
-        print(f"  {e.source}: sent {e.sent_rps} achieved {e.achieved_rps:.2f} req/s {e.output_tps:.1f} tok/s "
-              f"sustainable {e.sustainable} {e.why}")
+        print(
+            f"  {e.source}: sent {e.sent_rps} achieved {e.achieved_rps:.2f} req/s {e.output_tps:.1f} tok/s "
+            f"sustainable {e.sustainable} {e.why}"
+        )
     assert cap.max_output_tps == pytest.approx(CAPACITY_TPS, rel=0.05), cap.max_source
     assert check_report(report) == []
     # 5.2: its sustainable open-loop rate is within the search's resolution below capacity, never above it
@@ -86,13 +95,16 @@ async def test_capacity_matches_the_step_model_and_every_test_agrees(tmp_path: P
     # 5.3: levels below capacity are sustainable and deliver what was sent; the one above is saturated and
     # delivers no more than capacity
     tr = report.result("tradeoff").data  # type: ignore[union-attr]
-    low, mid, high = tr.levels
+    low, _, high = tr.levels
     assert low.sustainable and low.request_rps == pytest.approx(low.sent_rps, rel=0.15)
     assert not high.sustainable and high.request_rps <= 1.05 * CAPACITY_RPS
     assert tr.throughput_within_slo is not None and tr.throughput_within_slo <= cap.max_output_tps
     # 5.5: closed loop at or above S slots delivers capacity; its figure is the report's Max or below it
     cp = report.result("capacity").data  # type: ignore[union-attr]
     assert cp.throughput_at_max == pytest.approx(CAPACITY_TPS, rel=0.05)
-    assert cp.throughput_at_max <= cap.max_output_tps and cp.battery_capacity.max_output_tps == cap.max_output_tps
+    assert (
+        cp.throughput_at_max <= cap.max_output_tps
+        and cp.battery_capacity.max_output_tps == cap.max_output_tps
+    )
     # C.1 prints that same figure
     assert f"Max Throughput: {cap.max_output_tps:.1f} ± " in markdown_minimum(report)

@@ -110,7 +110,10 @@ def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
     assert tp.search.sustainable_rps is not None and tp.at_max is not None and tp.at_max.output_tps > 0
     assert 1 <= len(tp.search.search) <= TINY.search_probes and len(tp.search.closed_loop) >= 1
     assert report.capacity is not None and report.capacity.max_output_tps is not None
-    assert tp.battery_capacity is not None and tp.battery_capacity.max_output_tps == report.capacity.max_output_tps
+    assert (
+        tp.battery_capacity is not None
+        and tp.battery_capacity.max_output_tps == report.capacity.max_output_tps
+    )
 
 
 def test_tradeoff_and_itl(battery: tuple[BatteryReport, Path]) -> None:

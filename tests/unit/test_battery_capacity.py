@@ -1,4 +1,4 @@
-"""The battery's derived figures on hand-built data: saturation, level rates, capacity, search, fits, fairness."""
+"""The battery's derived figures on hand-built data: saturation, rates, capacity, search, fits, fairness."""
 
 from __future__ import annotations
 
@@ -101,7 +101,13 @@ async def test_rate_search_brackets_the_threshold_within_five_percent() -> None:
 
 def _entry(label: str, loop: str, offered: float, tps: float, ok: bool) -> LedgerEntry:
     return LedgerEntry(
-        test="5.x", label=label, loop=loop, offered=offered, achieved_rps=tps / 10, output_tps=tps, sustainable=ok
+        test="5.x",
+        label=label,
+        loop=loop,
+        offered=offered,
+        achieved_rps=tps / 10,
+        output_tps=tps,
+        sustainable=ok,
     )
 
 
@@ -128,7 +134,10 @@ def test_saturation_point_ignores_a_fall_within_sampling_error() -> None:
 def test_fit_verdict_and_exponent_ci() -> None:
     # issue #23's case: three lengths spanning 8× with a poor fit is no headline
     ok, verdict = fit_verdict(3, 8.0, 0.57)
-    assert not ok and verdict == "not meaningful: 3 distinct lengths (< 4), lengths span 8× (< 16×), R² 0.57 (< 0.9)"
+    assert (
+        not ok
+        and verdict == "not meaningful: 3 distinct lengths (< 4), lengths span 8× (< 16×), R² 0.57 (< 0.9)"
+    )
     x = np.repeat([256.0, 1024.0, 4096.0, 16384.0], 3)
     y = 1e-4 * x * np.tile([0.98, 1.0, 1.02], 4)  # TTFT ∝ length, ±2%
     fit = fit_scaling(x, y)

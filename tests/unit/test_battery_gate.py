@@ -54,7 +54,9 @@ def _report(levels, ledger) -> BatteryReport:  # type: ignore[no-untyped-def]
         profile="quick",
         seed=0,
         workload="w",
-        system=SystemInfo(model="m", engine_kind="sim", base_url="u", hardware="cpu", accelerators=0, cpu_count=2),
+        system=SystemInfo(
+            model="m", engine_kind="sim", base_url="u", hardware="cpu", accelerators=0, cpu_count=2
+        ),
         warmup=WarmupResult(cold_start=True),
         tests=[TestResult(name="tradeoff", section="5.3", title="Trade-off", status="ran", data=data)],
         capacity=capacity_from(ledger, SATURATION_RULE),
@@ -82,7 +84,9 @@ def test_a_max_below_a_sustainable_level_fails_loudly_and_is_not_swapped() -> No
 def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
     row = _row(10.0)
     inflated = row.model_copy(update={"request_rps": 14.0})  # e.g. a window that lost its empty tail
-    inflated.ttft = Distribution(count=3, min=0.01, p50=0.03, p90=0.02, p95=0.04, p99=0.05, p999=0.05, max=0.05)
+    inflated.ttft = Distribution(
+        count=3, min=0.01, p50=0.03, p90=0.02, p95=0.04, p99=0.05, p999=0.05, max=0.05
+    )
     report = _report([inflated], [ledger_entry("5.3", "x", inflated)])
     problems = check_report(report)
     assert any("completions" in p and "offered" in p for p in problems)

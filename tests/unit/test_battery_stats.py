@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from microbench.battery.saturation import steady_state
 from microbench.battery.stats import (
     fit_scaling,
     jain_index,
@@ -20,7 +21,6 @@ from microbench.battery.stats import (
     starvation_rate,
     summarize,
 )
-from microbench.battery.saturation import steady_state
 from microbench.battery.tests.itl import itl_level
 from microbench.battery.warmup import probe_variation
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct

@@ -2,13 +2,13 @@
 
 Classes (5.6.2): short = input U[64, 256], output U[32, 128]; long = input U[1024, 4096], output
 U[256, 1024]; mixed 80/20. The total Poisson rate is ``fairness_load`` × the mixed workload's capacity
-(the capacity measurement's closed-loop ramp, run on the mixed workload). The mixed stream interleaves the classes in seeded shuffled blocks of 20 holding
-exactly 16 short and 4 long requests, so the mix is 80/20 by construction (a per-request draw gave 88/12
-in a 100-request run). Latency inflation = mixed / isolated TTFT per class. Jain's index (5.6.4) is
-over the *classes*: x_c = class c's mixed TTFT P50 / its isolated TTFT P50 (``jain_over_classes``); the
-same formula over every request's normalised TTFT measures spread within classes, not unfairness
-between them, and is reported separately as such. Starvation = share of a class's mixed requests
-waiting (TTFT) longer than 5× that class's median.
+(the capacity measurement's closed-loop ramp, run on the mixed workload). The mixed stream interleaves
+the classes in seeded shuffled blocks of 20 holding exactly 16 short and 4 long requests, so the mix
+is 80/20 by construction (a per-request draw gave 88/12 in a 100-request run). Latency inflation =
+mixed / isolated TTFT per class. Jain's index (5.6.4) is over the *classes*: x_c = class c's mixed TTFT
+P50 / its isolated TTFT P50 (``jain_over_classes``); the same formula over every request's normalised
+TTFT measures spread within classes, not unfairness between them, and is reported separately as such.
+Starvation = share of a class's mixed requests waiting (TTFT) longer than 5× that class's median.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import Field
-
 import numpy as np
+from pydantic import Field
 
 from engine_harness.engines import StrictModel
 from microbench.battery.capacity_search import closed_loop_ramp
@@ -135,7 +134,10 @@ class FairnessData(TestData):
         )
         metrics = [
             ["Jain's Fairness Index (over classes, x = inflation P50)", num(self.jain, ".3f")],
-            ["Per-request spread (Jain over every request's normalised TTFT)", num(self.jain_requests, ".3f")],
+            [
+                "Per-request spread (Jain over every request's normalised TTFT)",
+                num(self.jain_requests, ".3f"),
+            ],
             ["Class mix sent", mix or "–"],
         ]
         metrics += [[f"{c.name.title()} Class Starvation", pct(c.starvation)] for c in self.classes]

@@ -38,10 +38,17 @@ class ThroughputData(TestData):
     def tables(self) -> list[Table]:
         m = self.at_max
         cap = self.battery_capacity
-        per = None if cap is None or cap.max_output_tps is None else cap.max_output_tps / max(self.device_count, 1)
+        per = (
+            None
+            if cap is None or cap.max_output_tps is None
+            else cap.max_output_tps / max(self.device_count, 1)
+        )
         summary = [
             *capacity_rows(cap),
-            ["Max Input Throughput (at the sustainable rate)", num(None if m is None else m.input_tps, ".1f", " tok/s")],
+            [
+                "Max Input Throughput (at the sustainable rate)",
+                num(None if m is None else m.input_tps, ".1f", " tok/s"),
+            ],
             [f"Tokens per {self.per_device}-second", num(per, ".1f", f" tok/s/{self.per_device}")],
             ["Batch utilization", "not measured"],
         ]
@@ -65,9 +72,7 @@ class ThroughputData(TestData):
             )
         )
         tables.append(
-            level_rate_rows(
-                "Capacity phase 2: open-loop search (in the order run)", self.search.open_loop
-            )
+            level_rate_rows("Capacity phase 2: open-loop search (in the order run)", self.search.open_loop)
         )
         return tables
 
