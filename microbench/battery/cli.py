@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import sys
@@ -31,7 +32,8 @@ from microbench.battery.engine import (
 )
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.render import gate_lines
-from microbench.battery.runner import ordered_tests, run_battery, write_report
+from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
+from microbench.battery.warmup import warm_up
 from microbench.workloads.reference import WORKLOADS
 
 __all__ = ["build_parser", "main"]
@@ -77,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--profile", choices=list(PROFILES), default="conformant")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="start the engine, warm up, probe briefly, print the plan with its estimated time, and stop",
+    )
     run.add_argument("--cold-start", action="store_true", help="skip warm-up; the report declares it (4.5.3)")
     run.add_argument(
         "--config",
@@ -142,6 +149,12 @@ async def _run(args: argparse.Namespace) -> int:
             accelerators=args.gpus,
             cpu_count=os.cpu_count() or 1,
         )
+        if args.plan_only:
+            await warm_up(ctx, cold_start=args.cold_start)
+            rows = await plan_battery(ctx, [t.name for t in ordered_tests(names)], _emit)
+            (out / "plan.json").write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
+            print(f"plan only: nothing else ran; plan in {out / 'plan.json'}")
+            return 0
         report = await run_battery(
             ctx, names, cold_start=args.cold_start, command=shlex.join(sys.argv), emit=_emit
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,7 @@ class BatteryContext:
     ledger: list[LedgerEntry] = field(default_factory=list)
     search: Any = None  # capacity_search.CapacitySearch once measured
     capacity_note: str | None = None
+    on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
     prompts: PromptFactory = field(default_factory=PromptFactory)
     _runs: int = 0
     _labels: set[str] = field(default_factory=set)
@@ -191,6 +192,8 @@ class BatteryContext:
             from microbench.battery.capacity_search import measure_capacity
 
             self.search = await measure_capacity(self)
+            if self.on_capacity is not None:
+                self.on_capacity()
         if self.search.sustainable_rps is not None:
             return self.search.sustainable_rps
         lowest = min(s.value for s in self.search.search)

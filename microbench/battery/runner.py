@@ -21,7 +21,7 @@ import matplotlib
 from microbench.battery import tests as _tests  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
-from microbench.battery.plan import RESTART_S, Probe, Progress, estimate_plan, format_plan
+from microbench.battery.plan import RESTART_S, PlanRow, Probe, Progress, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
@@ -32,7 +32,7 @@ from microbench.loadgen.schedulers import parse_scheduler
 from microbench.loadgen.session import Stage
 from microbench.run_folder import cpu_model, git_commit
 
-__all__ = ["ordered_tests", "run_battery", "write_report"]
+__all__ = ["ordered_tests", "plan_battery", "run_battery", "write_report"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,6 +87,15 @@ async def _probe(ctx: BatteryContext) -> Probe:
     )
 
 
+async def plan_battery(ctx: BatteryContext, names: list[str], emit: Callable[[str], None]) -> list[PlanRow]:
+    """Probe briefly, then print (``emit``) and return the plan of the named tests."""
+    probe = await _probe(ctx)
+    restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
+    rows = estimate_plan(names, ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s)
+    emit(format_plan(rows, probe, ctx.profile.name))
+    return rows
+
+
 async def run_battery(
     ctx: BatteryContext,
     names: list[str] | None = None,
@@ -107,18 +116,15 @@ async def run_battery(
     state = RunState(ctx.out_dir / "state") if ctx.out_dir is not None else None
     done = state.load(ctx) if state is not None else {}
     if done and emit:
-        emit(f"resuming: {', '.join(done)} finished before; {len(selected) - len(done)} to run")
+        finished = [t.name for t in selected if t.name in done]
+        emit(f"resuming: {', '.join(finished)} finished before; {len(selected) - len(finished)} to run")
     todo = [t for t in selected if t.name not in done]
     warmup = await warm_up(ctx, cold_start=cold_start) if todo else state.warmup()  # type: ignore[union-attr]
+    if state is not None:  # the capacity measurement is saved as soon as it is done, not with its test
+        ctx.on_capacity = lambda: state.save_context(ctx, warmup)
     progress = None
     if emit and todo:
-        probe = await _probe(ctx)
-        restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
-        rows = estimate_plan(
-            [t.name for t in todo], ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s
-        )
-        emit(format_plan(rows, probe, ctx.profile.name))
-        progress = Progress(rows, emit)
+        progress = Progress(await plan_battery(ctx, [t.name for t in todo], emit), emit)
     results = []
     for test in selected:
         if test.name in done:

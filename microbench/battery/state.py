@@ -37,6 +37,10 @@ class RunState:
 
     def save(self, result: TestResult, ctx: BatteryContext, warmup: WarmupResult) -> None:
         _write(self.folder / "tests" / f"{result.name}.json", result.model_dump_json(indent=1))
+        self.save_context(ctx, warmup)
+
+    def save_context(self, ctx: BatteryContext, warmup: WarmupResult) -> None:
+        """The ledger, capacity search and estimates (also right after the capacity measurement)."""
         context: dict[str, Any] = {
             "ledger": [e.model_dump(mode="json") for e in ctx.ledger],
             "search": None if ctx.search is None else ctx.search.model_dump(mode="json"),
