@@ -1,4 +1,4 @@
-"""A stopped battery run continues where it stopped: finished tests and the capacity are not measured again."""
+"""A stopped battery run continues where it stopped: finished tests and the capacity are not redone."""
 
 from __future__ import annotations
 

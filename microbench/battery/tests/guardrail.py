@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from engine_harness.engines import StrictModel
 from microbench.battery.capacity_search import closed_loop_ramp
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.engine import EngineOverrides, NotRestartable
+from microbench.battery.levels import level_row
 from microbench.battery.registry import Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
 from microbench.battery.stats import Distribution, summarize
@@ -33,6 +36,8 @@ class ConfigLevel(StrictModel):
     config: str
     url: str
     load_fraction: float
+    offered_rps: float | None = None
+    achieved_rps: float | None = Field(default=None, description="completions/s in the measured window")
     ttft: Distribution
     e2e: Distribution
 
@@ -60,6 +65,8 @@ class GuardrailData(TestData):
                 [
                     lv.config,
                     f"{lv.load_fraction:.0%}",
+                    num(lv.offered_rps, ".2f"),
+                    num(lv.achieved_rps, ".2f"),
                     ms(lv.ttft.p50),
                     ms(lv.ttft.p99),
                     ms(lv.e2e.p50),
@@ -80,6 +87,8 @@ class GuardrailData(TestData):
                 columns=[
                     "Configuration",
                     "Load",
+                    "Offered (req/s)",
+                    "Achieved (req/s)",
                     "TTFT P50",
                     "TTFT P99",
                     "E2E P50",
@@ -134,13 +143,16 @@ async def _levels(
             ctx.requests(spec),
             duration_s=ctx.profile.level_duration_s,
         )
-        lat = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level").latencies
+        window = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level")
+        lat, achieved = window.latencies, level_row(window, f * base_rps).request_rps
         ok = lat[lat["ok"]]
         levels.append(
             ConfigLevel(
                 config=name,
                 url=url,
                 load_fraction=f,
+                offered_rps=f * base_rps,
+                achieved_rps=achieved,
                 ttft=summarize(ok["ttft_s"]),
                 e2e=summarize(ok["e2e_s"]),
             )
