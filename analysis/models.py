@@ -26,7 +26,7 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.steps import REGRESSORS, schedule_injection, steps_frame, windows_frame
-from microbench.records import RunRecord
+from microbench.results.records import RunRecord
 
 __all__ = [
     "PARAM_NAMES",

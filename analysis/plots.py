@@ -21,7 +21,7 @@ import seaborn as sns
 from matplotlib.colors import LogNorm, TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from microbench.records import RunRecord
+from microbench.results.records import RunRecord
 
 __all__ = [
     "chunk_sensitivity",

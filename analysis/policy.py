@@ -30,6 +30,8 @@ import pandas as pd
 
 from analysis.breakeven import LinkProfile, ModelKV, TransferMode, breakeven_table, load_link, load_model_kv
 from analysis.table import aggregate_cells, load_manifest, load_records, records_frame
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out
 
 __all__ = ["FORMAT", "POLICY_COLUMNS", "Decision", "OffloadPolicy", "OutOfRangeError", "build_policy", "main"]
 
@@ -243,6 +245,32 @@ class OffloadPolicy:
         )
 
 
+def _build(args: argparse.Namespace) -> int:
+    link = load_link(args.link)
+    if args.kv_dtype and not args.model:
+        raise BadInput("--kv-dtype needs --model")
+    model = load_model_kv(args.model, args.kv_dtype) if args.model else None
+    policy = build_policy(args.run, link, args.mode, model)
+    out = args.out or args.run / "policy"
+    csv_path, json_path = policy.save(out / f"offload_policy_{link.name}_{args.mode}")
+    counts = policy.cells["decision"].value_counts().to_dict()
+    print(json.dumps({"csv": str(csv_path), "json": str(json_path), "decisions": counts}))
+    for warning in policy.metadata["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "build":
+            return _build(args)
+        decision = OffloadPolicy.load(args.table).decide(args.decode_batch, args.prefill_tokens, args.chunk)
+        print(json.dumps(asdict(decision)))
+        return 0
+    except (ValueError, FileNotFoundError) as exc:
+        raise BadInput(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.policy", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,35 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--mode", choices=["layerwise", "bulk"], default="layerwise")
     build.add_argument("--model", help="model name or config.json path (default: the run's model)")
     build.add_argument("--kv-dtype", help="KV-cache dtype when it differs from the model's (e.g. fp8)")
-    build.add_argument("--out", type=Path, help="output path without suffix (default: <run>/policy/…)")
+    add_out(build, "<run>/policy")
     query = sub.add_parser("query", help="ask a table for a decision")
     query.add_argument("table", type=Path)
-    query.add_argument("--D", type=float, required=True, dest="decode_batch")
-    query.add_argument("--P", type=float, required=True, dest="prefill_tokens")
+    query.add_argument("--D", type=float, required=True, dest="decode_batch", help="decode batch size")
+    query.add_argument("--P", type=float, required=True, dest="prefill_tokens", help="prefill tokens")
     query.add_argument("--chunk", type=int, required=True)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "build":
-            link = load_link(args.link)
-            model = load_model_kv(args.model, args.kv_dtype) if args.model or args.kv_dtype else None
-            if model is None and args.kv_dtype:
-                raise ValueError("--kv-dtype needs --model")
-            policy = build_policy(args.run, link, args.mode, model)
-            out = args.out or args.run / "policy" / f"offload_policy_{link.name}_{args.mode}"
-            csv_path, json_path = policy.save(out)
-            counts = policy.cells["decision"].value_counts().to_dict()
-            print(json.dumps({"csv": str(csv_path), "json": str(json_path), "decisions": counts}))
-            for warning in policy.metadata["warnings"]:
-                print(f"warning: {warning}", file=sys.stderr)
-        else:
-            decision = OffloadPolicy.load(args.table).decide(
-                args.decode_batch, args.prefill_tokens, args.chunk
-            )
-            print(json.dumps(asdict(decision)))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(lambda: _run(args), lambda: getattr(args, "out", None))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import html
 import io
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,9 @@ from matplotlib.figure import Figure
 from analysis import plots
 from analysis.breakeven import TransferMode, breakeven_table, load_link, load_model_kv
 from analysis.table import interference_table, load_manifest, load_raw, load_records
-from microbench.records import RunRecord
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out
+from microbench.results.records import RunRecord
 
 __all__ = ["DEFAULT_LINKS", "ReportPaths", "build_report", "main", "pick_timeline_record", "success_criteria"]
 
@@ -358,25 +359,26 @@ def _inline(text: str) -> str:
     return escaped
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run folder, results/<run-id>")
-    parser.add_argument("--out", type=Path, help="output folder (default <run>/report)")
-    parser.add_argument(
-        "--link", action="append", help=f"link profile(s) (default {', '.join(DEFAULT_LINKS)})"
-    )
-    parser.add_argument("--mode", choices=["layerwise", "bulk"], default="layerwise")
-    parser.add_argument("--chunk", type=int, default=8192, help="chunk of the offload-region figure")
-    args = parser.parse_args(argv)
+def _run(args: argparse.Namespace) -> int:
     try:
         paths = build_report(args.run, args.out, args.link or DEFAULT_LINKS, args.mode, args.chunk)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise BadInput(str(exc)) from None
     print(
         json.dumps({"markdown": str(paths.markdown), "html": str(paths.html), "figures": len(paths.figures)})
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run folder, results/<run-id>")
+    add_out(parser, "<run>/report")
+    parser.add_argument("--link", nargs="+", help=f"link profile(s) (default {' '.join(DEFAULT_LINKS)})")
+    parser.add_argument("--mode", choices=["layerwise", "bulk"], default="layerwise")
+    parser.add_argument("--chunk", type=int, default=8192, help="chunk of the offload-region figure")
+    args = parser.parse_args(argv)
+    return run_cli(lambda: _run(args), lambda: args.out or args.run / "report")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from microbench.records import RunRecord
+from microbench.results.records import RunRecord
 
 __all__ = ["REGRESSORS", "schedule_injection", "steps_frame", "windows_frame"]
 

@@ -1,4 +1,4 @@
-"""Synthesise a run folder from a known step-time model, through the ``microbench.records`` schemas.
+"""Synthesise a run folder from a known step-time model, through the ``microbench.results.records`` schemas.
 
 Used by the tests (ground truth for the fits) and to try notebooks and reports without an engine. The
 engine is modelled as vLLM schedules a chunked prefill next to running decodes: every step first takes
@@ -22,20 +22,20 @@ import numpy as np
 import pandas as pd
 
 from analysis.steps import schedule_injection
-from microbench.records import (
+from benchcore.atomic import atomic_write_bytes
+from benchcore.atomic import write_model as write_record
+from engine_harness.steps import EngineStep
+from microbench.results.records import (
     Baseline,
     BaselineRecord,
     Derived,
-    EngineStep,
     Interference,
     LocalBaseline,
     Manifest,
     RunConfig,
     RunRecord,
     Validity,
-    atomic_write_bytes,
     point_name,
-    write_record,
 )
 
 __all__ = ["StepParams", "synthesize_run"]

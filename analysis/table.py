@@ -1,15 +1,15 @@
 """Load a run folder into pandas and aggregate it per cell into ``interference_table.csv`` (+ Parquet).
 
-A run folder (``results/<run-id>/``, layout in ``microbench.records``) holds one ``RunRecord`` per
+A run folder (``results/<run-id>/``, layout in ``microbench.results.records``) holds one ``RunRecord`` per
 measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` and every invalid attempt under ``invalid/``.
 A cell is one ``(chunk_size, decode_batch_size, new_prefill_tokens)``; its repetitions are summarised by
 medians over the **valid** records only. Invalid attempts are never averaged in: they are counted in the
 ``invalid`` column. Statistics are computed here, when reading; the records keep the raw values.
 ``tpot_interference_ms``/``tpot_penalty_ms``/``penalty_ratio`` are the per-prefill-step penalty solved
-from the measured aggregate delay (``microbench.records.Derived``); seed 002's window-median versions
+from the measured aggregate delay (``microbench.results.records.Derived``); seed 002's window-median versions
 are kept as ``tpot_interference_p50_ms`` and ``penalty_ratio_p50``.
 
-Only pandas, numpy and ``microbench.records`` are imported: the sweep calls
+Only pandas, numpy and ``microbench.results.records`` are imported: the sweep calls
 ``write_interference_table`` at the end of a run.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from microbench.records import Manifest, RunRecord, read_record
+from microbench.results.records import Manifest, RunRecord, read_record
 
 __all__ = [
     "CELL",

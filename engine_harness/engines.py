@@ -10,21 +10,24 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from benchcore.schema import StrictModel
+from engine_harness.steps import StepSourceFactory, no_step_source, sim_step_source, vllm_step_source
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_PRESET",
     "ENGINE_KINDS",
     "MODELS_DIR",
     "PRESETS",
     "EngineKind",
     "EngineSpec",
     "MetricNames",
-    "StrictModel",
     "engine_kind",
     "resolve_spec",
 ]
@@ -32,12 +35,6 @@ __all__ = [
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = str(MODELS_DIR / "qwen3-moe-tiny")
 SETUP_HINT = "bash scripts/setup.sh"
-
-
-class StrictModel(BaseModel):
-    """Base for every settings object: a misspelled key would otherwise be dropped without a word."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class EngineSpec(StrictModel):
@@ -74,9 +71,10 @@ class EngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check_kind(self) -> EngineSpec:
-        if self.kind == "external" and not self.url:
-            raise ValueError("engine kind 'external' needs url= (the base URL of the running engine)")
-        if self.kind != "external" and self.url:
+        launched = engine_kind(self.kind).launched
+        if not launched and not self.url:
+            raise ValueError(f"engine kind {self.kind!r} needs url= (the base URL of the running engine)")
+        if launched and self.url:
             raise ValueError(f"url= is only for kind 'external'; kind {self.kind!r} is launched by the suite")
         return self
 
@@ -151,6 +149,11 @@ class EngineKind:
     argv: Callable[[EngineSpec, int], list[str]]
     env: Callable[[EngineSpec], dict[str, str]]
     version_path: str | None = "/version"
+    takes_presets: bool = False  # the presets (cpu, h100, h20) describe engines of this kind
+    step_settings: dict[str, Any] = field(default_factory=dict)  # spec fields that make it report steps
+    step_source: StepSourceFactory = field(default=no_step_source)
+    kv_connectors: bool = False  # takes a KV connector (--kv-transfer-config) for PD hand-off
+    cpu_thread_binding: bool = False  # honours cpu_threads_bind (VLLM_CPU_OMP_THREADS_BIND)
 
     def check_installed(self) -> None:
         """Raise a clear error if the engine's Python package is missing from this interpreter."""
@@ -267,7 +270,19 @@ def _no_argv(spec: EngineSpec, port: int) -> list[str]:
 ENGINE_KINDS: dict[str, EngineKind] = {
     k.name: k
     for k in (
-        EngineKind("vllm", True, "vllm", VLLM_METRICS, _vllm_argv, _vllm_env),
+        EngineKind(
+            "vllm",
+            True,
+            "vllm",
+            VLLM_METRICS,
+            _vllm_argv,
+            _vllm_env,
+            takes_presets=True,
+            step_settings={"log_iteration_details": True},
+            step_source=vllm_step_source,
+            kv_connectors=True,
+            cpu_thread_binding=True,
+        ),
         EngineKind(
             "sglang",
             True,
@@ -276,9 +291,18 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             _sglang_argv,
             _sglang_env,
             version_path="/get_server_info",
+            takes_presets=True,
         ),
         EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
-        EngineKind("sim", True, "aiohttp", VLLM_METRICS, _sim_argv, lambda spec: dict(spec.env)),
+        EngineKind(
+            "sim",
+            True,
+            "aiohttp",
+            VLLM_METRICS,
+            _sim_argv,
+            lambda spec: dict(spec.env),
+            step_source=sim_step_source,
+        ),
     )
 }
 
@@ -328,9 +352,21 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+DEFAULT_PRESET = "cpu"
+
+
 def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
-    """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``."""
+    """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``.
+
+    The default preset is dropped for a kind that takes no preset (``sim``, ``external``); another preset
+    asked for with such a kind is an error.
+    """
     settings: dict[str, Any] = {}
+    kind = overrides.get("kind")
+    if preset is not None and kind is not None and not engine_kind(kind).takes_presets:
+        if preset != DEFAULT_PRESET:
+            raise ValueError(f"engine kind {kind!r} takes no preset (got --preset {preset})")
+        preset = None
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")

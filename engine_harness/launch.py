@@ -167,9 +167,13 @@ class EngineProcess:
         self.version: str | None = None
         self.startup_s: float | None = None
 
+    @staticmethod
+    def kind_of(spec: EngineSpec) -> EngineKind:
+        return engine_kind(spec.kind)
+
     @property
     def base_url(self) -> str:
-        if self.spec.kind == "external":
+        if not self.kind.launched:
             assert self.spec.url is not None
             return self.spec.url.rstrip("/")
         if self.port is None:

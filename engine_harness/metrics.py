@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +35,10 @@ SampleKey = tuple[str, LabelSet]
 
 class MetricsError(RuntimeError):
     """/metrics could not be read or lacks a metric the caller needs."""
+
+
+def _order(item: tuple[SampleKey, float]) -> tuple[str, list[tuple[str, str]]]:
+    return item[0][0], sorted(item[0][1])
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,24 @@ class Snapshot:
         if now is None or then is None:
             return None
         return now - then
+
+    def engine_samples(self) -> Snapshot:
+        """Only the engine's own families (names with a ``prefix:``, e.g. ``vllm:``; no ``_created``)."""
+        kept = {k: v for k, v in self.samples.items() if ":" in k[0] and not k[0].endswith("_created")}
+        return Snapshot(self.t_ns, kept)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able form that ``from_json`` reads back into an equal snapshot."""
+        rows = [
+            [name, dict(sorted(labels)), value]
+            for (name, labels), value in sorted(self.samples.items(), key=_order)
+        ]
+        return {"t_ns": self.t_ns, "samples": rows}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Snapshot:
+        samples = {(str(n), frozenset(dict(ls).items())): float(v) for n, ls, v in data["samples"]}
+        return cls(int(data["t_ns"]), samples)
 
     def histogram(self, names: Iterable[str], **labels: str) -> dict[float, float] | None:
         """Cumulative bucket counts {le: count} of the first present histogram, summed over labels."""

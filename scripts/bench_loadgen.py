@@ -32,11 +32,12 @@ import aiohttp
 import numpy as np
 
 from engine_harness.launch import free_port
-from microbench import aio
-from microbench.loadgen.requests import RequestSpec
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage
+from microbench.client import aio
+from microbench.client.requests import RequestSpec
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.workloads.prompts import PromptFactory
+from microbench.workloads.schedulers import parse_scheduler
 
 PROMPT_TOKENS = 16
 
@@ -153,8 +154,8 @@ async def vllm_ingest(url: str, streams: int, tokens: int) -> dict[str, float]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Each client on the loop its tool runs on: ours on ``microbench.aio`` (uvloop), vLLM's on asyncio's
-    default loop (``vllm bench serve`` calls ``asyncio.run``). One sim server serves both."""
+    """Each client on the loop its tool runs on: ours on ``microbench.client.aio`` (uvloop), vLLM's on
+    asyncio's default loop (``vllm bench serve`` calls ``asyncio.run``). One sim server serves both."""
     import vllm.benchmarks.serve  # noqa: F401  (slow import: not inside a measurement)
 
     port = free_port()

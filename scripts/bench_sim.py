@@ -29,7 +29,7 @@ import aiohttp
 import psutil
 
 from engine_harness.sim import SimConfig, SimEngine, SimServer
-from microbench.streams import stream_request
+from microbench.client.streams import stream_request
 
 __all__ = ["BenchResult", "bench_engine", "bench_http", "bench_split", "main"]
 

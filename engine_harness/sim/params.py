@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = ["PRESETS_DIR", "FaultConfig", "SimConfig", "SimMode", "StepModel", "load_config", "merge_settings"]
 

@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 from microbench.battery.context import BatteryContext
 from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.stats import SearchStep
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import Stage
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
 __all__ = ["CapacitySearch", "closed_loop_ramp", "measure_capacity", "rate_search", "sustainable_open"]

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = ["Level", "Requirement", "Verdict", "must", "should", "verdict"]
 

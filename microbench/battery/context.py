@@ -25,8 +25,9 @@ from microbench.battery.profiles import Profile
 from microbench.battery.saturation import SATURATION_RULE
 from microbench.battery.stats import request_latencies
 from microbench.battery.sustainable import Capacity, LedgerEntry, capacity_from
-from microbench.loadgen.requests import ApiSettings, RequestSpec
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage
+from microbench.client.requests import ApiSettings, RequestSpec
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import StageHealth, stage_health, trace_frame, write_trace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory

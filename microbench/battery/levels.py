@@ -14,7 +14,7 @@ import math
 import numpy as np
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 from microbench.battery.context import StageWindow
 from microbench.battery.saturation import SteadyState, steady_state
 from microbench.battery.stats import Distribution, summarize

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 from microbench.battery.profiles import Profile
 
 __all__ = ["RESTART_S", "PlanRow", "Probe", "Progress", "estimate_plan", "format_plan"]

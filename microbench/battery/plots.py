@@ -16,12 +16,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from microbench.battery.report import TestData, TestResult
-from microbench.battery.tests.capacity import CapacityData
-from microbench.battery.tests.itl import ItlData
-from microbench.battery.tests.long_context import LongContextData
-from microbench.battery.tests.throughput import ThroughputData
-from microbench.battery.tests.tradeoff import TradeoffData
-from microbench.battery.tests.ttft import TtftData
+from microbench.battery.sections.capacity import CapacityData
+from microbench.battery.sections.itl import ItlData
+from microbench.battery.sections.long_context import LongContextData
+from microbench.battery.sections.throughput import ThroughputData
+from microbench.battery.sections.tradeoff import TradeoffData
+from microbench.battery.sections.ttft import TtftData
 
 __all__ = [
     "capacity_search",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = ["PROFILES", "Profile", "profile"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from benchcore.registry import Registry
 from microbench.battery.compliance import Requirement, must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.report import TestData
-from microbench.loadgen.registry import Registry
 
 __all__ = [
     "TESTS",

@@ -13,7 +13,7 @@ from pathlib import Path
 from microbench.battery.gate import check_report
 from microbench.battery.plots import caption_for
 from microbench.battery.report import BatteryReport, Table, TestResult, capacity_rows, num
-from microbench.battery.tests.ttft import TtftData
+from microbench.battery.sections.ttft import TtftData
 
 __all__ = ["gate_lines", "html_report", "markdown_full", "markdown_minimum"]
 

@@ -11,10 +11,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
-from engine_harness.engines import StrictModel
+from benchcore.registry import Registry
+from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
 from microbench.battery.sustainable import Capacity
-from microbench.loadgen.registry import Registry
 
 __all__ = [
     "REPORT_VERSION",

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import matplotlib
 
-from microbench.battery import tests as _tests  # noqa: F401  (registers the tests)
+from benchcore.provenance import cpu_model, git_commit
+from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import RESTART_S, PlanRow, Probe, Progress, estimate_plan, format_plan
@@ -28,9 +29,8 @@ from microbench.battery.render import html_report, markdown_full, markdown_minim
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
 from microbench.battery.state import RunState
 from microbench.battery.warmup import warm_up, warmup_requirement
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import Stage
-from microbench.run_folder import cpu_model, git_commit
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["ordered_tests", "plan_battery", "run_battery", "write_report"]
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = ["SATURATION_RULE", "SteadyState", "outstanding_series", "ramp_length", "steady_state"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
+from benchcore.schema import StrictModel
 
 __all__ = [
     "FIT_RULE",

@@ -16,8 +16,8 @@ import numpy as np
 from microbench.battery.compliance import Requirement, must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.report import WarmupResult
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import Stage
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["PROBE_INPUT", "PROBE_OUTPUT", "probe_variation", "warm_up", "warmup_requirement"]
 

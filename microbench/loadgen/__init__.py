@@ -5,18 +5,12 @@ OpenAI-compatible engine; schedulers (``SCHEDULERS``) give seeded target times; 
 per-request trace and its header. ``python -m microbench.loadgen run ...`` is the command line.
 """
 
+from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.events import Event, EventKind, EventLog, JsonlEventWriter
-from microbench.loadgen.requests import ApiSettings, RequestSpec
-from microbench.loadgen.schedulers import SCHEDULERS, Scheduler, parse_scheduler
-from microbench.loadgen.session import (
-    LoadSession,
-    RequestRecord,
-    SessionResult,
-    SessionSettings,
-    Stage,
-    sweep_stages,
-)
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import TraceHeader, read_trace, write_trace
+from microbench.workloads.schedulers import SCHEDULERS, Scheduler, parse_scheduler
 
 __all__ = [
     "SCHEDULERS",

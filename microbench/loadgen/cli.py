@@ -9,21 +9,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from microbench import aio
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out, duration
+from microbench.client import aio
+from microbench.client.prompts import TokenSpace
+from microbench.client.requests import ApiSettings
 from microbench.loadgen.events import JsonlEventWriter
-from microbench.loadgen.requests import ApiSettings
-from microbench.loadgen.schedulers import SCHEDULERS, parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage, sweep_stages
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
-from microbench.prompts import TokenSpace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler
 from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["build_parser", "main"]
@@ -44,13 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace-file", help="timestamps to replay (scheduler trace)")
     run.add_argument("--seed", type=int, default=0, help="arrival seed")
     run.add_argument("--requests", type=int, help="first-round requests per stage")
-    run.add_argument("--duration", type=float, help="seconds of issuing per stage")
+    run.add_argument("--duration", type=duration, help="issuing time per stage, e.g. 30s")
     run.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests (closed loop, 4)")
     run.add_argument("--token-range", default="0:256", help="token ids LO:HI prompts are drawn from")
     run.add_argument("--max-model-len", type=int, help="engine's context limit: longer requests are clipped")
-    run.add_argument("--drain-timeout", type=float, default=60.0)
+    run.add_argument(
+        "--drain-timeout", type=duration, default=60.0, help="in-flight drain limit (default 60s)"
+    )
     run.add_argument("--events", action="store_true", help="also write events.jsonl")
-    run.add_argument("--out", required=True, type=Path, help="trace folder")
+    add_out(run, "results/load-<UTC time>")
     return parser
 
 
@@ -61,14 +67,33 @@ def _workload_spec(name: str, max_model_len: int | None) -> WorkloadSpec:
 
 
 async def _first_model(url: str) -> str:
-    async with aiohttp.ClientSession() as http, http.get(url.rstrip("/") + "/v1/models") as resp:
-        resp.raise_for_status()
-        return str((await resp.json())["data"][0]["id"])
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url.rstrip("/") + "/v1/models") as resp:
+            resp.raise_for_status()
+            return str((await resp.json())["data"][0]["id"])
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise BadInput(
+            f"no model list at {url}/v1/models ({exc}); is the engine running? (or pass --model)"
+        ) from None
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Bad numbers are bad input, before anything is sent."""
+    for flag, values in (("--rate", args.rate), ("--concurrency", args.concurrency)):
+        if values and any(v <= 0 for v in values):
+            raise BadInput(f"{flag} must be > 0 (got {' '.join(str(v) for v in values)})")
+    for flag, value in (("--requests", args.requests), ("--warmup-requests", args.warmup_requests)):
+        if value is not None and value < (1 if flag == "--requests" else 0):
+            raise BadInput(f"{flag} must be ≥ {1 if flag == '--requests' else 0} (got {value})")
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    spec = _workload_spec(args.workload, args.max_model_len)
-    space = TokenSpace.parse(args.token_range)
+    _check(args)
+    try:
+        spec = _workload_spec(args.workload, args.max_model_len)
+        space = TokenSpace.parse(args.token_range)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     prompts = PromptFactory(space)
     workload = Workload(spec, prompts, max_model_len=args.max_model_len)
     model = args.model or await _first_model(args.url)
@@ -78,7 +103,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     axis = SCHEDULERS.get(args.scheduler).sweep_axis
     if axis is not None:
         if not loads:
-            raise SystemExit(f"scheduler {args.scheduler!r} needs --{axis}")
+            raise BadInput(f"scheduler {args.scheduler!r} needs --{axis}")
         params[axis] = loads[0]
     requests = workload.requests()
     stages: list[Stage] = []
@@ -118,7 +143,22 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    summary = aio.run(_run(args))
+    args.out = args.out or Path("results") / f"load-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_cli(lambda: _report(aio.run(_run(args))), lambda: args.out)
+
+
+def _report(summary: dict[str, Any]) -> int:
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
-    return 1 if summary["saturated"] else 0
+    problems = list(summary.get("warnings", []))
+    for stage in summary.get("stages", []):
+        counts = stage.get("status_counts", {})
+        bad = sum(n for status, n in counts.items() if status != "ok")
+        if bad:
+            problems.append(
+                f"stage {stage['name']}: {bad} of {sum(counts.values())} requests did not complete "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()) if k != 'ok')})"
+            )
+    for w in problems:
+        print(f"warning: {w}", file=sys.stderr)
+    return 1 if problems else 0

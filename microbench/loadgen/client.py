@@ -1,6 +1,6 @@
 """Send one ``RequestSpec`` to an OpenAI-compatible engine and fill a ``StreamRecord``.
 
-Streaming requests go through the suite's SSE client (``microbench.streams.stream_request``). A
+Streaming requests go through the suite's SSE client (``microbench.client.streams.stream_request``). A
 non-streaming request is one POST whose JSON answer is stamped as a single chunk carrying all completion
 tokens, so both kinds land in the same record and raise the same typed errors. ``classify`` names the
 outcome of a request for its trace row.
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from microbench.loadgen.requests import ApiSettings, RequestSpec, build_payload
-from microbench.streams import (
+from microbench.client.requests import ApiSettings, RequestSpec, build_payload
+from microbench.client.streams import (
     HTTPStatusError,
     ServerStreamError,
     StreamCut,

@@ -28,8 +28,8 @@ import pandas as pd
 import pydantic
 from pydantic import Field
 
-from engine_harness.engines import StrictModel
-from microbench.loadgen.session import RequestRecord, SessionResult, StageOutcome
+from benchcore.schema import StrictModel
+from microbench.loadgen.stages import RequestRecord, SessionResult, StageOutcome
 
 __all__ = [
     "SATURATION_DELAY_MS",

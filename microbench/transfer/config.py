@@ -16,8 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from engine_harness.engines import EngineSpec, StrictModel, resolve_spec
-from microbench.layered_config import load_layered
+from benchcore.layered_config import load_layered
+from benchcore.schema import StrictModel
+from engine_harness.engines import EngineSpec, engine_kind, resolve_spec
 from microbench.transfer.records import Mode
 
 __all__ = [
@@ -175,12 +176,10 @@ class TransferConfig(StrictModel):
     def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
         settings = dict(self.engine)
         preset = settings.pop("preset", None)
-        if settings.get("kind") == "sim" and preset == "cpu":
-            preset = None  # the CPU preset describes the vLLM CPU engine only
         if chunk is not None:
             settings["chunk_size"] = chunk
         spec = resolve_spec(preset, **settings)
-        if spec.kind == "vllm" and cores is not None:
+        if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
             spec = spec.model_copy(update={"cpu_threads_bind": cores})
         return spec
 

@@ -24,7 +24,8 @@ import statsmodels.api as sm
 import yaml
 from pydantic import Field
 
-from microbench.records import Record, atomic_write_bytes
+from benchcore.atomic import atomic_write_bytes
+from benchcore.schema import StrictModel as Record
 
 __all__ = ["TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
 

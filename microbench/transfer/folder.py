@@ -1,4 +1,4 @@
-"""The transfer run folder: the sweep's conventions (``microbench.run_folder``) with this benchmark's paths.
+"""The transfer run folder: the sweep's conventions (``microbench.results.layout``) with its own paths.
 
 Layout: ``manifest.json``; ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the final attempt);
 ``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons); ``raw/<mode>/…parquet``
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchcore.atomic import atomic_write_bytes
+from benchcore.atomic import write_model as write_record
 from engine_harness.metrics import Snapshot
-from microbench.records import atomic_write_bytes, read_record, write_record
-from microbench.run_folder import RunFolder
+from microbench.results.layout import RunFolder
+from microbench.results.records import read_record
 from microbench.transfer.records import Mode, TransferRecord
 
 __all__ = ["TransferFolder", "point_stem", "records_frame"]

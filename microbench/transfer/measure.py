@@ -20,8 +20,8 @@ import aiohttp
 import pandas as pd
 
 from engine_harness.metrics import MetricsError, Snapshot, scrape
-from microbench.prompts import TokenSpace, cold_prompt
-from microbench.streams import StreamError, StreamRecord, stream_request
+from microbench.client.prompts import TokenSpace, cold_prompt
+from microbench.client.streams import StreamError, StreamRecord, stream_request
 from microbench.transfer.config import ConnectorPreset
 from microbench.transfer.proxy import PhaseStamps, TransferProxy
 from microbench.transfer.records import EngineSide, Mode, Phases, TransferRecord

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from microbench.streams import parse_sse_line
+from microbench.client.streams import parse_sse_line
 
 __all__ = ["PhaseStamps", "TransferProxy"]
 

@@ -4,7 +4,7 @@ A record keeps the client's and the proxy's stamps (``perf_counter_ns`` of one p
 durations derived from them, the engines' own view (histogram-sum and counter deltas of ``/metrics``
 around the request) and the KV-reuse proof on the consumer. Stored at
 ``runs/<mode>/P<p>_r<rep>.json`` (see ``microbench.transfer.folder``); versioned like every record
-of the suite (``microbench.records``).
+of the suite (``microbench.results.records``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from microbench.records import Record
+from benchcore.schema import StrictModel as Record
 
 __all__ = ["SCHEMA_VERSION", "EngineSide", "Mode", "Phases", "TransferRecord"]
 

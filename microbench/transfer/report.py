@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from microbench.records import atomic_write_bytes
+from benchcore.atomic import atomic_write_bytes
 from microbench.transfer.config import TransferConfig
 from microbench.transfer.figure import breakdown_figure, breakdown_table
 from microbench.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link

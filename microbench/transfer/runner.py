@@ -23,9 +23,9 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engine_harness.engines import EngineSpec
+from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess, free_port, log_tail
-from microbench.prompts import TokenSpace, token_space_for
+from microbench.client.prompts import TokenSpace, token_space_for
 from microbench.transfer.config import ConnectorPreset, TransferConfig
 from microbench.transfer.folder import TransferFolder, point_stem
 from microbench.transfer.measure import Measured, PointContext, measure_point
@@ -71,7 +71,7 @@ def role_spec(base: EngineSpec, preset: ConnectorPreset, role: str, storage: str
     values = {"free_port": str(free_port()), "storage_path": storage}
     cfg = preset.role_config("producer" if role == "producer" else "consumer", values)
     extra = list(base.extra_args) + (
-        ["--kv-transfer-config", json.dumps(cfg)] if cfg and base.kind == "vllm" else []
+        ["--kv-transfer-config", json.dumps(cfg)] if cfg and engine_kind(base.kind).kv_connectors else []
     )
     return base.model_copy(update={"extra_args": extra, "env": base.env | preset.role_env(values)})
 
@@ -88,8 +88,7 @@ class TransferRunner:
 
     def check_runnable(self) -> None:
         """Refuse a GPU-only preset on this box and a connector whose package is missing, with the fix."""
-        kind = self.cfg.producer_spec().kind
-        if kind != "vllm":
+        if not engine_kind(self.cfg.producer_spec().kind).kv_connectors:
             return
         if not self.preset.run_here:
             from engine_harness.telemetry import NvmlSource
@@ -162,7 +161,8 @@ class TransferRunner:
             aiohttp.ClientSession(timeout=timeout) as session,
             self.engines() as (producer, consumer),
         ):
-            prefill_params = self.preset.prefill_kv_transfer_params if producer.spec.kind == "vllm" else None
+            connectors = producer.kind.kv_connectors
+            prefill_params = self.preset.prefill_kv_transfer_params if connectors else None
             async with TransferProxy(
                 producer.base_url, consumer.base_url, prefill_params, self.cfg.request_timeout_s
             ) as proxy:

@@ -20,8 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, SerializeAsAny, model_validator
 
-from engine_harness.engines import StrictModel
-from microbench.loadgen.registry import Registry, validate_by_name
+from benchcore.registry import Registry, validate_by_name
+from benchcore.schema import StrictModel
 
 __all__ = [
     "DISTRIBUTIONS",

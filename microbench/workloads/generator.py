@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from microbench.loadgen.requests import RequestSpec
-from microbench.streams import StreamRecord
+from microbench.client.requests import RequestSpec
+from microbench.client.streams import StreamRecord
 from microbench.workloads.prompts import PromptFactory, TextRenderer
 from microbench.workloads.spec import ClientSpec, WorkloadSpec
 

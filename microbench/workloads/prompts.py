@@ -1,6 +1,6 @@
 """Prompts of exact token length: unique cold parts, deliberately shared prefixes, text when needed.
 
-``PromptFactory`` draws token ids from a ``microbench.prompts.TokenSpace`` (the bundled tiny models:
+``PromptFactory`` draws token ids from a ``microbench.client.prompts.TokenSpace`` (the bundled tiny models:
 0..255, their specials 256–258 left out; ``token_space_for(model)`` reads it from a model folder).
 Uniqueness follows the sweep's rule: cold parts come from one RNG seeded by the factory's ``salt``
 (uuid4 ⊕ ``time_ns`` ⊕ ``perf_counter_ns`` unless given), and the factory never hands out
@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from microbench.prompts import TokenSpace
+from microbench.client.prompts import TokenSpace
 
 __all__ = ["BLOCK_TOKENS", "BYTE_SPACE", "PromptFactory", "TextRenderer", "Tokenizer", "load_tokenizer"]
 

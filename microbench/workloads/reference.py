@@ -27,8 +27,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from engine_harness.engines import DEFAULT_MODEL, StrictModel
-from microbench.loadgen.registry import Registry
+from benchcore.registry import Registry
+from benchcore.schema import StrictModel
+from engine_harness.engines import DEFAULT_MODEL
 from microbench.workloads.prompts import load_tokenizer
 from microbench.workloads.spec import WorkloadSpec
 

@@ -18,10 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine_harness.engines import StrictModel
-from microbench.loadgen.registry import format_validation_error
-from microbench.loadgen.schedulers import SCHEDULERS, RateScheduler, Scheduler, parse_scheduler
+from benchcore.registry import format_validation_error
+from benchcore.schema import StrictModel
 from microbench.workloads.distributions import LengthDistField
+from microbench.workloads.schedulers import SCHEDULERS, RateScheduler, Scheduler, parse_scheduler
 
 __all__ = [
     "ArrivalSpec",

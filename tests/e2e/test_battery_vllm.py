@@ -17,9 +17,9 @@ from microbench.battery.engine import ExternalEngine, served_model
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
 from microbench.battery.runner import run_battery, write_report
-from microbench.battery.tests.long_context import LongContextData
-from microbench.battery.tests.prefix_cache import PrefixCacheData
-from microbench.battery.tests.ttft import TtftData
+from microbench.battery.sections.long_context import LongContextData
+from microbench.battery.sections.prefix_cache import PrefixCacheData
+from microbench.battery.sections.ttft import TtftData
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -10,9 +10,9 @@ import pytest
 from engine_harness.engines import VLLM_METRICS
 from engine_harness.launch import EngineProcess, EngineStartError
 from engine_harness.metrics import scrape, step_counts
-from microbench.engine_steps import VllmLogStepSource
-from microbench.prompts import cold_prompt, token_space_for
-from microbench.streams import stream_request
+from engine_harness.steps import VllmLogStepSource
+from microbench.client.prompts import cold_prompt, token_space_for
+from microbench.client.streams import stream_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

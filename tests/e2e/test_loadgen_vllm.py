@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from microbench.loadgen.requests import ApiSettings
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionSettings, Stage
+from microbench.client.requests import ApiSettings
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import TRACE_COLUMNS, read_trace, write_trace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
+from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
 pytestmark = pytest.mark.e2e

@@ -7,17 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from microbench.records import RunRecord, read_record
-from microbench.sweep import main
+from microbench.results.records import RunRecord, read_record
+from microbench.sweep.cli import main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 
 def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
-    assert (
-        main(["--sweep", str(repo_root / "sweeps" / "smoke.yaml"), "--out", str(tmp_path), "--run-id", "s"])
-        == 0
-    )
+    assert main(["--config", str(repo_root / "sweeps" / "smoke.yaml"), "--out", str(tmp_path / "s")]) == 0
     run = tmp_path / "s"
     records = [read_record(p, RunRecord) for p in sorted((run / "runs" / "2048").glob("*.json"))]
     assert len(records) == 2 * 2 * 2  # D × P × repetitions: every point has its final record

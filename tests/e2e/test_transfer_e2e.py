@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from microbench.records import read_record
-from microbench.transfer.__main__ import main
+from microbench.results.records import read_record
+from microbench.transfer.cli import main
 from microbench.transfer.records import TransferRecord
 
 pytestmark = [

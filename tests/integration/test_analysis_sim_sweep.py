@@ -21,7 +21,7 @@ TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0}
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sweep_main = pytest.importorskip("microbench.sweep").main
+    sweep_main = pytest.importorskip("microbench.sweep.cli").main
     tmp = tmp_path_factory.mktemp("sim-sweep")
     args = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
     sweep = {
@@ -30,7 +30,7 @@ def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }  # fmt: skip
     path = tmp / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    assert sweep_main(["--sweep", str(path), "--out", str(tmp), "--run-id", "sim"]) == 0
+    assert sweep_main(["--config", str(path), "--out", str(tmp / "sim")]) == 0
     return tmp / "sim"
 
 

@@ -13,7 +13,7 @@ from microbench.battery.context import BatteryContext
 from microbench.battery.engine import EngineOverrides, ExternalEngine, LaunchedEngine
 from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
-from microbench.battery.tests.guardrail import GuardrailData
+from microbench.battery.sections.guardrail import GuardrailData
 
 pytestmark = pytest.mark.integration
 

@@ -18,16 +18,16 @@ from microbench.battery.engine import InProcessSim
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
 from microbench.battery.runner import ordered_tests, run_battery, write_report
-from microbench.battery.tests.capacity import CapacityData
-from microbench.battery.tests.fairness import FairnessData
-from microbench.battery.tests.guardrail import GuardrailData
-from microbench.battery.tests.itl import ItlData
-from microbench.battery.tests.long_context import LongContextData
-from microbench.battery.tests.memory_pressure import MemoryPressureData
-from microbench.battery.tests.prefix_cache import PrefixCacheData
-from microbench.battery.tests.throughput import ThroughputData
-from microbench.battery.tests.tradeoff import TradeoffData
-from microbench.battery.tests.ttft import TtftData
+from microbench.battery.sections.capacity import CapacityData
+from microbench.battery.sections.fairness import FairnessData
+from microbench.battery.sections.guardrail import GuardrailData
+from microbench.battery.sections.itl import ItlData
+from microbench.battery.sections.long_context import LongContextData
+from microbench.battery.sections.memory_pressure import MemoryPressureData
+from microbench.battery.sections.prefix_cache import PrefixCacheData
+from microbench.battery.sections.throughput import ThroughputData
+from microbench.battery.sections.tradeoff import TradeoffData
+from microbench.battery.sections.ttft import TtftData
 
 pytestmark = pytest.mark.integration
 

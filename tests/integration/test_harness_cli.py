@@ -31,5 +31,5 @@ def test_cli_errors_are_one_clear_line(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Cannot connect" in err
     with pytest.raises(SystemExit):
-        main(["serve", "--kind", "tgi"])  # argparse names the choices
+        main(["serve", "--engine", "tgi"])  # argparse names the choices
     assert "invalid choice: 'tgi'" in capsys.readouterr().err

@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 
 from engine_harness.sim import SimConfig, SimServer
+from microbench.client.requests import RequestSpec
 from microbench.loadgen.events import EventKind, EventLog
-from microbench.loadgen.requests import RequestSpec
-from microbench.loadgen.schedulers import parse_scheduler
-from microbench.loadgen.session import LoadSession, SessionResult, SessionSettings, Stage, sweep_stages
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionResult, SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import TRACE_COLUMNS, read_trace, trace_frame, write_trace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
+from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from engine_harness.sim import FaultConfig, SimConfig, SimServer, StepModel
-from microbench.streams import HTTPStatusError, StreamCut, StreamRecord, stream_request
+from microbench.client.streams import HTTPStatusError, StreamCut, StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
 

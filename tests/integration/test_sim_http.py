@@ -18,7 +18,7 @@ import pytest
 from engine_harness.engines import VLLM_METRICS
 from engine_harness.metrics import Snapshot, parse_metrics, scrape, step_counts
 from engine_harness.sim import SimConfig, SimServer, StepModel
-from microbench.streams import DONE, StreamRecord, parse_sse_line, stream_request
+from microbench.client.streams import DONE, StreamRecord, parse_sse_line, stream_request
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def _events(raw: str) -> list[Any]:
 
 def _record_from(raw: str) -> StreamRecord:
     """What ``stream_request`` would record from this payload (its own ingest path, fake clock)."""
-    from microbench.streams import _ingest, parse_chunk
+    from microbench.client.streams import _ingest, parse_chunk
 
     rec = StreamRecord()
     events = [e for e in (parse_chunk(line.encode()) for line in raw.splitlines()) if e is not None]

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from engine_harness.sim import SimConfig, SimServer, StepModel
-from microbench.streams import StreamRecord, stream_request
+from microbench.client.streams import StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 from engine_harness.engines import VLLM_METRICS, EngineSpec
 from engine_harness.launch import EngineProcess
 from engine_harness.metrics import scrape
-from microbench.streams import StreamCut, stream_request
+from microbench.client.streams import StreamCut, stream_request
 
 pytestmark = pytest.mark.integration
 

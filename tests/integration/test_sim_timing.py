@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from engine_harness.sim import SimConfig, SimServer, StepModel, StepRecord
-from microbench.streams import StreamRecord, stream_request
+from microbench.client.streams import StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
 

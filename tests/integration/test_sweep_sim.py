@@ -16,8 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from microbench.records import RunRecord, read_record
-from microbench.sweep import main
+from microbench.results.records import RunRecord, read_record
+from microbench.sweep.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def _records(run: Path) -> list[RunRecord]:
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("sweep")
-    assert main(["--sweep", str(_sweep_file(tmp)), "--out", str(tmp), "--run-id", "r1"]) == 0
+    assert main(["--config", str(_sweep_file(tmp)), "--out", str(tmp / "r1")]) == 0
     return tmp / "r1"
 
 
@@ -113,13 +113,13 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
 
 def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monkeypatch) -> None:
     # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
-    import microbench.protocol as protocol
+    import microbench.sweep.protocol as protocol
 
     real = protocol.cold_prompt
     fixed = real(1024, protocol.TokenSpace(0, 256))
     monkeypatch.setattr(protocol, "cold_prompt", lambda n, space: fixed if n == 1024 else real(n, space))
     sweep = _sweep_file(tmp_path, decode_batch_sizes=[0], prefill_tokens=[1024], max_attempts=2)
-    assert main(["--sweep", str(sweep), "--out", str(tmp_path), "--run-id", "hit"]) == 0
+    assert main(["--config", str(sweep), "--out", str(tmp_path / "hit")]) == 1  # a point finally invalid
     r0, r1 = _records(tmp_path / "hit")
     assert r0.validity.valid
     assert not r1.validity.valid and r1.validity.attempt == 1
@@ -132,8 +132,8 @@ def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monk
 def _sweep_until(tmp_path: Path, run_id: str, points: int, **popen: object) -> subprocess.Popen[str]:
     """A sweep subprocess (12 points) on the sim, returned once ``points`` records are on disk."""
     sweep = _sweep_file(tmp_path, decode_batch_sizes=[0, 4], prefill_tokens=[256, 1024, 2048], repetitions=2)
-    cmd = [sys.executable, "-m", "microbench.sweep", "--sweep", str(sweep), "--out", str(tmp_path)]
-    proc = subprocess.Popen([*cmd, "--run-id", run_id], text=True, **popen)  # type: ignore[call-overload]
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(sweep), "--out", str(tmp_path / run_id)]
+    proc = subprocess.Popen(cmd, text=True, **popen)  # type: ignore[call-overload]
     runs = tmp_path / run_id / "runs"
     deadline = time.monotonic() + 120
     while len(list(runs.rglob("*.json"))) < points:
@@ -155,7 +155,7 @@ def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -
     assert not alive, "the engine outlived the killed sweep"
     first = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
     assert 5 <= len(first) < 12
-    assert main(["--resume", "--run-id", "k", "--out", str(tmp_path)]) == 0
+    assert main(["--resume", "--out", str(tmp_path / "k")]) == 0
     after = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
     assert len(after) == 12
     assert all(after[name] == t for name, t in first.items())  # kept, not measured again
@@ -164,22 +164,25 @@ def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -
 def test_bad_sweep_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("chunks: [2048]\nrepetitons: 3\n")
-    assert main(["--sweep", str(bad), "--out", str(tmp_path)]) == 2
+    assert main(["--config", str(bad), "--out", str(tmp_path)]) == 2
     assert "repetitons: Extra inputs are not permitted" in capsys.readouterr().err
     assert main(["--chunk", "8", "--D", "12", "--out", str(tmp_path)]) == 2
     assert "leave no room for prefill" in capsys.readouterr().err
     assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
-    assert "no run with a manifest" in capsys.readouterr().err
+    assert "has no manifest.json; nothing to resume" in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_cleanly_with_everything_measured_on_disk(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_ends_cleanly_with_everything_measured_on_disk(
+    tmp_path: Path, signum: int, code: int
+) -> None:
     proc = _sweep_until(tmp_path, "c", 3, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     runs = tmp_path / "c" / "runs"
     engines = psutil.Process(proc.pid).children()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert "Continue with: python -m microbench.sweep --resume --run-id c" in out
+    assert proc.returncode == code
+    assert f"Continue with: python -m microbench.sweep --resume --out {tmp_path / 'c'}" in out
     _, alive = psutil.wait_procs(engines, timeout=15)
     assert not alive
     measured = list(runs.rglob("*.json"))

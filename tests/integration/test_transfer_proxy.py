@@ -14,7 +14,7 @@ from aiohttp import web
 
 from engine_harness.launch import free_port
 from engine_harness.sim.server import SimServer
-from microbench.streams import HTTPStatusError, StreamRecord, stream_request
+from microbench.client.streams import HTTPStatusError, StreamRecord, stream_request
 from microbench.transfer.proxy import TransferProxy
 
 pytestmark = pytest.mark.integration

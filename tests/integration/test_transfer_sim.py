@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from microbench.records import read_record
-from microbench.transfer.__main__ import main
+from microbench.results.records import read_record
+from microbench.transfer.cli import main
 from microbench.transfer.records import TransferRecord
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 import gc
 
-from microbench.aio import no_full_collections
+from microbench.client.aio import no_full_collections
 
 
 def test_no_full_collections_freezes_the_heap_and_restores_the_collector() -> None:

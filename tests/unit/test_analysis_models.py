@@ -9,7 +9,7 @@ import pytest
 from analysis.models import compare_models, fit_seed_model, fit_step_model, leave_one_p_out
 from analysis.synthetic import StepParams, synthesize_run
 from analysis.table import load_records
-from microbench.records import RunRecord
+from microbench.results.records import RunRecord
 
 TRUTH = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0)
 GRID = {

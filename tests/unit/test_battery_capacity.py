@@ -12,9 +12,9 @@ from microbench.battery.levels import level_row
 from microbench.battery.plan import Probe, estimate_plan
 from microbench.battery.profiles import profile
 from microbench.battery.saturation import steady_state
+from microbench.battery.sections.fairness import jain_over_classes, mixed_order
 from microbench.battery.stats import fit_scaling, fit_verdict, saturation_point
 from microbench.battery.sustainable import LedgerEntry, capacity_from
-from microbench.battery.tests.fairness import jain_over_classes, mixed_order
 
 
 def _lat(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:

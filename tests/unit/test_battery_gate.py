@@ -11,9 +11,9 @@ from microbench.battery.levels import ledger_entry, level_row
 from microbench.battery.render import html_report, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
 from microbench.battery.saturation import SATURATION_RULE
+from microbench.battery.sections.tradeoff import TradeoffData
 from microbench.battery.stats import Distribution
 from microbench.battery.sustainable import capacity_from
-from microbench.battery.tests.tradeoff import TradeoffData
 
 
 def _row(rate: float, tokens: float = 10.0):  # type: ignore[no-untyped-def]

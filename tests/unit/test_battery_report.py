@@ -11,12 +11,12 @@ from microbench.battery.compliance import must, should, verdict
 from microbench.battery.render import markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
 from microbench.battery.runner import ordered_tests, write_report
+from microbench.battery.sections.capacity import is_oom
+from microbench.battery.sections.long_context import LengthRow, LongContextData
+from microbench.battery.sections.prefix_cache import population_requests
+from microbench.battery.sections.ttft import TtftData
 from microbench.battery.stats import fit_scaling, summarize
-from microbench.battery.tests.capacity import is_oom
-from microbench.battery.tests.long_context import LengthRow, LongContextData
-from microbench.battery.tests.prefix_cache import population_requests
-from microbench.battery.tests.ttft import TtftData
-from microbench.loadgen.requests import RequestSpec
+from microbench.client.requests import RequestSpec
 
 
 def test_verdicts_follow_the_draft_wording() -> None:

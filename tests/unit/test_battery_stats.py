@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from microbench.battery.saturation import steady_state
+from microbench.battery.sections.itl import itl_level
 from microbench.battery.stats import (
     fit_scaling,
     jain_index,
@@ -21,7 +22,6 @@ from microbench.battery.stats import (
     starvation_rate,
     summarize,
 )
-from microbench.battery.tests.itl import itl_level
 from microbench.battery.warmup import probe_variation
 
 

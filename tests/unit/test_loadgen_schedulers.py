@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench.loadgen.schedulers import SCHEDULERS, parse_scheduler, weibull_shape_for_cv
+from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler, weibull_shape_for_cv
 
 N = 200_000
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from microbench.loadgen.requests import ApiSettings, RequestSpec, build_payload
-from microbench.loadgen.session import RequestRecord, SessionResult, SessionSettings, StageOutcome
+from microbench.client.requests import ApiSettings, RequestSpec, build_payload
+from microbench.client.streams import StreamRecord
+from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSettings, StageOutcome
 from microbench.loadgen.trace import TRACE_COLUMNS, read_trace, write_trace
-from microbench.streams import StreamRecord
 
 T0 = 1_000_000_000
 

@@ -3,7 +3,7 @@
 import pytest
 
 from engine_harness.engines import DEFAULT_MODEL
-from microbench.prompts import FALLBACK_SPACE, TokenSpace, cold_prompt, shared_prefix, token_space_for
+from microbench.client.prompts import FALLBACK_SPACE, TokenSpace, cold_prompt, shared_prefix, token_space_for
 
 
 def test_cold_prompts_have_exact_length_and_never_share_a_first_block() -> None:

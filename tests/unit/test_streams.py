@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from microbench.streams import (
+from microbench.client.streams import (
     DONE,
     HTTPStatusError,
     StreamChunk,

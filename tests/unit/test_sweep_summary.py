@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from microbench.sweep_summary import criteria
+from microbench.sweep.summary import criteria
 
 
 def _table(cv_tpot: list[float], cv_engine: list[float], ratio: list[float]) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Window cutting and the steady-state rule on hand-made stamps."""
 
-from microbench.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
+from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
 
 MS = 1_000_000
 

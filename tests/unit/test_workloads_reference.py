@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench.loadgen.requests import RequestSpec
+from microbench.client.requests import RequestSpec
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import REFERENCE_SEED, WORKLOADS, reference_workload

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench.loadgen.requests import RequestSpec
-from microbench.prompts import TokenSpace
-from microbench.streams import StreamRecord
+from microbench.client.prompts import TokenSpace
+from microbench.client.requests import RequestSpec
+from microbench.client.streams import StreamRecord
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import BLOCK_TOKENS, PromptFactory
 from microbench.workloads.spec import WorkloadSpec, WorkloadSpecError, load_workload_spec

@@ -1,0 +1,99 @@
+"""``python -m analysis.rederive RUN``: derive every record of a sweep run again from what the folder stores.
+
+Every record under ``runs/`` and ``invalid/`` is recomputed by ``microbench.results.derive`` from its
+attempt's stored observation, stamps, baseline and scrapes. ``--check`` only compares (exit 1 when a
+record differs beyond 1e-9 relative); without it the records are rewritten in place and the
+interference table is written again, so a fix to the derivation reaches old runs without measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from analysis.table import write_interference_table
+from benchcore.atomic import write_model
+from benchcore.cli import BadInput, run_cli
+from microbench.results.layout import RunFolder, attempt_stem
+from microbench.results.records import RunRecord, read_record
+
+__all__ = ["differences", "main", "rederive_run"]
+
+
+def differences(stored: Any, derived: Any, path: str = "", rel: float = 1e-9) -> list[str]:
+    """Where two JSON-like values differ (floats compared to ``rel`` relative tolerance)."""
+    if isinstance(stored, dict) and isinstance(derived, dict):
+        keys = sorted(set(stored) | set(derived))
+        return [d for k in keys for d in differences(stored.get(k), derived.get(k), f"{path}.{k}", rel)]
+    if isinstance(stored, list) and isinstance(derived, list) and len(stored) == len(derived):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(stored, derived, strict=True))
+            for d in differences(a, b, f"{path}[{i}]")
+        ]
+    if isinstance(stored, float) and isinstance(derived, float | int) and not isinstance(derived, bool):
+        return (
+            []
+            if math.isclose(stored, float(derived), rel_tol=rel, abs_tol=1e-12)
+            else [f"{path}: {stored} → {derived}"]
+        )
+    return [] if stored == derived else [f"{path}: {stored!r} → {derived!r}"]
+
+
+def _stored_records(folder: RunFolder) -> Iterator[Path]:
+    for sub in ("runs", "invalid"):
+        yield from sorted((folder.root / sub).glob("*/*.json"))
+
+
+def rederive_run(run: Path, write: bool) -> dict[str, list[str]]:
+    """Re-derive every stored record; returns {record path: differences}; rewrites them when ``write``."""
+    folder = RunFolder(run)
+    if not folder.exists():
+        raise BadInput(f"{run} is not a sweep run folder (no manifest.json)")
+    changed: dict[str, list[str]] = {}
+    for path in _stored_records(folder):
+        stored = read_record(path, RunRecord)
+        c = stored.config
+        stem = attempt_stem(c.decode_batch_size, c.new_prefill_tokens, c.repetition, stored.validity.attempt)
+        observed = folder.observed_path(c.chunk_size, stem)
+        if not observed.is_file():
+            raise BadInput(f"{path} has no stored observation ({observed}): it was written before records "
+                           "were derived from stored data, so it cannot be re-derived")  # fmt: skip
+        derived = folder.derive_attempt(observed)
+        diff = differences(json.loads(path.read_text()), derived.model_dump(mode="json"))
+        if diff:
+            changed[str(path.relative_to(run))] = diff
+            if write:
+                write_model(path, derived)
+    if write:
+        write_interference_table(run)
+    return changed
+
+
+def _run(args: argparse.Namespace) -> int:
+    changed = rederive_run(args.run, write=not args.check)
+    total = sum(1 for _ in _stored_records(RunFolder(args.run)))
+    for name, diff in changed.items():
+        print(f"{name}: {len(diff)} field(s) differ, e.g. {diff[0]}")
+    verb = "differ from" if args.check else "were rewritten from"
+    print(f"{len(changed)} of {total} records {verb} their re-derivation")
+    return 1 if args.check and changed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.rederive", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument("run", type=Path, help="a sweep run folder, results/<run-id>")
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 when a record differs")
+    args = parser.parse_args(argv)
+    return run_cli(lambda: _run(args), lambda: None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The one top-level error boundary of every command line of the suite.
+
+Exit codes (README, "Exit codes"): 0 ok; 1 measured, with failures (invalid points, failed tests, an
+engine that died); 2 bad input (flags, definition files, a missing model); 130 stopped by Ctrl-C
+(SIGINT); 143 stopped by SIGTERM. A known error prints one paragraph naming the problem and what to do;
+an unknown one prints its message and where the full traceback was written (inside the command's own
+output folder when it has one, never elsewhere; else on standard error).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURES", "BadInput", "Failed", "Stopped", "run_cli"]
+
+EXIT_FAILURES = 1
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """The user's input cannot be used; the message names the problem and the fix (exit 2)."""
+
+
+class Failed(Exception):
+    """The command could not finish; what it measured is kept (exit 1)."""
+
+
+class Stopped(BaseException):
+    """SIGTERM (or SIGINT) asked the command to stop; raised where it was, unwound like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def run_cli(body: Callable[[], int], crash_dir: Callable[[], Path | None] = lambda: None) -> int:
+    """Run ``body`` inside the boundary; ``crash_dir()`` says where a traceback may be written."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return body()
+    except (KeyboardInterrupt, Stopped) as exc:
+        code = exc.exit_code if isinstance(exc, Stopped) else 130
+        print(f"stopped ({'SIGTERM' if code == 143 else 'Ctrl-C'})", file=sys.stderr)
+        return code
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Failed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURES
+    except Exception as exc:  # the boundary: a traceback is never the user's answer
+        where = _write_traceback(crash_dir())
+        print(f"error: unexpected {type(exc).__name__}: {exc}\n{where}", file=sys.stderr)
+        return EXIT_FAILURES
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _write_traceback(folder: Path | None) -> str:
+    text = traceback.format_exc()
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / "crash-traceback.txt"
+            path.write_text(text)
+            return f"This is a bug of the suite; the full traceback is in {path} (please report it)."
+        except OSError:
+            pass
+    return "This is a bug of the suite; its full traceback follows (please report it):\n" + text

@@ -1,0 +1,50 @@
+"""The engine's flags of the suite's one vocabulary (see ``benchcore.flags``), from the engine table.
+
+``--engine KIND`` (choices: the registered kinds), ``--preset NAME``, ``--model``, ``--url``,
+``--api-key-env VAR`` and ``--engine-args "…"`` (appended verbatim to the engine's argv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from engine_harness.engines import ENGINE_KINDS, PRESETS
+
+__all__ = ["add_engine_flags", "engine_overrides"]
+
+
+def add_engine_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    kinds: list[str] | None = None,
+    default_text: str = "vllm: the embedded CPU default without a GPU",
+) -> None:
+    choices = kinds or sorted(ENGINE_KINDS)
+    what = f"engine kind: {', '.join(choices)} (default {default_text})"
+    parser.add_argument("--engine", choices=choices, metavar="KIND", help=what)
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="engine settings to start from (default cpu)"
+    )
+    parser.add_argument("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
+    parser.add_argument("--url", help="base URL of a running engine (with --engine external)")
+    parser.add_argument(
+        "--api-key-env", metavar="VAR", help="environment variable holding the engine's API key"
+    )
+    parser.add_argument(
+        "--engine-args", metavar="ARGS", help="extra engine arguments, one quoted string (e.g. '--seed 3')"
+    )
+
+
+def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine settings the flags gave (None: not given), for ``resolve_spec`` or a layered config."""
+    extra = shlex.split(args.engine_args) if getattr(args, "engine_args", None) else None
+    return {
+        "kind": args.engine,
+        "preset": args.preset,
+        "model": args.model,
+        "url": args.url,
+        "api_key_env": args.api_key_env,
+        "extra_args": extra,
+    }

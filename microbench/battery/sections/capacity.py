@@ -1,0 +1,151 @@
+"""5.5 Concurrent Request Capacity: binary search over closed-loop concurrency with the success criteria.
+
+Workload: the battery workload's inputs with a fixed output length (``capacity_output``). A level passes
+when ≥ 99% of its requests complete, TTFT P99 ≤ ``capacity_ttft_p99_ms`` and no request failed with an
+out-of-memory error. ``find_max_concurrency`` is shared with 5.8, which needs the measured capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Literal
+
+from microbench.battery.capacity_search import closed_criteria
+from microbench.battery.compliance import must
+from microbench.battery.context import BatteryContext
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.registry import Outcome, register_test
+from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct
+from microbench.battery.stats import SearchStep, search_max
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
+
+__all__ = ["CapacityData", "find_max_concurrency", "is_oom", "run_capacity"]
+
+_OOM_MARKERS = ("out of memory", "outofmemory", "oom", "cuda error: out")
+
+
+def is_oom(error: object) -> bool:
+    """Whether an error text names an out-of-memory failure."""
+    text = str(error or "").lower()
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+@TEST_DATA.register("capacity")
+class CapacityData(TestData):
+    shows_capacity: ClassVar[bool] = True
+    test: Literal["capacity"] = "capacity"
+    workload: str
+    output_tokens: int
+    ttft_p99_limit_ms: float
+    levels: list[LevelRow]
+    search: list[SearchStep]
+    max_concurrency: int | None
+    throughput_at_max: float | None
+    tokens_in_flight: float | None
+
+    def tables(self) -> list[Table]:
+        rows = [
+            [
+                f"{r.offered:.0f}",
+                f"{r.request_rps:.2f}",
+                f"{r.output_tps:.1f}",
+                pct(r.success_rate),
+                ms(r.ttft.p99),
+                ms(r.tpot.p99),
+                str(r.requests - r.succeeded),
+                "Pass" if r.slo_met else "Fail",
+            ]
+            for r in self.levels
+        ]
+        note = f"Maximum concurrent requests meeting criteria: {num(self.max_concurrency, '.0f')}"
+        summary = [
+            ["Maximum concurrent requests", num(self.max_concurrency, ".0f")],
+            ["Output throughput at that concurrency", num(self.throughput_at_max, ".1f", " tok/s")],
+            ["Tokens in flight at maximum (approx.)", num(self.tokens_in_flight, ".0f")],
+            *capacity_rows(self.battery_capacity),
+        ]
+        return [
+            Table(
+                title="Capacity Search Results (Table 7)",
+                columns=[
+                    "Concurrency",
+                    "Achieved (req/s)",
+                    "Output (tok/s)",
+                    "Completion",
+                    "TTFT P99",
+                    "TPOT P99",
+                    "Errors",
+                    "Status",
+                ],
+                rows=rows,
+                note=note,
+            ),
+            Table(title="Capacity summary", columns=["Metric", "Value"], rows=summary),
+        ]
+
+    def headline(self) -> dict[str, str]:
+        return {"Max concurrency": num(self.max_concurrency, ".0f")}
+
+
+async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
+    """Run the 5.5 search (memoised in ``ctx.estimates['max_concurrency']`` for 5.8)."""
+    p = ctx.profile
+    spec = ctx.workload_spec()
+    requests = (dataclasses.replace(r, max_tokens=p.capacity_output) for r in ctx.requests(spec))
+    rows: dict[float, LevelRow] = {}
+
+    async def passes(concurrency: float) -> bool:
+        c = int(concurrency)
+        scheduler = parse_scheduler({"kind": "concurrency", "concurrency": c})
+        stage = Stage.scheduled("level", scheduler, requests, duration_s=p.capacity_duration_s)
+        run = await ctx.run(f"capacity/c{c}", [stage])
+        row = level_row(run.stage("level"), c, loop="closed")
+        oom = any(is_oom(e) for e in run.latencies.loc[~run.latencies["ok"], "error"])
+        row.slo_met = closed_criteria(row, p.capacity_ttft_p99_ms) and not oom
+        rows[c] = row
+        ctx.ledger.append(ledger_entry("5.5", f"concurrency {c}", row))
+        return row.slo_met
+
+    best, steps = await search_max(
+        passes, initial=p.capacity_initial, maximum=p.capacity_max, minimum=1, resolution=1, integer=True
+    )
+    at = rows.get(best) if best is not None else None
+    in_flight = None
+    if at is not None and best is not None:
+        ctx.estimates["max_concurrency"] = best
+        ok = [r for r in rows.values() if r.offered == best]
+        in_flight = best * (ok[0].input_tps / max(ok[0].request_rps, 1e-9) + p.capacity_output / 2)
+    return CapacityData(
+        workload=spec.name,
+        output_tokens=p.capacity_output,
+        ttft_p99_limit_ms=p.capacity_ttft_p99_ms,
+        levels=sorted(rows.values(), key=lambda r: r.offered),
+        search=steps,
+        max_concurrency=None if best is None else int(best),
+        throughput_at_max=None if at is None else at.output_tps,
+        tokens_in_flight=in_flight,
+    )
+
+
+@register_test("capacity", "5.5", "Concurrent Request Capacity")
+async def run_capacity(ctx: BatteryContext) -> Outcome:
+    p = ctx.profile
+    data = await find_max_concurrency(ctx)
+    per_slot = min((r.succeeded / max(r.offered, 1) for r in data.levels), default=0.0)
+    reqs = [
+        must("5.5.2", "fixed output length", True, f"{data.output_tokens} tokens"),
+        must(
+            "5.5.3",
+            "each level runs ≥ 60 s and ≥ 100 completions per slot",
+            p.capacity_duration_s >= 60 and per_slot >= 100,
+            f"{p.capacity_duration_s:g} s; fewest completions per slot {per_slot:.1f}",
+        ),
+        must(
+            "5.5.3", "the search found a concurrency meeting the criteria", data.max_concurrency is not None
+        ),
+    ]
+    notes = [f"success criteria: completion ≥ 99%, TTFT P99 ≤ {data.ttft_p99_limit_ms:g} ms, no OOM error"]
+    if data.max_concurrency == p.capacity_max:
+        notes.append(f"the search reached its upper bound {p.capacity_max}: capacity is at least that")
+    return Outcome(data, reqs, notes)

@@ -1,0 +1,217 @@
+"""5.10 Guardrail Overhead: the same workload against two or more named configurations, baseline first.
+
+A configuration is an endpoint (``--config NAME=URL``, e.g. the bare engine and the same engine behind an
+input filter) or the battery's own engine restarted with other settings (``--config NAME=engine:KEY=VALUE``,
+``EngineOverrides``; warmed up after the restart); the first is the baseline. Configurations run in order,
+each a closed-loop ramp to saturation (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
+baseline's probed capacity (Table 13); afterwards the engine runs as launched again. With fewer than two
+configurations the test is skipped: there is nothing to compare, and the report's guardrail disclosure says
+what the SUT runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from benchcore.schema import StrictModel
+from microbench.battery.capacity_search import closed_loop_ramp
+from microbench.battery.compliance import must, should
+from microbench.battery.context import BatteryContext
+from microbench.battery.engine import EngineOverrides, NotRestartable
+from microbench.battery.levels import level_row
+from microbench.battery.registry import Outcome, SkipTest, register_test
+from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
+from microbench.battery.stats import Distribution, summarize
+from microbench.battery.warmup import warm_up
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
+from microbench.workloads.spec import WorkloadSpec
+
+__all__ = ["ConfigLevel", "GuardrailData", "run_guardrail"]
+
+
+class ConfigLevel(StrictModel):
+    config: str
+    url: str
+    load_fraction: float
+    offered_rps: float | None = None
+    achieved_rps: float | None = Field(default=None, description="completions/s in the measured window")
+    ttft: Distribution
+    e2e: Distribution
+
+
+@TEST_DATA.register("guardrail")
+class GuardrailData(TestData):
+    test: Literal["guardrail"] = "guardrail"
+    configs: dict[str, str]
+    max_throughput: dict[str, float]
+    levels: list[ConfigLevel]
+
+    def tables(self) -> list[Table]:
+        baseline = next(iter(self.configs))
+        base = {lv.load_fraction: lv for lv in self.levels if lv.config == baseline}
+        rows = []
+        for lv in self.levels:
+            b = base.get(lv.load_fraction)
+            over = (
+                None if b is None or b.ttft.p50 is None or lv.ttft.p50 is None else lv.ttft.p50 - b.ttft.p50
+            )
+            e2e_over = (
+                None if b is None or b.e2e.p50 is None or lv.e2e.p50 is None else lv.e2e.p50 - b.e2e.p50
+            )
+            rows.append(
+                [
+                    lv.config,
+                    f"{lv.load_fraction:.0%}",
+                    num(lv.offered_rps, ".2f"),
+                    num(lv.achieved_rps, ".2f"),
+                    ms(lv.ttft.p50),
+                    ms(lv.ttft.p99),
+                    ms(lv.e2e.p50),
+                    ms(lv.e2e.p99),
+                    ms(over),
+                    ms(e2e_over),
+                ]
+            )
+        tp = self.max_throughput
+        base_tp = tp.get(baseline)
+        impact = [
+            [name, num(v, ".1f", " tok/s"), "–" if name == baseline or not base_tp else pct(v / base_tp - 1)]
+            for name, v in tp.items()
+        ]
+        return [
+            Table(
+                title="Guardrail Overhead (Table 13)",
+                columns=[
+                    "Configuration",
+                    "Load",
+                    "Offered (req/s)",
+                    "Achieved (req/s)",
+                    "TTFT P50",
+                    "TTFT P99",
+                    "E2E P50",
+                    "E2E P99",
+                    "TTFT overhead P50",
+                    "E2E overhead P50",
+                ],
+                rows=rows,
+            ),
+            Table(
+                title="Throughput Impact (Table 14)",
+                columns=["Configuration", "Max Throughput", "Reduction"],
+                rows=impact,
+                note="Max Throughput per configuration: the best closed-loop ramp level meeting 5.5's "
+                "criteria (concurrency doubled while throughput rose > 10%). The battery's own maximum "
+                "for the engine it launched is in 5.2.",
+            ),
+        ]
+
+
+async def _target(ctx: BatteryContext, config: str | EngineOverrides, notes: list[str]) -> str:
+    """The URL to load for ``config``: an endpoint's, or the engine's after restarting it as configured."""
+    if not isinstance(config, EngineOverrides):
+        return config
+    if await ctx.engine.reconfigure(config):
+        warmup = await warm_up(ctx)
+        notes.append(f"engine restarted for {config} and warmed up ({warmup.requests} requests)")
+    return ctx.engine.base_url
+
+
+async def _probe(ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec) -> tuple[float, float]:
+    """The capacity measurement's closed-loop ramp against one configuration: (output tok/s, req/s).
+
+    The maximum is the best level meeting 5.5's criteria (≥ 99% completed, TTFT P99 within the limit), or
+    the best level at all when none met them; the same ramp 5.2 starts from, not a fixed-concurrency probe.
+    """
+    rows = await closed_loop_ramp(ctx, f"guardrail/{name}/closed", spec, base_url=url)
+    good = [r for r in rows if r.slo_met] or rows
+    best = max(good, key=lambda r: r.output_tps)
+    return best.output_tps, best.request_rps
+
+
+async def _levels(
+    ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec, base_rps: float
+) -> list[ConfigLevel]:
+    """Open-loop Poisson runs at each load level (a share of the baseline's capacity)."""
+    levels = []
+    for i, f in enumerate(sorted(ctx.profile.guardrail_levels)):
+        stage = Stage.scheduled(
+            "level",
+            parse_scheduler({"kind": "poisson", "rate": f * base_rps, "seed": ctx.seed + i}),
+            ctx.requests(spec),
+            duration_s=ctx.profile.level_duration_s,
+        )
+        window = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level")
+        lat, achieved = window.latencies, level_row(window, f * base_rps).request_rps
+        ok = lat[lat["ok"]]
+        levels.append(
+            ConfigLevel(
+                config=name,
+                url=url,
+                load_fraction=f,
+                offered_rps=f * base_rps,
+                achieved_rps=achieved,
+                ttft=summarize(ok["ttft_s"]),
+                e2e=summarize(ok["e2e_s"]),
+            )
+        )
+    return levels
+
+
+@register_test("guardrail", "5.10", "Guardrail Overhead")
+async def run_guardrail(ctx: BatteryContext) -> Outcome:
+    p = ctx.profile
+    configs = ctx.guardrail_configs
+    if len(configs) < 2:
+        raise SkipTest(
+            "needs two or more named configurations (--config NAME=URL or NAME=engine:KEY=VALUE,..., "
+            "baseline first); none were given, so there is no guardrail overhead to measure"
+        )
+    engine_configs = [name for name, config in configs.items() if isinstance(config, EngineOverrides)]
+    if engine_configs and not ctx.engine.can_reconfigure:
+        raise NotRestartable(
+            f"configurations {', '.join(engine_configs)} restart the battery's engine with other settings, "
+            f"but this {ctx.engine.kind} engine was not launched by the battery; engine-settings "
+            "configurations need --engine vllm|sim"
+        )
+    spec = ctx.workload_spec()
+    baseline = next(iter(configs))
+    throughput: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    levels: list[ConfigLevel] = []
+    notes: list[str] = []
+    try:
+        for name, config in configs.items():
+            url = await _target(ctx, config, notes)
+            throughput[name], capacity[name] = await _probe(ctx, name, url, spec)
+            levels += await _levels(ctx, name, url, spec, capacity[baseline])
+    finally:
+        if engine_configs and await ctx.engine.reconfigure(EngineOverrides()):
+            notes.append("engine restarted as launched after the last configuration")
+    data = GuardrailData(
+        configs={name: str(config) for name, config in configs.items()},
+        max_throughput=throughput,
+        levels=levels,
+    )
+    reqs = [
+        must(
+            "4.8.1",
+            "guardrail configuration disclosed",
+            True,
+            ", ".join(f"{k} = {v}" for k, v in configs.items()),
+        ),
+        should(
+            "5.10.2",
+            "load levels 25%, 50% and 75% of capacity",
+            sorted(p.guardrail_levels) == [0.25, 0.5, 0.75],
+            ", ".join(f"{f:.0%}" for f in p.guardrail_levels),
+        ),
+    ]
+    notes += [
+        f"capacity of the baseline {capacity[baseline]:.2f} req/s (closed-loop ramp, as in 5.2's first "
+        "phase); every configuration gets the same absolute rates",
+        "refused requests count as failures in each configuration",
+    ]
+    return Outcome(data, reqs, notes)

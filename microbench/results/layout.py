@@ -1,0 +1,184 @@
+"""The one layout of a sweep's run folder: every path, the atomic writes, and loading what ``derive`` reads.
+
+DESIGN §4. Per run ``results/<run-id>/``:
+
+- ``manifest.json``: the resolved sweep (with its protocol rules), engine spec, argv and version,
+  hardware, packages, git commit;
+- ``observed/<chunk>/<stem>.json``: the ``Observation`` of every attempt (stem ``D<d>_P<p>_r<rep>_a<n>``);
+- ``raw/<chunk>/<stem>.parquet``: the attempt's stamps; ``raw/<chunk>/baseline_D<d>_b<i>.parquet``;
+- ``metrics/<chunk>/<stem>.json``: the engine's /metrics families before and after the attempt;
+- ``baselines/<chunk>/D<d>_b<i>.json``: Phase 1 of each decode batch;
+- ``runs/<chunk>/D<d>_P<p>_r<rep>.json``: the derived record of the point (its valid attempt, or the last
+  invalid one once the attempts are spent); ``invalid/<chunk>/<stem>.json``: every invalid attempt;
+- ``telemetry/<chunk>.parquet``, ``engine-<chunk>.log``, ``interference_table.csv``/``.parquet``.
+
+Records under ``runs/`` and ``invalid/`` are derived (``derive_attempt``); everything else is measured.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+import pandas as pd
+
+from benchcore.atomic import atomic_write_bytes, write_model
+from engine_harness.engines import engine_kind
+from engine_harness.metrics import Snapshot
+from microbench.results.derive import DeriveInputs, derive
+from microbench.results.records import (
+    BaselineRecord,
+    Manifest,
+    Observation,
+    ProtocolRules,
+    RunRecord,
+    point_name,
+    read_record,
+)
+
+__all__ = ["RunFolder", "RunFolderBusy", "attempt_stem"]
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process is writing this run folder."""
+
+
+class _RunLock(filelock.FileLock):
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), timeout=0)
+
+    def __enter__(self) -> _RunLock:
+        try:
+            self.acquire()
+        except filelock.Timeout:
+            raise RunFolderBusy(
+                f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
+                "the same run); wait for it to finish or stop it, then --resume"
+            ) from None
+        return self
+
+
+def attempt_stem(d: int, p: int, rep: int, attempt: int) -> str:
+    return f"{point_name(d, p, rep)}_a{attempt}"
+
+
+class RunFolder:
+    """Paths and atomic writes of one run; records already on disk are what resume skips."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    # -- manifest ----------------------------------------------------------------------------------
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def exists(self) -> bool:
+        return self.manifest_path.is_file()
+
+    def read_manifest(self) -> Manifest:
+        return read_record(self.manifest_path, Manifest)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        write_model(self.manifest_path, manifest)
+
+    def lock(self) -> filelock.BaseFileLock:
+        """One writer per run folder: a second sweep (or ``--resume``) of the same run is refused."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return _RunLock(self.root / ".lock")
+
+    # -- paths -------------------------------------------------------------------------------------
+
+    def record_path(self, chunk: int, d: int, p: int, rep: int) -> Path:
+        return self.root / "runs" / str(chunk) / f"{point_name(d, p, rep)}.json"
+
+    def invalid_path(self, chunk: int, stem: str) -> Path:
+        return self.root / "invalid" / str(chunk) / f"{stem}.json"
+
+    def observed_path(self, chunk: int, stem: str) -> Path:
+        return self.root / "observed" / str(chunk) / f"{stem}.json"
+
+    def baseline_name(self, chunk: int, d: int, index: int) -> str:
+        return f"baselines/{chunk}/D{d}_b{index}.json"
+
+    def raw_name(self, chunk: int, stem: str) -> str:
+        return f"raw/{chunk}/{stem}.parquet"
+
+    def metrics_name(self, chunk: int, stem: str) -> str:
+        return f"metrics/{chunk}/{stem}.json"
+
+    def engine_log(self, chunk: int) -> Path:
+        return self.root / f"engine-{chunk}.log"
+
+    def telemetry_path(self, chunk: int) -> Path:
+        return self.root / "telemetry" / f"{chunk}.parquet"
+
+    def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
+        return self.record_path(chunk, d, p, rep).is_file()
+
+    def attempts(self, chunk: int, d: int, p: int, rep: int) -> int:
+        """Attempts of a point observed so far (the next attempt's number)."""
+        return len(list((self.root / "observed" / str(chunk)).glob(f"{point_name(d, p, rep)}_a*.json")))
+
+    def observations(self) -> Iterator[Path]:
+        yield from sorted((self.root / "observed").glob("*/*.json"))
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def write_raw(self, rel: str, frame: pd.DataFrame) -> None:
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        atomic_write_bytes(self.root / rel, buf.getvalue())
+
+    def write_scrapes(self, rel: str, before: Snapshot | None, after: Snapshot | None) -> None:
+        """The engine's own metric families (``vllm:``, ``sglang:``) before and after an attempt."""
+        pair = (("before", before), ("after", after))
+        body = {k: s.engine_samples().to_json() if s else None for k, s in pair}
+        atomic_write_bytes(self.root / rel, json.dumps(body).encode())
+
+    def write_baseline(self, rel: str, record: BaselineRecord) -> None:
+        write_model(self.root / rel, record)
+
+    def write_observation(self, obs: Observation) -> Path:
+        c = obs.config
+        stem = attempt_stem(c.decode_batch_size, c.new_prefill_tokens, c.repetition, obs.attempt)
+        path = self.observed_path(c.chunk_size, stem)
+        write_model(path, obs)
+        return path
+
+    def write_point(self, record: RunRecord, final: bool) -> None:
+        """A valid record (or the last invalid one once retries are spent) goes to runs/; every invalid
+        attempt is also kept under invalid/ with its reasons."""
+        c = record.config
+        stem = attempt_stem(c.decode_batch_size, c.new_prefill_tokens, c.repetition, record.validity.attempt)
+        if not record.validity.valid:
+            write_model(self.invalid_path(c.chunk_size, stem), record)
+        if record.validity.valid or final:
+            path = self.record_path(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens, c.repetition)
+            write_model(path, record)
+
+    # -- reading what derive needs -----------------------------------------------------------------
+
+    def inputs(self, obs: Observation) -> DeriveInputs:
+        """Everything ``derive`` reads for one attempt, from this folder."""
+        manifest = self.read_manifest()
+        rules = ProtocolRules.model_validate(manifest.sweep.get("protocol", {}))
+        metrics = engine_kind(str(manifest.engine_spec.get("kind", "vllm"))).metrics
+        stamps = pd.read_parquet(self.root / obs.raw_file) if obs.raw_file else None
+        baseline = None
+        if obs.baseline_file is not None:
+            baseline = read_record(self.root / obs.baseline_file, BaselineRecord).baseline
+        before = after = None
+        if obs.metrics_file is not None:
+            scrapes = json.loads((self.root / obs.metrics_file).read_text())
+            before = Snapshot.from_json(scrapes["before"]) if scrapes.get("before") else None
+            after = Snapshot.from_json(scrapes["after"]) if scrapes.get("after") else None
+        return DeriveInputs(obs, stamps, baseline, before, after, rules, metrics)
+
+    def derive_attempt(self, observed: Path) -> RunRecord:
+        """The record of one stored attempt, derived from what this folder stores."""
+        return derive(self.inputs(read_record(observed, Observation)))

@@ -1,0 +1,262 @@
+"""Result schemas of the interference sweep (pydantic, strict, versioned) and atomic read/write.
+
+A run folder ``results/<run-id>/`` holds ``manifest.json`` (``Manifest``), one ``RunRecord`` per
+measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` (the valid attempt, or the last invalid one
+once retries are spent), every invalid attempt under ``invalid/``, one ``BaselineRecord`` per (chunk, D)
+at ``baselines/<chunk>/D<d>.json``, raw stamps under ``raw/`` (Parquet) and metric scrapes under
+``metrics/``. The per-point record keeps seed 002's ``config``/``baseline``/``interference``/``derived``
+sections and field names, and extends them.
+
+Versioning: every record carries ``schema_version``. ``SCHEMA_VERSION`` is the one written; readers
+accept every version listed in ``READABLE_VERSIONS`` (update both on a breaking change, and add the
+upgrade step to ``_upgrade``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+
+from benchcore.schema import StrictModel
+from engine_harness.steps import EngineStep
+
+__all__ = [
+    "READABLE_VERSIONS",
+    "SCHEMA_VERSION",
+    "Baseline",
+    "BaselineRecord",
+    "Derived",
+    "Interference",
+    "LocalBaseline",
+    "Manifest",
+    "Observation",
+    "ProtocolRules",
+    "RunConfig",
+    "RunRecord",
+    "Validity",
+    "point_name",
+    "read_record",
+]
+
+SCHEMA_VERSION = 1
+READABLE_VERSIONS = (1,)
+
+
+class RunConfig(StrictModel):
+    """What was measured (seed 002 ``config``, extended)."""
+
+    decode_batch_size: int = Field(ge=0, description="D: decode streams running during the injection")
+    new_prefill_tokens: int = Field(gt=0, description="P: tokens of the injected cold prompt")
+    chunk_size: int = Field(gt=0, description="engine token budget per step (max-num-batched-tokens)")
+    model: str
+    gpu: str = Field(description="accelerator name, or the CPU model where there is none")
+    repetition: int = Field(ge=0)
+    engine: str = Field(description="engine kind and version, e.g. 'vllm 0.32.0'")
+    decode_context: int = Field(ge=0, description="prompt tokens of each decode stream (shared prefix)")
+    decode_max_tokens: int = Field(ge=0, description="max_tokens of each decode stream")
+
+
+class Baseline(StrictModel):
+    """Decode-only inter-token latency of the (chunk, D) batch (seed 002 Phase 1)."""
+
+    tpot_p50_ms: float | None
+    tpot_p90_ms: float | None
+    tpot_p99_ms: float | None
+    step_time_ms: float | None = Field(description="median decode-only engine step (engine log), if logged")
+    n_gaps: int = Field(ge=0)
+
+
+class LocalBaseline(StrictModel):
+    """The last gaps of every stream right before this injection (drift-proof reference)."""
+
+    tpot_p50_ms: float | None
+    tpot_p90_ms: float | None
+    n_gaps: int = Field(ge=0)
+
+
+class Interference(StrictModel):
+    """What happened while the prefill ran (seed 002 Phase 2, extended)."""
+
+    tpot_during_prefill_p50_ms: float | None = Field(
+        description="seed 002: median decode gap ending between the send and the first token, pooled over "
+        "streams. In a window of a few engine steps it flips between a decode-only gap (steps that ran "
+        "while the request was still being received) and a mixed step's: see Derived.tpot_penalty_ms"
+    )
+    tpot_during_prefill_p90_ms: float | None
+    tpot_during_prefill_max_ms: float | None
+    tpot_after_prefill_p50_ms: float | None
+    num_chunks_actual: int | None = Field(
+        description="prefill-carrying engine steps (step log, else histogram)"
+    )
+    num_chunks_source: Literal["engine_log", "histogram", "none"]
+    num_chunks_expected: int = Field(description="ceil(P / (chunk − D)): vLLM's budget after D decode tokens")
+    engine_steps: int | None = Field(description="engine steps between the scrapes around the injection")
+    step_time_mixed_ms: float | None = Field(description="median prefill-carrying step time (engine log)")
+    prefill_duration_ms: float | None = Field(description="send → first token of the injected request")
+    prefill_ttft_ms: float | None
+    n_gaps_during: int = Field(ge=0)
+    max_tokens_per_read: int = Field(
+        0, ge=0, description="most decode tokens one read carried around the window (>1: delivery stalled)"
+    )
+    recovery_gaps_ms: list[float] = Field(description="every stream's gaps after the first token, in order")
+    prefix_cache_hits: float | None = Field(description="prefix-cache hit tokens during the injection")
+    prefix_cache_queries: float | None
+    cached_prompt_tokens: int | None = Field(description="the injection's own usage.cached_tokens")
+    preemptions: float | None
+    engine_steps_log: list[EngineStep] = Field(
+        default_factory=list,
+        description="every engine step from the injection's send to its first token, in order "
+        "(empty when the engine does not report steps)",
+    )
+
+
+class Derived(StrictModel):
+    """Seed 002 ``derived`` fields, and the penalty per prefill step from the measured aggregate delay.
+
+    Seed 002's identity is ``total delay = num_chunks × D × penalty``. The aggregate delay is measured
+    (every stream, every gap of the window, against the local baseline), ``num_chunks`` is counted by
+    the engine, so ``tpot_penalty_ms`` solves the identity for the penalty: the extra time each decode
+    token waited per step that carried the prefill. Unlike the seed's window median it does not depend
+    on how many decode-only steps fell into the window, so it repeats (CV per cell in the run summary).
+    """
+
+    tpot_penalty_ms: float | None = Field(
+        description="aggregate_decode_delay / (D × num_chunks): extra ms per decode token per prefill step"
+    )
+    tpot_during_prefill_ms: float | None = Field(
+        description="baseline p50 + tpot_penalty_ms: the TPOT a decode sees on a step carrying the prefill"
+    )
+    penalty_ratio: float | None = Field(description="tpot_during_prefill_ms / baseline p50")
+    tpot_penalty_p50_ms: float | None = Field(description="seed 002: window p50 − baseline p50")
+    tpot_penalty_ratio: float | None = Field(description="seed 002: window p50 / baseline p50")
+    local_penalty_p50_ms: float | None = Field(description="window p50 − local baseline p50")
+    total_interference_ms: float | None = Field(
+        description="num_chunks × tpot_penalty_ms: the delay one decode stream took from the prefill"
+    )
+    decode_tokens_delayed: int = Field(description="D × num_chunks")
+    aggregate_decode_delay_ms: float | None = Field(
+        description="Σ over streams of Σ (gap − local baseline p50) over the gaps ending between send and "
+        "first token: the measured counterpart of num_chunks × D × penalty"
+    )
+
+
+class Validity(StrictModel):
+    valid: bool
+    reasons: list[str] = Field(default_factory=list)
+    attempt: int = Field(ge=0)
+
+
+class ProtocolRules(StrictModel):
+    """Seed 002's measurement rules: the live protocol waits by them and ``derive`` judges by them."""
+
+    steady_min_tokens: int = Field(32, ge=2, description="tokens every stream must have before measuring")
+    steady_window: int = Field(8, ge=2, description="last gaps that must agree for steady state")
+    steady_ratio: float = Field(2.0, gt=1, description="max/min of those gaps")
+    discard_tokens: int = Field(16, ge=0, description="first tokens of each stream never used")
+    baseline_gaps: int = Field(32, ge=4, description="gaps per stream in the Phase 1 baseline")
+    local_gaps: int = Field(8, ge=2, description="gaps per stream right before each injection")
+    recovery_gaps: int = Field(16, ge=1, description="gaps per stream after the prefill's first token")
+    steady_timeout_s: float = Field(300, gt=0)
+    injection_timeout_s: float = Field(900, gt=0)
+    idle_timeout_s: float = Field(120, gt=0)
+
+
+class Observation(StrictModel):
+    """What the live protocol saw of one attempt beyond the stamps in ``raw_file``: the inputs of
+    ``microbench.results.derive`` together with the stamps, the batch's baseline and the scrapes."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    config: RunConfig
+    attempt: int = Field(ge=0)
+    t_inject_ns: int = Field(description="perf_counter_ns at the injection's send")
+    t_first_token_ns: int | None = Field(description="the injection's first token; None: it never came")
+    prompt_tokens: int | None = Field(description="usage.prompt_tokens of the injection")
+    cached_prompt_tokens: int | None = Field(description="usage cached_tokens of the injection")
+    engine_steps: list[EngineStep] | None = Field(
+        description="every engine step from the mark before the injection to the end of its recovery "
+        "window; None: the engine reports no steps"
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="what failed live (request error, timeout, a stream that broke)"
+    )
+    decode_failure: str | None = Field(None, description="why a decode stream had stopped, if one had")
+    baseline_file: str | None = Field(description="BaselineRecord of the decode batch (None for D = 0)")
+    raw_file: str | None = Field(description="Parquet of stamps, relative to the run folder")
+    metrics_file: str | None = Field(description="the /metrics scrapes before and after")
+
+
+class RunRecord(StrictModel):
+    """One measured point (chunk, D, P, repetition)."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    config: RunConfig
+    baseline: Baseline | None = Field(description="None for D = 0 (no decodes)")
+    local_baseline: LocalBaseline | None
+    interference: Interference
+    derived: Derived
+    validity: Validity
+    t_inject_ns: int = Field(description="perf_counter_ns at the injection's send")
+    t_first_token_ns: int
+    raw_file: str = Field(description="Parquet with every stamp, relative to the run folder")
+
+
+class BaselineRecord(StrictModel):
+    """Phase 1 of one (chunk, D): measured once per decode batch."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    chunk_size: int
+    decode_batch_size: int
+    batch_index: int = Field(ge=0, description="which decode batch of this (chunk, D) it belongs to")
+    baseline: Baseline
+    steady_after_ms: float = Field(description="from the batch's start until steady state held")
+    raw_file: str
+
+
+class Manifest(StrictModel):
+    """Everything needed to know what a run was and to reproduce it."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    created_utc: str
+    sweep: dict[str, Any] = Field(description="the resolved, validated sweep definition")
+    engine_spec: dict[str, Any]
+    engine_argv: dict[str, list[str]] = Field(default_factory=dict, description="per chunk size")
+    engine_version: str | None
+    warmup: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per chunk size: probe latencies (ms) and whether they settled"
+    )
+    hardware: dict[str, Any]
+    packages: dict[str, str]
+    git_commit: str | None
+    seed: int
+    notes: list[str] = Field(default_factory=list)
+
+
+def point_name(decode_batch: int, prefill_tokens: int, repetition: int) -> str:
+    return f"D{decode_batch}_P{prefill_tokens}_r{repetition}"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older record to the current schema (only version 1 exists so far)."""
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"schema_version {version!r} is not one this suite reads ({READABLE_VERSIONS})")
+    return data
+
+
+def read_record(path: Path, model: type[M]) -> M:
+    """Load a stored record of any readable schema version as the current model."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    return model.model_validate(_upgrade(data))

@@ -1,0 +1,100 @@
+"""Cutting decode streams into windows: gaps before, during and after an injected prefill.
+
+Pure functions over chunk stamps (``perf_counter_ns``) so the arithmetic of the protocol is testable
+without an engine. A *gap* is the time between two consecutive content chunks of one stream, divided
+by the tokens the later chunk carried (so a chunk that bundles two tokens counts as two token gaps of
+half the time, and a per-token latency is always what is compared).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Gap", "expected_chunks", "gaps_of", "is_steady", "percentile_ms", "split_window"]
+
+
+@dataclass(frozen=True)
+class Gap:
+    start_ns: int
+    end_ns: int
+    tokens: int
+
+    @property
+    def ms(self) -> float:
+        """Per-token gap in milliseconds."""
+        return (self.end_ns - self.start_ns) / 1e6 / max(self.tokens, 1)
+
+
+def gaps_of(stamps: Sequence[int], tokens: Sequence[int], skip_tokens: int = 0) -> list[Gap]:
+    """The gaps of one stream, leaving out those that end within its first ``skip_tokens`` tokens.
+
+    Chunks that arrived in the same read share a stamp; the client cannot tell their arrival times
+    apart, so they form one gap carrying all their tokens (its per-token time is the burst's average),
+    never a run of zero-length gaps.
+    """
+    out: list[Gap] = []
+    if not stamps:
+        return out
+    seen = tokens[0]
+    prev = stamps[0]
+    i = 1
+    while i < len(stamps):
+        t, n = stamps[i], tokens[i]
+        while i + 1 < len(stamps) and stamps[i + 1] == t:
+            i += 1
+            n += tokens[i]
+        if t == prev:  # a burst sharing the very first stamp: no gap to measure
+            seen += n
+        else:
+            seen += n
+            if seen > skip_tokens:
+                out.append(Gap(prev, t, n))
+            prev = t
+        i += 1
+    return out
+
+
+def is_steady(gaps: Sequence[Gap], window: int, max_ratio: float) -> bool:
+    """Seed 002's rule: the last ``window`` gaps are within ``max_ratio``× of each other."""
+    if len(gaps) < window:
+        return False
+    last = [g.ms for g in gaps[-window:]]
+    lo = min(last)
+    return lo > 0 and max(last) / lo <= max_ratio
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    before: list[Gap]
+    during: list[Gap]
+    after: list[Gap]
+
+
+def split_window(gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0) -> WindowSplit:
+    """Gaps before, during and after the prefill window [t0, t1].
+
+    A gap belongs to the window when its token arrived in it: ``t0 < end ≤ t1 + slack``. The slack
+    takes in a decode token of the same engine step as the prefill's first token that the client
+    happened to read just after it; without it, a gap that merely straddles ``t1`` by a fraction of a
+    millisecond — the first decode-only step after the prefill — would be counted as interfered.
+    """
+    before = [g for g in gaps if g.end_ns <= t0_ns]
+    during = [g for g in gaps if t0_ns < g.end_ns <= t1_ns + slack_ns]
+    after = [g for g in gaps if g.end_ns > t1_ns + slack_ns]
+    return WindowSplit(before, during, after)
+
+
+def percentile_ms(gaps: Sequence[Gap], q: float) -> float | None:
+    """The ``q``-th percentile of per-token gaps in ms (None when there are none)."""
+    if not gaps:
+        return None
+    return float(np.percentile([g.ms for g in gaps], q))
+
+
+def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:
+    """vLLM V1 schedules the D decode tokens first, so a step holds chunk − D prefill tokens."""
+    return math.ceil(prefill_tokens / max(chunk - decode_batch, 1))

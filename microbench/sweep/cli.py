@@ -1,0 +1,238 @@
+"""``python -m microbench.sweep``: the prefill–decode interference grid (chunk × D × P × repetitions).
+
+Per chunk size the engine is (re)started with that token budget; per D one steady decode batch on a
+shared warm prefix carries a Phase 1 baseline and then one cold-prefill injection per (P, repetition),
+refreshed when its streams run short of tokens; D = 0 measures the bare prefill. Every point is
+checked (zero prefix-cache hits, steady decodes spanning the window, no preemption) and retried when
+invalid; records are written atomically as each point finishes, so an interrupted run resumes with
+``--resume``. The end writes ``interference_table.csv`` and prints the seed's success criteria.
+
+Examples::
+
+    python -m microbench.sweep --chunk 8192                          # seed grid, embedded CPU engine
+    python -m microbench.sweep --config sweeps/smoke.yaml            # the small CI grid
+    python -m microbench.sweep --chunk 2048 8192 --D 0 4 --P 4096 --reps 2 --out results/my-run
+    python -m microbench.sweep --engine external --url http://127.0.0.1:8000 --model my-model --chunk 8192
+    python -m microbench.sweep --resume                              # continue the newest run in results/
+    python -m microbench.sweep --resume --out results/my-run         # continue that run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.flags import add_config, add_out
+from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
+from engine_harness.flags import add_engine_flags, engine_overrides
+from engine_harness.launch import EngineError
+from engine_harness.metrics import MetricsError
+from microbench.client import aio
+from microbench.results.layout import RunFolder, RunFolderBusy
+from microbench.results.records import Manifest
+from microbench.sweep.config import SweepConfig, SweepConfigError, load_sweep
+from microbench.sweep.lifecycle import SweepAborted
+from microbench.sweep.runner import SweepRunner
+
+__all__ = ["build_parser", "main"]
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = Path("results")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m microbench.sweep",
+        description=(__doc__ or "").split("\n\n")[0] + " Flags override the --config YAML; the resolved "
+        "sweep is validated and stored in the run's manifest.",
+        epilog="Defaults are seed 002's: D ∈ {0,1,2,4,6,8,12}, P ∈ {512…32768}, 5 repetitions, 4096-token "
+        "decode context, the embedded CPU vLLM engine (tiny Qwen3-MoE, dummy weights). Exit codes: 0 every "
+        "point valid, 1 some point invalid or the run stopped on an error, 2 bad input, 130/143 stopped.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    grid = p.add_argument_group("grid")
+    add_config(grid, "sweeps/seed-reduced.yaml")
+    grid.add_argument(
+        "--chunk",
+        type=int,
+        nargs="+",
+        dest="chunks",
+        metavar="N",
+        help="token budget(s) per engine step: vLLM max-num-batched-tokens (default 8192)",
+    )
+    grid.add_argument(
+        "--D",
+        type=int,
+        nargs="+",
+        dest="decode_batch_sizes",
+        metavar="D",
+        help="decode batch sizes (default 0 1 2 4 6 8 12)",
+    )
+    grid.add_argument(
+        "--P",
+        type=int,
+        nargs="+",
+        dest="prefill_tokens",
+        metavar="P",
+        help="cold prefill lengths in tokens (default 512 … 32768)",
+    )
+    grid.add_argument("--reps", type=int, dest="repetitions", help="repetitions per cell (default 5)")
+    grid.add_argument("--decode-context", type=int, help="shared prefix of each decode stream (default 4096)")
+    grid.add_argument(
+        "--decode-tokens",
+        type=int,
+        help="max_tokens per decode stream (default: enough for warm-up, baseline and every "
+        "injection's window and recovery, capped at 2048; batches are refreshed as needed)",
+    )
+    grid.add_argument(
+        "--seed", type=int, help="seed of the shared decode prefix (cold prompts: always unique)"
+    )
+    grid.add_argument("--max-attempts", type=int, help="tries per point before it is recorded invalid (3)")
+    grid.add_argument("--token-range", help="LO:HI token ids for prompts (default: read from the model)")
+    eng = p.add_argument_group("engine")
+    add_engine_flags(eng)
+    eng.add_argument(
+        "--enforce-eager", action="store_true", default=None, help="disable CUDA graphs (seed 002's ablation)"
+    )
+    out = p.add_argument_group("output")
+    add_out(out, "results/<UTC time>-<sweep name>")
+    out.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a stopped run (--out, or the newest in results/); measured points are kept",
+    )
+    return p
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "chunks",
+        "decode_batch_sizes",
+        "prefill_tokens",
+        "repetitions",
+        "decode_context",
+        "decode_tokens",
+        "seed",
+        "max_attempts",
+        "token_range",
+    )
+    out: dict[str, Any] = {k: getattr(args, k) for k in keys}
+    out["engine"] = engine_overrides(args) | {"enforce_eager": args.enforce_eager}
+    return out
+
+
+def _newest_run() -> Path:
+    runs = sorted(RESULTS.glob("*/manifest.json")) if RESULTS.is_dir() else []
+    if not runs:
+        raise BadInput(f"--resume: no run with a manifest in {RESULTS}; name the run with --out")
+    return max(runs, key=lambda p: p.stat().st_mtime).parent
+
+
+def _resolve_run(args: argparse.Namespace) -> tuple[RunFolder, SweepConfig, bool]:
+    """The run folder and sweep to use, and whether it is a resumed run."""
+    overrides = _overrides(args)
+    if args.resume:
+        folder = RunFolder(args.out or _newest_run())
+        if not folder.exists():
+            raise BadInput(f"--resume: {folder.root} has no manifest.json; nothing to resume")
+        given = [k for k, v in overrides.items() if k != "engine" and v is not None]
+        given += [k for k, v in overrides["engine"].items() if v is not None] + (
+            ["--config"] if args.config else []
+        )
+        if given:
+            raise BadInput(
+                f"--resume continues the stored sweep; drop {', '.join(given)} (or start a new run)"
+            )
+        try:
+            return folder, SweepConfig.model_validate(folder.read_manifest().sweep), True
+        except ValueError as exc:
+            raise BadInput(f"--resume: the manifest of {folder.root} cannot be read ({exc})") from None
+    try:
+        sweep = load_sweep(args.config, overrides)
+    except SweepConfigError as exc:
+        raise BadInput(str(exc)) from None
+    folder = RunFolder(args.out or RESULTS / new_run_id(sweep.name))
+    if folder.exists():
+        raise BadInput(
+            f"run {folder.root} already exists: pass --resume to continue it, or choose another --out"
+        )
+    return folder, sweep, False
+
+
+def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
+    from engine_harness.telemetry import NvmlSource
+
+    spec = sweep.engine_spec()
+    folder.write_manifest(
+        Manifest(
+            run_id=folder.root.name,
+            created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            sweep=sweep.model_dump(mode="json"),
+            engine_spec=spec.model_dump(mode="json", exclude={"env"}),
+            engine_version=None,
+            hardware=hardware_info(NvmlSource.gpu_names()),
+            packages=package_versions(),
+            git_commit=git_commit(REPO),
+            seed=sweep.seed,
+        )
+    )
+
+
+def _lock(folder: RunFolder) -> filelock.BaseFileLock:
+    try:
+        lock = folder.lock()
+        lock.acquire()
+    except RunFolderBusy as exc:
+        raise BadInput(str(exc)) from None
+    except OSError as exc:
+        raise BadInput(f"cannot write the run folder {folder.root}: {exc}; choose another --out") from None
+    return lock
+
+
+def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
+    folder, sweep, resumed = _resolve_run(args)
+    state["out"] = folder.root
+    resume = f"python -m microbench.sweep --resume --out {folder.root}"
+    lock = _lock(folder)
+    try:
+        if not resumed:
+            try:
+                _write_manifest(folder, sweep)
+            except OSError as exc:
+                raise BadInput(
+                    f"cannot write the run folder {folder.root}: {exc}; choose another --out"
+                ) from None
+        runner = SweepRunner(folder, sweep)
+        try:
+            aio.run(runner.run())
+        except (KeyboardInterrupt, Stopped):
+            runner.console.print(
+                f"[yellow]stopped; everything measured is in {folder.root}. Continue with: {resume}",
+                soft_wrap=True,
+            )  # one line: survives copy and paste
+            raise
+        except (SweepAborted, EngineError, MetricsError, OSError) as exc:
+            runner.console.print(f"[red]error: {exc}", soft_wrap=True)
+            runner.console.print(
+                f"measured points are kept in {folder.root}; continue with: {resume}", soft_wrap=True
+            )
+            return EXIT_FAILURES
+        finally:
+            runner.finish()
+        return EXIT_FAILURES if runner.invalid_points() else 0
+    finally:
+        lock.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
+    state: dict[str, Path] = {}
+    return run_cli(lambda: _run(args, state), lambda: state.get("out"))

@@ -1,0 +1,104 @@
+"""The sweep definition: defaults → ``sweeps/<name>.yaml`` → command-line flags → one validated object.
+
+``SweepConfig`` is strict (a misspelled key is an error, not a silent default) and is stored, resolved,
+in the run's manifest, so a run says exactly what it measured.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from benchcore.layered_config import load_layered
+from benchcore.schema import StrictModel
+from engine_harness.engines import EngineSpec, resolve_spec
+from microbench.results.records import ProtocolRules
+
+__all__ = ["SweepConfig", "SweepConfigError", "load_sweep"]
+
+SEED_D = [0, 1, 2, 4, 6, 8, 12]
+SEED_P = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+
+
+class SweepConfigError(ValueError):
+    """The sweep definition is invalid; the message names the file, the field and the problem."""
+
+
+class SweepConfig(StrictModel):
+    """One interference sweep: the grid, the engine, the protocol."""
+
+    name: str = "cli"
+    chunks: list[int] = Field([8192], min_length=1, description="token budgets (max-num-batched-tokens)")
+    decode_batch_sizes: list[int] = Field(default_factory=lambda: list(SEED_D), min_length=1)
+    prefill_tokens: list[int] = Field(default_factory=lambda: list(SEED_P), min_length=1)
+    repetitions: int = Field(5, ge=1, le=1000)
+    decode_context: int = Field(4096, ge=1, description="shared warm prefix of every decode stream")
+    decode_tokens: int | None = Field(
+        None, ge=16, description="max_tokens of each decode stream; default: enough for the batch's plan"
+    )
+    max_decode_tokens: int = Field(2048, ge=64, description="cap on the automatic decode_tokens")
+    max_attempts: int = Field(3, ge=1, le=20, description="tries per point before it is recorded invalid")
+    seed: int = 0
+    token_range: str | None = Field(None, description="LO:HI ids for prompts; default: from the model")
+    engine: dict[str, Any] = Field(
+        default_factory=lambda: {"preset": "cpu"},
+        description="engine settings: preset plus EngineSpec fields",
+    )
+    protocol: ProtocolRules = Field(default_factory=lambda: ProtocolRules())
+
+    @field_validator("chunks", "decode_batch_sizes", "prefill_tokens")
+    @classmethod
+    def _sorted_unique(cls, v: list[int]) -> list[int]:
+        if any(x < 0 for x in v):
+            raise ValueError(f"values must be ≥ 0, got {v}")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepConfig:
+        if any(c <= 0 for c in self.chunks) or any(p <= 0 for p in self.prefill_tokens):
+            raise ValueError("chunk sizes and prefill lengths must be > 0")
+        too_big = [d for d in self.decode_batch_sizes if d >= min(self.chunks)]
+        if too_big:
+            raise ValueError(
+                f"decode batch sizes {too_big} leave no room for prefill in chunk {min(self.chunks)}"
+            )
+        self.engine_spec()  # validate the engine settings now, not an hour into the run
+        return self
+
+    def engine_spec(self, chunk: int | None = None) -> EngineSpec:
+        settings = dict(self.engine)
+        preset = settings.pop("preset", None)
+        try:
+            return resolve_spec(preset, **settings, chunk_size=chunk or self.chunks[0])
+        except ValidationError as exc:
+            raise ValueError(f"engine settings: {exc}") from None
+
+    def points(self) -> int:
+        return len(self.chunks) * len(self.decode_batch_sizes) * len(self.prefill_tokens) * self.repetitions
+
+    def decode_budget(self, chunk: int, decode_batch: int) -> int:
+        """max_tokens for one decode batch: warm-up + baseline + every planned injection, capped."""
+        if self.decode_tokens is not None:
+            return self.decode_tokens
+        p = self.protocol
+        need = p.steady_min_tokens + p.baseline_gaps + 2
+        for prefill in self.prefill_tokens:
+            window = math.ceil(prefill / max(chunk - decode_batch, 1)) + 2
+            # ×2: waiting for steady state and a clean local baseline takes some tokens more
+            need += (p.local_gaps + window + p.recovery_gaps + 2) * 2 * self.repetitions
+        return min(need + 32, self.max_decode_tokens)
+
+
+def load_sweep(path: Path | None, overrides: dict[str, Any]) -> SweepConfig:
+    """Defaults, then the YAML file (if any), then the non-None ``overrides``; one validated config."""
+    return load_layered(
+        SweepConfig,
+        path,
+        overrides,
+        what="sweep definition",
+        hint="see sweeps/ for the shipped ones",
+        error=SweepConfigError,
+    )

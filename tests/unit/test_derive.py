@@ -1,0 +1,165 @@
+"""``microbench.results.derive`` on hand-built stamp sets whose answers are worked out by hand.
+
+Every case: decode steps of 10 ms (stamps at 0, 10, 20, … ms), rules with 2 local gaps, 2 recovery gaps,
+no discarded tokens; the injection is sent at ``t0`` and its first token comes at ``t1``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from engine_harness.engines import engine_kind
+from engine_harness.metrics import Snapshot
+from engine_harness.steps import EngineStep
+from microbench.results.derive import DeriveInputs, derive
+from microbench.results.records import Baseline, Observation, ProtocolRules, RunConfig
+
+MS = 1_000_000
+RULES = ProtocolRules(local_gaps=2, recovery_gaps=2, discard_tokens=0, steady_window=2)
+VLLM = engine_kind("vllm").metrics
+BASELINE = Baseline(tpot_p50_ms=10.0, tpot_p90_ms=10.0, tpot_p99_ms=10.0, step_time_ms=None, n_gaps=64)
+
+
+def _stamps(streams: dict[int, list[tuple[float, int]]], prefill: list[float] = ()) -> pd.DataFrame:
+    """(ms, tokens) reads per decode stream; ``seen`` counts tokens from the stream's start."""
+    rows = []
+    for i, reads in streams.items():
+        seen = 0
+        for ms, n in reads:
+            seen += n
+            rows.append((i, "decode", int(ms * MS), n, seen))
+    rows += [(-1, "prefill", int(ms * MS), 1, k + 1) for k, ms in enumerate(prefill)]
+    return pd.DataFrame(rows, columns=["stream", "role", "t_ns", "tokens", "seen"])
+
+
+def _snap(hits: float, queries: float) -> Snapshot:
+    return Snapshot(0, {("vllm:prefix_cache_hits_total", frozenset()): hits,
+                        ("vllm:prefix_cache_queries_total", frozenset()): queries})  # fmt: skip
+
+
+def _obs(d: int, t0_ms: float, t1_ms: float | None, **kw: object) -> Observation:
+    cfg = RunConfig(
+        decode_batch_size=d, new_prefill_tokens=512, chunk_size=300, model="m", gpu="cpu",
+        repetition=0, engine="vllm", decode_context=64, decode_max_tokens=100 if d else 0,
+    )  # fmt: skip
+    fields: dict[str, object] = dict(
+        run_id="r", config=cfg, attempt=0, t_inject_ns=int(t0_ms * MS),
+        t_first_token_ns=None if t1_ms is None else int(t1_ms * MS), prompt_tokens=512,
+        cached_prompt_tokens=0, engine_steps=None, baseline_file="baselines/300/D1_b0.json" if d else None,
+        raw_file="raw/x.parquet", metrics_file="metrics/x.json",
+    )  # fmt: skip
+    fields.update(kw)
+    return Observation.model_validate(fields)
+
+
+def _steady(until_ms: int) -> list[tuple[float, int]]:
+    return [(float(t), 1) for t in range(0, until_ms + 1, 10)]
+
+
+TWO_CHUNKS = [
+    EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=9.0),
+    EngineStep(prefill_tokens=299, decode_tokens=1, prefill_requests=1, decode_requests=1, elapsed_ms=30.0),
+    EngineStep(prefill_tokens=213, decode_tokens=1, prefill_requests=1, decode_requests=1, elapsed_ms=20.0),
+    EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=11.0),
+]
+
+
+def test_a_burst_read_carrying_several_tokens() -> None:
+    # send at 105 ms, first token at 160 ms; the decode reads at 110 (1 token) and at 150 (3 tokens in one
+    # read), then recovers at 170, 180, 190.
+    reads = [
+        *_steady(100),
+        (110.0, 1),
+        (150.0, 1),
+        (150.0, 1),
+        (150.0, 1),
+        (170.0, 1),
+        (180.0, 1),
+        (190.0, 1),
+    ]
+    inp = DeriveInputs(
+        _obs(1, 105, 160, engine_steps=TWO_CHUNKS), _stamps({0: reads}, [160.0]), BASELINE,
+        _snap(0, 0), _snap(0, 512), RULES, VLLM,
+    )  # fmt: skip
+    rec = derive(inp)
+    assert rec.validity.valid, rec.validity.reasons
+    i, d = rec.interference, rec.derived
+    # local baseline: the last two gaps before the send, 10 ms each; slack 2.5 ms
+    assert rec.local_baseline is not None and rec.local_baseline.tpot_p50_ms == pytest.approx(10.0)
+    # window gaps: 100→110 (1 token, 10 ms) and 110→150 (3 tokens, 40 ms: 13.33 ms per token)
+    assert i.n_gaps_during == 2 and i.max_tokens_per_read == 3
+    assert i.tpot_during_prefill_p50_ms == pytest.approx((10 + 40 / 3) / 2)
+    # aggregate delay: (10 − 10·1) + (40 − 10·3) = 10 ms over D·chunks = 1·2 steps → 5 ms per step
+    assert d.aggregate_decode_delay_ms == pytest.approx(10.0)
+    assert i.num_chunks_actual == 2 and i.num_chunks_source == "engine_log" and i.num_chunks_expected == 2
+    assert d.tpot_penalty_ms == pytest.approx(5.0) and d.total_interference_ms == pytest.approx(10.0)
+    assert d.tpot_during_prefill_ms == pytest.approx(15.0) and d.penalty_ratio == pytest.approx(1.5)
+    assert i.recovery_gaps_ms == [20.0, 10.0]  # 150→170, 170→180
+    assert i.step_time_mixed_ms == pytest.approx(25.0) and rec.baseline.step_time_ms == pytest.approx(10.0)
+    assert i.prefill_duration_ms == pytest.approx(55.0) and i.prefix_cache_hits == 0
+
+
+def test_a_window_with_no_gap_inside_is_invalid() -> None:
+    # a prefill quicker than one decode step: send at 103, first token at 105, next decode read at 110
+    inp = DeriveInputs(
+        _obs(1, 103, 105),
+        _stamps({0: _steady(200)}, [105.0]),
+        BASELINE,
+        _snap(0, 0),
+        _snap(0, 512),
+        RULES,
+        VLLM,
+    )
+    rec = derive(inp)
+    assert not rec.validity.valid
+    assert rec.validity.reasons == ["decode stream 0 did not span the prefill window"]
+    assert rec.interference.n_gaps_during == 0 and rec.interference.tpot_during_prefill_p50_ms is None
+    assert rec.derived.aggregate_decode_delay_ms == 0.0
+
+
+def test_a_failed_injection_with_no_prefill_step() -> None:
+    obs = _obs(0, 100, None, prompt_tokens=None, cached_prompt_tokens=None, engine_steps=[],
+               notes=["the injected request failed: HTTP 500"], raw_file=None, metrics_file=None)  # fmt: skip
+    rec = derive(DeriveInputs(obs, None, None, None, None, RULES, VLLM))
+    assert not rec.validity.valid and rec.validity.reasons == ["the injected request failed: HTTP 500"]
+    i, d = rec.interference, rec.derived
+    assert i.num_chunks_actual is None and i.num_chunks_source == "none" and i.engine_steps_log == []
+    assert i.prefill_duration_ms is None and rec.t_first_token_ns == rec.t_inject_ns
+    assert d.tpot_penalty_ms is None and d.penalty_ratio is None and rec.local_baseline is None
+
+
+def test_a_decode_stream_that_ended_early() -> None:
+    # stream 1 stopped at 60 ms (7 tokens); stream 0 decodes through the window as in the burst case
+    reads0 = [*_steady(100), (130.0, 1), (150.0, 1), (170.0, 1), (180.0, 1), (190.0, 1)]
+    obs = _obs(2, 105, 160, engine_steps=TWO_CHUNKS, decode_failure="decode stream 1 ended after 7 tokens")
+    stamps = _stamps({0: reads0, 1: _steady(60)}, [160.0])
+    rec = derive(DeriveInputs(obs, stamps, BASELINE, _snap(0, 0), _snap(0, 512), RULES, VLLM))
+    assert rec.validity.reasons == [
+        "decode stream 1 did not span the prefill window",
+        "decode stream 1 ended after 7 tokens",
+    ]
+    # only stream 0 has window gaps: 100→130 (30 ms) and 130→150 (20 ms): 50 − 2·10 = 30 ms of delay
+    assert rec.derived.aggregate_decode_delay_ms == pytest.approx(30.0)
+    assert rec.derived.tpot_penalty_ms == pytest.approx(30.0 / (2 * 2))
+
+
+def test_a_prefix_cache_hit_or_a_wrong_prompt_length_invalidates() -> None:
+    reads = [*_steady(100), (130.0, 1), (150.0, 1), (170.0, 1), (180.0, 1), (190.0, 1)]
+    obs = _obs(1, 105, 160, engine_steps=TWO_CHUNKS, cached_prompt_tokens=64, prompt_tokens=511)
+    rec = derive(DeriveInputs(obs, _stamps({0: reads}), BASELINE, _snap(0, 0), _snap(64, 512), RULES, VLLM))
+    assert rec.validity.reasons == [
+        "the injection hit the prefix cache (64 tokens in /metrics)",
+        "the injection hit the prefix cache (usage.cached_tokens = 64)",
+        "the engine counted 511 prompt tokens, not 512",
+    ]
+
+
+def test_the_discard_rule_counts_from_the_streams_real_start() -> None:
+    # the stored slice starts at the stream's 30th token: discarding 16 tokens must drop nothing of it
+    from microbench.results.derive import stream_gaps
+
+    frame = _stamps({0: _steady(100)})
+    frame["seen"] += 29
+    assert len(stream_gaps(frame, 0, 16)) == 10
+    assert len(stream_gaps(frame, 0, 35)) == 5  # the gaps ending at tokens 36…40
