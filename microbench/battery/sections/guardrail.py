@@ -1,7 +1,7 @@
 """5.10 Guardrail Overhead: the same workload against two or more named configurations, baseline first.
 
-A configuration is an endpoint (``--config NAME=URL``, e.g. the bare engine and the same engine behind an
-input filter) or the battery's own engine restarted with other settings (``--config NAME=engine:KEY=VALUE``,
+A configuration is an endpoint (``--arm NAME=URL``, e.g. the bare engine and the same engine behind an
+input filter) or the battery's own engine restarted with other settings (``--arm NAME=engine:KEY=VALUE``,
 ``EngineOverrides``; warmed up after the restart); the first is the baseline. Configurations run in order,
 each a closed-loop ramp to saturation (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
 baseline's probed capacity (Table 13); afterwards the engine runs as launched again. With fewer than two
@@ -166,7 +166,7 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
     configs = ctx.guardrail_configs
     if len(configs) < 2:
         raise SkipTest(
-            "needs two or more named configurations (--config NAME=URL or NAME=engine:KEY=VALUE,..., "
+            "needs two or more named configurations (--arm NAME=URL or NAME=engine:KEY=VALUE,..., "
             "baseline first); none were given, so there is no guardrail overhead to measure"
         )
     engine_configs = [name for name, config in configs.items() if isinstance(config, EngineOverrides)]
