@@ -2,9 +2,10 @@
 
 Two phases, each level entered in the capacity ledger (``sustainable``):
 
-1. **Closed-loop ramp**: concurrency ``probe_concurrency``, doubled while the output throughput still
-   rises by more than 10% (up to ``capacity_max``). The best level's completion rate X is the engine's
-   service rate for this workload: a closed loop keeps the batch full with no arrival noise.
+1. **Closed-loop ramp**: concurrency ``probe_concurrency``, doubled until two levels in a row fail to
+   beat the best before them by more than 10% (or ``capacity_max``; ``ramp_done``). The best level's
+   completion rate X is the engine's service rate for this workload: a closed loop keeps the batch full
+   with no arrival noise.
 2. **Open-loop search** (``rate_search``): Poisson levels at fractions of X, from 0.9: +0.1 while
    sustainable, −0.1 while not, then bisection until the last sustainable and the first saturated
    fraction are within 0.05, within ``search_probes`` levels. The highest sustainable offered rate is
@@ -25,7 +26,14 @@ from microbench.loadgen.stages import Stage
 from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
-__all__ = ["CapacitySearch", "closed_loop_ramp", "measure_capacity", "rate_search", "sustainable_open"]
+__all__ = [
+    "CapacitySearch",
+    "closed_loop_ramp",
+    "measure_capacity",
+    "ramp_done",
+    "rate_search",
+    "sustainable_open",
+]
 
 RESOLUTION = 0.05  # of the closed-loop rate X
 
@@ -107,10 +115,22 @@ async def closed_loop_ramp(
         row = level_row(run.stage("level"), c, loop="closed")
         closed_criteria(row, p.capacity_ttft_p99_ms)
         rows.append(row)
-        grew = len(rows) == 1 or row.output_tps > 1.1 * rows[-2].output_tps
-        if not grew or c * 2 > p.capacity_max or row.succeeded == 0:
+        if ramp_done(rows, p.capacity_max) or row.succeeded == 0:
             return rows
         c *= 2
+
+
+def ramp_done(rows: list[LevelRow], capacity_max: int) -> bool:
+    """The ramp stops at ``capacity_max`` or once two levels in a row beat the best before them by ≤ 10%.
+
+    One level is not enough on a shared machine: a single slow level (another process's burst) would end
+    the ramp below the engine's capacity.
+    """
+    if rows[-1].offered * 2 > capacity_max:
+        return True
+    tps = [r.output_tps for r in rows]
+    stalled = [i for i in range(1, len(tps)) if tps[i] <= 1.1 * max(tps[:i])]
+    return len(stalled) >= 2 and stalled[-2:] == [len(tps) - 2, len(tps) - 1]
 
 
 async def measure_capacity(ctx: BatteryContext) -> CapacitySearch:

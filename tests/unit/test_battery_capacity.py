@@ -164,3 +164,21 @@ def test_plan_estimates_the_conformant_ttft_test_from_the_probe() -> None:
     ttft = rows[1]
     assert ttft.requests == 10_000
     assert ttft.seconds == pytest.approx(10_000 / (0.5 * 10.0) + 0.5)
+
+
+def test_the_ramp_survives_one_slow_level() -> None:
+    from microbench.battery.capacity_search import ramp_done
+
+    def rows(*tps: float):  # type: ignore[no-untyped-def]
+        return [_row_at(2**i, t) for i, t in enumerate(tps, start=2)]
+
+    assert not ramp_done(rows(700, 950, 711), 64)  # the CPU run's slow c=16: one stall is not the end
+    assert not ramp_done(rows(700, 950, 711, 1364), 64)
+    assert ramp_done(rows(700, 950, 711, 960), 64)  # two levels in a row ≤ 10% above the best: done
+    assert ramp_done(rows(700, 950), 8)  # the next doubling would pass capacity_max
+
+
+def _row_at(concurrency: int, tps: float):  # type: ignore[no-untyped-def]
+    send = np.arange(0, 4, 0.1)
+    row = level_row(StageWindow("level", _lat(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed")
+    return row.model_copy(update={"output_tps": tps})

@@ -103,7 +103,7 @@ class GuardrailData(TestData):
                 columns=["Configuration", "Max Throughput", "Reduction"],
                 rows=impact,
                 note="Max Throughput per configuration: the best closed-loop ramp level meeting 5.5's "
-                "criteria (concurrency doubled while throughput rose > 10%). The battery's own maximum "
+                "criteria (concurrency doubled until two levels gained ≤ 10%). The battery's own maximum "
                 "for the engine it launched is in 5.2.",
             ),
         ]

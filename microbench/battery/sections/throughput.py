@@ -67,7 +67,7 @@ class ThroughputData(TestData):
             )
         tables.append(
             level_rate_rows(
-                "Capacity phase 1: closed-loop ramp (concurrency doubled while throughput rose > 10%)",
+                "Capacity phase 1: closed-loop ramp (concurrency doubled until two levels gained ≤ 10%)",
                 self.search.closed_loop,
             )
         )
