@@ -35,7 +35,10 @@ def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Outcome]:
 
     def call(main: Callable[[list[str]], int], *argv: str | Path) -> Outcome:
         capsys.readouterr()
-        code = main([str(a) for a in argv])
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse's own refusal of a flag: its message, exit 2
+            code = int(exc.code or 0)
         captured = capsys.readouterr()
         return Outcome(code, captured.out, captured.err)
 

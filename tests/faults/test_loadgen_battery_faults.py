@@ -124,7 +124,7 @@ def test_open_loop_load_on_an_engine_that_dies_is_exit_1_with_a_warning(place: P
         (["--tests", "nope"], "unknown battery test 'nope'"),
         (["--engine", "external"], "--engine external needs --url"),
         (["--engine", "external", "--url", "http://127.0.0.1:1", "--tests", "ttft"], "is the engine running"),
-        (["--tests", "ttft", "--ttft-slo-ms", "-1"], "--ttft-slo-ms must be > 0"),
+        (["--tests", "ttft", "--ttft-slo", "0ms"], "a duration must be > 0"),
     ],
     ids=["workload", "unknown-test", "no-url", "closed-port", "slo"],
 )
