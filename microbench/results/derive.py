@@ -31,7 +31,19 @@ from microbench.results.records import (
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
 from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
 
-__all__ = ["DeriveInputs", "derive", "stream_gaps"]
+__all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
+
+# The engine quantities (``MetricNames`` fields) ``derive`` reads from the scrapes: what a run stores.
+METRICS_READ = (
+    "iteration_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "preemptions",
+    "queue_time",
+    "prefill_time",
+    "requests_running",
+    "requests_waiting",
+)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
-from engine_harness.engines import engine_kind
+from engine_harness.engines import MetricNames, engine_kind
 from engine_harness.metrics import Snapshot
-from microbench.results.derive import DeriveInputs, derive
+from microbench.results.derive import METRICS_READ, DeriveInputs, derive
 from microbench.results.faults import infrastructure_reasons
 from microbench.results.records import (
     BaselineRecord,
@@ -166,10 +166,12 @@ class RunFolder:
         frame.to_parquet(buf, index=False)
         atomic_write_bytes(self.root / rel, buf.getvalue())
 
-    def write_scrapes(self, rel: str, before: Snapshot | None, after: Snapshot | None) -> None:
-        """The engine's own metric families (``vllm:``, ``sglang:``) before and after an attempt."""
+    def write_scrapes(
+        self, rel: str, before: Snapshot | None, after: Snapshot | None, names: MetricNames
+    ) -> None:
+        """The families the engine's metric table names (what ``derive`` reads), before and after."""
         pair = (("before", before), ("after", after))
-        body = {k: s.engine_samples().to_json() if s else None for k, s in pair}
+        body = {k: s.only(names, METRICS_READ).to_json() if s else None for k, s in pair}
         atomic_write_bytes(self.root / rel, json.dumps(body).encode())
 
     def write_baseline(self, rel: str, record: BaselineRecord) -> None:

@@ -274,7 +274,7 @@ class SweepRunner:
         raw, scrapes = self.folder.raw_name(chunk, stem), self.folder.metrics_name(chunk, stem)
         t_lo = inj.t_inject_ns - int(5e9)
         self.folder.write_raw(raw, raw_frame(batch, inj.prefill, t_lo, time.perf_counter_ns()))
-        self.folder.write_scrapes(scrapes, inj.before, inj.after)
+        self.folder.write_scrapes(scrapes, inj.before, inj.after, client.metrics)
         obs = Observation(
             run_id=self.folder.root.name,
             config=self._config(chunk, d, p, r, budget),
