@@ -11,7 +11,9 @@ without a point finishing are bounded by ``FaultBudget``; the sweep then stops (
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -46,7 +48,7 @@ def infrastructure_error(exc: BaseException) -> InfrastructureFault | None:
     return InfrastructureFault(why, getattr(exc, "retry_after", None))
 
 
-def batch_fault(tasks: list[asyncio.Task[object]]) -> InfrastructureFault | None:
+def batch_fault(tasks: Sequence[asyncio.Task[Any]]) -> InfrastructureFault | None:
     """The infrastructure fault that ended a decode batch's stream (e.g. HTTP 500 at its start), if any."""
     errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
     faults = [infrastructure_error(exc) for exc in errors if exc is not None]
