@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--alpha-ms", type=float, help="step model: fixed cost per step (ms)")
     a("--beta-d-ms", type=float, help="step model: cost per decode token (ms)")
     a("--beta-c-ms", type=float, help="step model: cost per prefill token (ms)")
-    a("--gamma-ns", type=float, help="step model: cost per chunk token × context token (ns)")
+    a("--gamma-ns", type=float, help="step model: cost per chunk token × (context + chunk/2) token (ns)")
+    a("--delta-ns", type=float, help="step model: cost per decode token × its context token (ns)")
+    a("--frontend-ns-per-token", type=float, help="API-server time per prompt token before the engine")
     a("--jitter", type=float, help="step model: relative std of a seeded Gaussian factor")
     a("--time-scale", type=float, help="wall seconds per model second (0: as fast as possible)")
     a("--busy-wait-ms", type=float)
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "jitter")
+_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter")
 _FAULT_KEYS = (
     "error_500_fraction",
     "error_429_fraction",

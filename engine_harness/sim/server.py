@@ -211,6 +211,8 @@ class SimServer:
         if fault is not None:
             return _error(fault[2], fault[0], fault[1], self.faults.retry_after(fault[0]))
         rid = new_request_id(kind)
+        if self.config.frontend_ns_per_token:  # the API server's per-token work before the engine sees it
+            await asyncio.sleep(self.config.frontend_ns_per_token * len(params.prompt_token_ids) / 1e9)
         stream = self.engine.submit(
             params.prompt_token_ids, params.max_tokens, params.min_tokens, params.ignore_eos, request_id=rid
         )

@@ -17,6 +17,7 @@ than 1/0.9 of the time its schedule asked for).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import tempfile
@@ -36,7 +37,6 @@ __all__ = [
     "SATURATION_DELAY_MS",
     "SATURATION_DELAY_P99_MS",
     "TRACE_COLUMNS",
-    "TRACE_VERSION",
     "StageHealth",
     "TraceHeader",
     "read_trace",
@@ -45,7 +45,6 @@ __all__ = [
     "write_trace",
 ]
 
-TRACE_VERSION = 1  # bump on a breaking change of columns or header
 SATURATION_DELAY_MS = 10.0
 SATURATION_DELAY_P99_MS = 100.0
 SATURATION_RATE_FRACTION = 0.9
@@ -91,7 +90,7 @@ class StageHealth(StrictModel):
 class TraceHeader(StrictModel):
     """Everything needed to read, reproduce and trust a trace."""
 
-    trace_version: Literal[1] = 1
+    trace_version: Literal[1] = 1  # bump on a breaking change of columns or header; read_trace checks it
     created_at: str
     time_unit: Literal["ns"] = "ns"
     clock: str = "perf_counter_ns offsets from the session start"
@@ -285,5 +284,10 @@ def write_trace(
 def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
     """The header and the Parquet rows of a trace folder."""
     out = Path(out_dir)
-    header = TraceHeader.model_validate_json((out / "header.json").read_text())
+    raw = json.loads((out / "header.json").read_text())
+    if raw.get("trace_version") != 1:
+        raise ValueError(
+            f"{out} holds a trace of version {raw.get('trace_version')!r}; this suite reads version 1"
+        )
+    header = TraceHeader.model_validate(raw)
     return header, pd.read_parquet(out / "trace.parquet")

@@ -18,6 +18,7 @@ from rich.console import Console
 from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
 from engine_harness.telemetry import TelemetrySampler, default_source
+from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
 from microbench.client.retry import with_retry
 from microbench.results.layout import RunFolder
@@ -109,11 +110,13 @@ class EngineLifecycle:
         )
 
     @staticmethod
-    def client(session: aiohttp.ClientSession, engine: EngineProcess) -> EngineClient:
+    def client(
+        session: aiohttp.ClientSession, engine: EngineProcess, lag: LagMonitor | None = None
+    ) -> EngineClient:
         steps = engine.kind.step_source(session, engine.base_url, engine.log_path)
         headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
         return EngineClient(
-            session, engine.base_url, engine.spec.model_name, engine.kind.metrics, steps, headers
+            session, engine.base_url, engine.spec.model_name, engine.kind.metrics, steps, headers, lag
         )
 
     async def warm(self, client: EngineClient, space: TokenSpace, chunk: int) -> None:

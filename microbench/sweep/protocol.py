@@ -1,12 +1,12 @@
-"""One interference measurement: hold D decodes steady, inject one cold prefill, cut the windows.
+"""One interference measurement, live: hold D decodes steady, inject one cold prefill, watch it through.
 
-``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source).
-``DecodeBatch`` runs D streaming completions on one shared warm prefix and watches their gaps live.
-``measure_baseline`` is seed 002's Phase 1; ``inject`` is Phase 2 for one (P, repetition): it stamps
-the send and first token of a unique cold prompt, waits through a recovery window, scrapes /metrics
-before and after, reads the engine's own step log, and returns a ``RunRecord`` whose ``validity``
-says whether the point may be used. The checks (zero prefix-cache hits, decodes spanning the window,
-steady state held, no preemption, no stream ending early) are made here, on what was measured.
+``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source, the
+client's loop-lag monitor). ``DecodeBatch`` runs D streaming completions on one shared warm prefix and
+keeps seed 002's steady rule per stream as chunks arrive. ``measure_baseline`` is seed 002's Phase 1;
+``inject`` is Phase 2 for one (P, repetition): it stamps the send and first token of a unique cold
+prompt, waits through a recovery window, scrapes /metrics before and after and reads the engine's own
+steps. It measures and nothing else: the runner stores what it saw (``microbench.results.layout``) and
+``microbench.results.derive`` computes every figure and the validity from what was stored.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import pandas as pd
 from engine_harness.engines import MetricNames
 from engine_harness.metrics import Snapshot, scrape
 from engine_harness.steps import EngineStep, StepSource
+from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace, cold_prompt
 from microbench.client.retry import is_transient, with_retry
 from microbench.client.streams import StreamError, StreamRecord, stream_request
 from microbench.results.records import Baseline, ProtocolRules
-from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms
+from microbench.results.windows import Gap, SteadyTracker, gaps_of, percentile_ms
 
 __all__ = [
     "DecodeBatch",
@@ -72,6 +73,7 @@ class EngineClient:
     metrics: MetricNames
     steps: StepSource | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    lag: LagMonitor | None = None
 
     @property
     def completions_url(self) -> str:
@@ -117,7 +119,9 @@ async def wait_idle(client: EngineClient, timeout_s: float) -> None:
 class DecodeBatch:
     """D streaming completions on one shared prefix, stamped live; cancel with ``close()``."""
 
-    def __init__(self, client: EngineClient, prefix: list[int], size: int, max_tokens: int) -> None:
+    def __init__(
+        self, client: EngineClient, prefix: list[int], size: int, max_tokens: int, rules: ProtocolRules
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.size = size
@@ -126,8 +130,16 @@ class DecodeBatch:
         self.tasks: list[asyncio.Task[StreamRecord]] = []
         self.t_start_ns = 0
         self._progress = asyncio.Event()
+        # seed 002's steady rule kept per stream as chunks arrive: O(1) per chunk, not O(tokens) per check
+        self._steady = {
+            id(r): SteadyTracker(rules.steady_window, rules.steady_ratio, rules.discard_tokens)
+            for r in self.records
+        }
 
     def _on_chunk(self, record: StreamRecord) -> None:
+        tracker = self._steady.get(id(record))
+        if tracker is not None:
+            tracker.add(record.chunk_t_ns[-1], record.chunk_tokens[-1])
         self._progress.set()
 
     async def start(self) -> None:
@@ -183,9 +195,7 @@ class DecodeBatch:
 
     def steady(self, s: ProtocolRules) -> bool:
         return all(
-            r.completion_tokens >= s.steady_min_tokens
-            and is_steady(self.gaps(i, s.discard_tokens), s.steady_window, s.steady_ratio)
-            for i, r in enumerate(self.records)
+            r.completion_tokens >= s.steady_min_tokens and self._steady[id(r)].steady() for r in self.records
         )
 
     async def wait_steady(self, s: ProtocolRules) -> float:
@@ -194,8 +204,8 @@ class DecodeBatch:
         return (time.perf_counter_ns() - self.t_start_ns) / 1e6
 
     def chunks_after(self, t_ns: int) -> int:
-        """The fewest chunks any stream received after ``t_ns``."""
-        return min(sum(1 for t in r.chunk_t_ns if t > t_ns) for r in self.records)
+        """The fewest chunks any stream received after ``t_ns`` (stamps are in order: a bisection)."""
+        return min(len(r.chunk_t_ns) - bisect.bisect_right(r.chunk_t_ns, t_ns) for r in self.records)
 
     async def close(self) -> None:
         for t in self.tasks:
@@ -217,7 +227,6 @@ async def measure_baseline(batch: DecodeBatch, s: ProtocolRules) -> tuple[Baseli
         tpot_p50_ms=percentile_ms(gaps, 50),
         tpot_p90_ms=percentile_ms(gaps, 90),
         tpot_p99_ms=percentile_ms(gaps, 99),
-        step_time_ms=None,
         n_gaps=len(gaps),
     )
     return baseline, steady_ms, t0
@@ -234,6 +243,7 @@ class Injection:
     after: Snapshot | None
     steps: list[EngineStep]
     reasons: list[str]
+    client_lag_max_ms: float | None = None
 
 
 @dataclass
@@ -288,8 +298,9 @@ async def inject(
     gc.collect()  # outside the windows (see aio.no_full_collections); the local baseline starts after it
     mark = await client.steps.mark() if client.steps else 0
     before = await client.scrape()
+    t_window = time.perf_counter_ns()  # the local baseline, window and recovery all come after this
     if batch is not None:
-        t_scraped = time.perf_counter_ns()
+        t_scraped = t_window
         try:
             await batch.wait_for(
                 lambda: batch.chunks_after(t_scraped) >= s.local_gaps + 1 and batch.steady(s),
@@ -327,7 +338,8 @@ async def inject(
     steps: list[EngineStep] = []
     if client.steps is not None:
         steps = await client.steps.since(mark)
-    return Injection(prefill, t_inject, t_first, before, after, steps, reasons)
+    lag = client.lag.max_ms(t_window, time.perf_counter_ns()) if client.lag is not None else None
+    return Injection(prefill, t_inject, t_first, before, after, steps, reasons, lag)
 
 
 def _check_occupancy(before: Snapshot, metrics: MetricNames, decode_batch: int, reasons: list[str]) -> None:

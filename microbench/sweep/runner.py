@@ -24,7 +24,7 @@ from rich.progress import (
 )
 
 from engine_harness.launch import EngineProcess
-from microbench.client.aio import no_full_collections
+from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.faults import infrastructure_reasons
 from microbench.results.layout import RunFolder, attempt_stem
@@ -63,6 +63,7 @@ class SweepRunner:
         self.console = Console()
         self.timing = Timing()
         self.engines = EngineLifecycle(folder, sweep, self.console, self.timing, start_timeout_s)
+        self.lag = LagMonitor()
         self.invalid_attempts = 0
         self.faults = FaultBudget()
         self.last_ratio: float | None = None
@@ -92,13 +93,17 @@ class SweepRunner:
             self.progress = progress
             self.task_id = progress.add_task("starting", total=total, completed=done)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                for chunk in self.sweep.chunks:
-                    if all(self.folder.is_done(chunk, d, p, r) for _, d, p, r in self._grid(chunk)):
-                        continue
-                    self._describe(f"chunk {chunk}: starting the engine")
-                    async with self.engines.running(chunk) as engine:
-                        await self._run_chunk(session, engine, chunk)
+            self.lag.start()
+            try:
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    for chunk in self.sweep.chunks:
+                        if all(self.folder.is_done(chunk, d, p, r) for _, d, p, r in self._grid(chunk)):
+                            continue
+                        self._describe(f"chunk {chunk}: starting the engine")
+                        async with self.engines.running(chunk) as engine:
+                            await self._run_chunk(session, engine, chunk)
+            finally:
+                await self.lag.stop()
 
     def invalid_points(self) -> int:
         """Points of this run recorded as finally invalid (their attempts spent)."""
@@ -139,7 +144,7 @@ class SweepRunner:
         """Warm up, prime the shared prefix, measure every point left; ride out infrastructure faults."""
         cold = True
         while True:
-            client = self.engines.client(session, engine)
+            client = self.engines.client(session, engine, self.lag)
             try:
                 if cold:
                     self._describe(f"chunk {chunk}: warming up")
@@ -281,6 +286,7 @@ class SweepRunner:
             engine_steps=inj.steps if client.steps is not None else None,
             notes=inj.reasons,
             decode_failure=batch.failure() if batch is not None else None,
+            client_lag_max_ms=inj.client_lag_max_ms,
             baseline_file=batch_file,
             raw_file=raw,
             metrics_file=scrapes,
@@ -354,7 +360,7 @@ class SweepRunner:
         self._describe(f"chunk {chunk} D{d}: decode batch {index}, waiting for steady state")
         await wait_idle(client, self.rules.idle_timeout_s)
         gc.collect()
-        batch = DecodeBatch(client, self.prefix, d, budget)
+        batch = DecodeBatch(client, self.prefix, d, budget, self.rules)
         await batch.start()
         try:
             t = time.perf_counter()
