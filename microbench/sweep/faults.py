@@ -73,6 +73,9 @@ class FaultBudget:
         self.in_a_row = 0
 
     async def back_off(self, fault: InfrastructureFault) -> None:
-        """Wait before trying again: what the server asked for, else 0.1 s doubling to 5 s."""
-        wait = fault.retry_after if fault.retry_after is not None else 0.1 * 2 ** min(self.in_a_row - 1, 6)
-        await asyncio.sleep(min(wait, 60.0))
+        """Wait before trying again: what the server asked for (at most 60 s), else 0.1 s doubling to 2 s
+        (an engine that answers every request with a 5xx is given up on after about two minutes)."""
+        if fault.retry_after is not None:
+            await asyncio.sleep(min(fault.retry_after, 60.0))
+        else:
+            await asyncio.sleep(min(0.1 * 2 ** (self.in_a_row - 1), 2.0))
