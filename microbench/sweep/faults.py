@@ -11,7 +11,9 @@ without a point finishing are bounded by ``FaultBudget``; the sweep then stops (
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -46,7 +48,7 @@ def infrastructure_error(exc: BaseException) -> InfrastructureFault | None:
     return InfrastructureFault(why, getattr(exc, "retry_after", None))
 
 
-def batch_fault(tasks: list[asyncio.Task[object]]) -> InfrastructureFault | None:
+def batch_fault(tasks: Sequence[asyncio.Task[Any]]) -> InfrastructureFault | None:
     """The infrastructure fault that ended a decode batch's stream (e.g. HTTP 500 at its start), if any."""
     errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
     faults = [infrastructure_error(exc) for exc in errors if exc is not None]
@@ -71,6 +73,9 @@ class FaultBudget:
         self.in_a_row = 0
 
     async def back_off(self, fault: InfrastructureFault) -> None:
-        """Wait before trying again: what the server asked for, else 0.1 s doubling to 5 s."""
-        wait = fault.retry_after if fault.retry_after is not None else 0.1 * 2 ** min(self.in_a_row - 1, 6)
-        await asyncio.sleep(min(wait, 60.0))
+        """Wait before trying again: what the server asked for (at most 60 s), else 0.1 s doubling to 2 s
+        (an engine that answers every request with a 5xx is given up on after about two minutes)."""
+        if fault.retry_after is not None:
+            await asyncio.sleep(min(fault.retry_after, 60.0))
+        else:
+            await asyncio.sleep(min(0.1 * 2 ** (self.in_a_row - 1), 2.0))

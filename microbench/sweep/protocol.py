@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import gc
 import itertools
 import time
@@ -253,6 +254,12 @@ class WarmUp:
     verified: bool
 
 
+async def _probe(client: EngineClient, space: TokenSpace) -> StreamRecord:
+    """One warm-up probe: a fresh 64-token cold prompt, 16 tokens out."""
+    payload = client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16)
+    return await stream_request(client.session, client.completions_url, payload, headers=client.headers)
+
+
 async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probes: int = 20) -> WarmUp:
     """One full-budget cold prefill, then identical-shape probes until three agree within 10%."""
     # Warm-up requests are not measurements: one an engine turns away for a moment (HTTP 429 with its
@@ -260,12 +267,7 @@ async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probe
     await with_retry(lambda: client.complete(cold_prompt(min(chunk, 4096), space), 1))
     probes: list[float] = []
     for _ in range(max_probes):
-        payload = client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16)
-        rec = await with_retry(
-            lambda body=payload: stream_request(
-                client.session, client.completions_url, body, headers=client.headers
-            )
-        )
+        rec = await with_retry(functools.partial(_probe, client, space))
         probes.append(((rec.t_done_ns or time.perf_counter_ns()) - rec.t_send_ns) / 1e6)
         last = probes[-3:]
         if len(last) == 3 and max(last) <= 1.1 * min(last):

@@ -158,3 +158,31 @@ def test_a_failed_injection_with_decodes_derives_without_dividing_by_zero() -> N
     # the schedule's chunk count stands in for the histogram's 0, and the record says so
     assert record.derived.num_chunks_used == 1 and "counted 0" in (record.derived.chunks_note or "")
     assert record.derived.penalty_identity_ms is None and not math.isnan(record.t_first_token_ns)
+
+
+def test_which_errors_of_a_sweep_are_the_infrastructures() -> None:
+    from engine_harness.launch import EngineError
+    from engine_harness.metrics import MetricsError
+    from microbench.client.streams import ServerStreamError
+    from microbench.sweep.faults import FaultBudget, infrastructure_error
+    from microbench.sweep.protocol import ProtocolError
+
+    rec = StreamRecord()
+    busy = infrastructure_error(HTTPStatusError(429, "busy", rec, retry_after=2.0))
+    assert busy is not None and busy.retry_after == 2.0 and str(busy).startswith(INFRASTRUCTURE)
+    assert is_infrastructure(str(busy))  # what the runner notes is recognised again on --resume
+    for exc in (
+        HTTPStatusError(503, "", rec),
+        ConnectFailed("refused", rec),
+        MetricsError("x"),
+        EngineError("y"),
+    ):
+        assert infrastructure_error(exc) is not None, exc
+    cut = StreamCut("cut after 9 chunks", StreamRecord(chunk_t_ns=[1], chunk_tokens=[1]))
+    assert infrastructure_error(cut) is not None  # a stream the engine dropped mid-way
+    for exc in (HTTPStatusError(400, "too long", rec), ServerStreamError("bad", rec), ProtocolError("idle")):
+        assert infrastructure_error(exc) is None, exc  # verdicts on the request or the protocol
+    budget = FaultBudget(limit=2)
+    assert budget.spend() and budget.spend() and not budget.spend()
+    budget.progress()
+    assert budget.in_a_row == 0 and budget.total == 3 and budget.spend()
