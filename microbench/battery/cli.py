@@ -227,6 +227,11 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
         raise BadInput("--engine external needs --url URL of the running engine")
     if args.engine != "external" and args.url:
         raise BadInput("--url is only for --engine external (drop it, or add --engine external)")
+    if args.engine == "external" and any(isinstance(target, EngineOverrides) for _, target in s["arms"]):
+        raise BadInput(
+            f"--arm NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+            "engine-settings configurations need --engine vllm|sim"
+        )
 
 
 async def _served(base_url: str) -> tuple[str, int | None]:
