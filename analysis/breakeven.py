@@ -25,6 +25,8 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from microbench.results.layout import RunFolder
+
 __all__ = [
     "LINKS_DIR",
     "LinkProfile",
@@ -34,6 +36,7 @@ __all__ = [
     "list_links",
     "load_link",
     "load_model_kv",
+    "run_model_kv",
 ]
 
 LINKS_DIR = Path(__file__).resolve().parent / "links"
@@ -98,6 +101,22 @@ def load_model_kv(model: str | Path, dtype: str | None = None) -> ModelKV:
         if key.lower() in lower:
             return ModelKV.from_config(lower[key.lower()], known[lower[key.lower()]], dtype)
     raise ValueError(f"unknown model {str(model)!r}: give a config.json path or one of {sorted(known)}")
+
+
+def run_model_kv(run_dir: Path) -> ModelKV:
+    """The KV shape of the model a run served, in the dtype its engine really ran (``--dtype`` from the
+    manifest's engine spec or argv; the config's own dtype only when the engine was not told one). The
+    CPU preset serves the bf16 tiny model as float32: 1024 KV bytes per token, not 512."""
+    manifest = RunFolder(Path(run_dir)).read_manifest()
+    spec = manifest.engine_spec
+    dtype = spec.get("dtype")
+    for argv in manifest.engine_argv.values():
+        if "--dtype" in argv[:-1]:
+            dtype = argv[argv.index("--dtype") + 1]
+    model = spec.get("served_model_name") or spec.get("model")
+    if not model:
+        raise ValueError(f"the manifest of {run_dir} names no model")
+    return load_model_kv(str(model), None if dtype in (None, "auto") else str(dtype))
 
 
 class LinkProfile(BaseModel):

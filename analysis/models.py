@@ -1,16 +1,19 @@
 """Interference-cost models fitted to a run: seed 002's constant-penalty model and our step-time model.
 
-* **Seed model** (``fit_seed_model``): ``total_interference = num_chunks × D × penalty(D, chunk)``, one
-  constant penalty per ``(D, chunk)`` fitted by least squares through the origin.
-* **Step model** (``fit_step_model``): a mixed step costs ``α + β_d·D + β_c·c + γ·c·ctx``, a decode step
-  ``α + β_d·D``. Fitted with statsmodels on per-step data (``engine_steps_log``), falling back to per-window
-  data (``prefill_duration_ms``) for records without a log. Step times scale with their size, so the fit
-  is two-stage and weighted (``1 / fitted²``: relative errors count alike), and robust (Huber) by default.
-  The interference it predicts is ``D × Σ_chunks (β_c·c + γ·c·ctx)``: what the mixed steps add over
-  decode-only steps, paid by each of the D streams.
+* **Seed model** (``fit_seed_model``): ``total_interference = num_chunks × D × penalty(D, chunk)`` with
+  ``penalty(D, chunk)`` the median measured penalty of a *full-chunk* step (``Derived.tpot_penalty_ms``);
+  where no step record exists, least squares through the origin on the measured delay.
+* **Step model** (``fit_step_model``): one linear model of every logged step, ``α + β_d·D + β_c·c +`` an
+  attention term; the candidates (``analysis.steps.CANDIDATES``) are compared by leave-one-P-out error on
+  the held-out steps and the best is chosen from the data (``selection``). Weighted least squares on
+  relative errors (statsmodels WLS, weights 1 / measured², 95% CIs): an earlier two-stage fit weighted
+  by first-stage predictions that a negative intercept drove to ~0 on real data, so 20 of 98 rows
+  carried all the weight (R² 0.515 where OLS gives 0.989).
+  The interference it predicts is ``D × Σ_chunks (mixed − decode-only step)``.
 
 Both are judged on the same target, the measured ``aggregate_decode_delay_ms`` of every valid record
-with D > 0 (``compare_models``), by R² and by leave-one-P-out prediction error.
+with D > 0 (``compare_models``), by R² and by leave-one-P-out error: in-sample R² alone is not a model's
+quality.
 """
 
 from __future__ import annotations
@@ -25,22 +28,25 @@ import statsmodels.api as sm
 from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
-from analysis.steps import REGRESSORS, schedule_injection, steps_frame, windows_frame
+from analysis.steps import CANDIDATES, PARAMS, regressors, schedule_injection, steps_frame, windows_frame
 from microbench.results.records import RunRecord
 
 __all__ = [
     "PARAM_NAMES",
+    "FrontendFit",
     "SeedFit",
     "StepFit",
     "compare_models",
+    "fit_frontend",
     "fit_seed_model",
     "fit_step_model",
     "interference_frame",
     "leave_one_p_out",
     "r_squared",
+    "step_model_candidates",
 ]
 
-PARAM_NAMES = ["alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns"]
+PARAM_NAMES = ["alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns"]
 
 
 def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
@@ -54,31 +60,29 @@ def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
 
 @dataclass
 class StepFit:
-    """The fitted step model: parameters with 95% CIs, R² on the fitted rows, residual diagnostics."""
+    """The fitted step model: its candidate, parameters with 95% CIs, R² and leave-one-P-out error."""
 
+    model: str
     params: dict[str, float]
     ci: dict[str, tuple[float, float]]
     r2: float
+    loo_step_mape: float
     n: int
     data: str
     diagnostics: dict[str, float]
     residuals: pd.DataFrame = field(repr=False)
+    selection: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
 
-    def step_ms(self, decode_tokens: float, chunk: float = 0.0, context: float = 0.0) -> float:
-        p = self.params
-        return (
-            p["alpha_ms"]
-            + p["beta_d_ms"] * decode_tokens
-            + p["beta_c_ms"] * chunk
-            + p["gamma_ns"] * 1e-6 * chunk * context
-        )
+    def step_ms(
+        self, decode_tokens: float, chunk: float = 0.0, context: float = 0.0, decode_context: float = 0.0
+    ) -> float:
+        row = regressors(decode_tokens, chunk, context, decode_context)
+        return sum(self.params[PARAMS[col]] * row[col] for col in CANDIDATES[self.model])
 
     def prefill_ms(self, decode_batch: int, prefill_tokens: int, chunk_size: int) -> float:
         """Predicted duration of the injection's mixed steps."""
-        return sum(
-            self.step_ms(d, c, ctx)
-            for d, c, ctx in schedule_injection(decode_batch, prefill_tokens, chunk_size)
-        )
+        sched = schedule_injection(decode_batch, prefill_tokens, chunk_size)
+        return sum(self.step_ms(d, c, ctx) for d, c, ctx in sched)
 
     def interference_ms(self, decode_batch: int, prefill_tokens: int, chunk_size: int) -> float:
         """Predicted aggregate decode delay: ``D × Σ (mixed − decode-only step)`` over the chunks."""
@@ -91,9 +95,11 @@ class StepFit:
     def coefficients(self) -> pd.DataFrame:
         """One row per parameter: estimate and 95% CI."""
         return pd.DataFrame(
-            [{"parameter": k, "estimate": v, "ci_low": self.ci[k][0], "ci_high": self.ci[k][1]}
-             for k, v in self.params.items()]
-        )  # fmt: skip
+            [
+                {"parameter": k, "estimate": v, "ci_low": self.ci[k][0], "ci_high": self.ci[k][1]}
+                for k, v in self.params.items()
+            ]
+        )
 
 
 def _design(records: list[RunRecord]) -> tuple[pd.DataFrame, str]:
@@ -106,45 +112,94 @@ def _design(records: list[RunRecord]) -> tuple[pd.DataFrame, str]:
     return pd.concat(parts, ignore_index=True), data
 
 
-def fit_step_model(records: list[RunRecord], robust: bool = True) -> StepFit:
-    """Fit ``α + β_d·D + β_c·c + γ·c·ctx`` to the valid records' steps (or windows where unlogged).
-
-    Rows are weighted by 1 / (first-stage prediction)², so relative errors count alike; ``robust``
-    fits the weighted rows with Huber's M-estimator (statsmodels RLM) instead of least squares."""
-    frame, data = _design(records)
-    x = frame[REGRESSORS].to_numpy(float)
+def _ols(frame: pd.DataFrame, cols: list[str]) -> Any:
+    """Least squares on relative errors: weights 1 / measured², so a 2 ms decode step counts as much as a
+    300 ms mixed one (step noise is multiplicative). The weights come from the measurements, never from a
+    first-stage fit, which a negative intercept can drive to zero."""
     y = frame["elapsed_ms"].to_numpy(float)
-    if len(frame) < len(REGRESSORS) + 1:
-        raise ValueError(f"{len(frame)} rows are too few to fit {len(REGRESSORS)} parameters")
-    ols = sm.OLS(y, x, hasconst=False).fit()
-    scale = np.clip(ols.fittedvalues, max(1e-6, float(np.median(np.abs(y))) * 1e-3), None)
-    # Relative errors: divide each row by its first-stage prediction. Robust (Huber) by default: a step
-    # that caught an OS or event-loop stall should not pull the coefficients.
-    xs, ys = x / scale[:, None], y / scale
-    if robust:
-        result = sm.RLM(ys, xs, M=sm.robust.norms.HuberT()).fit()
-    else:
-        result = sm.OLS(ys, xs, hasconst=False).fit()
-    ci = result.conf_int(0.05)
-    params = {name: float(v) for name, v in zip(PARAM_NAMES, result.params, strict=True)}
-    cis = {name: (float(lo), float(hi)) for name, (lo, hi) in zip(PARAM_NAMES, ci, strict=True)}
-    predicted = x @ result.params
-    wresid = ys - xs @ result.params
-    _, jb_p, skew, kurtosis = jarque_bera(wresid)
-    diagnostics = {
+    weights = 1.0 / np.maximum(np.abs(y), 1e-3) ** 2
+    return sm.WLS(y, frame[cols].to_numpy(float), weights=weights, hasconst=False).fit()
+
+
+def _mape(y: np.ndarray, pred: np.ndarray) -> float:
+    ok = y != 0
+    return float(np.median(np.abs(pred[ok] - y[ok]) / np.abs(y[ok])) * 100) if ok.any() else math.nan
+
+
+def _loo_steps(frame: pd.DataFrame, cols: list[str]) -> float:
+    """Median absolute % error of held-out rows, each P held out in turn."""
+    errors = []
+    for p in sorted(frame["new_prefill_tokens"].unique()):
+        train, test = frame[frame["new_prefill_tokens"] != p], frame[frame["new_prefill_tokens"] == p]
+        if len(train) <= len(cols) or np.linalg.matrix_rank(train[cols].to_numpy(float)) < len(cols):
+            continue  # without this P the rest cannot determine every coefficient
+        pred = test[cols].to_numpy(float) @ _ols(train, cols).params
+        y = test["elapsed_ms"].to_numpy(float)
+        errors += list(np.abs(pred - y) / np.where(y == 0, np.nan, np.abs(y)) * 100)
+    return float(np.nanmedian(errors)) if errors else math.nan
+
+
+def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every candidate's in-sample R² and leave-one-P-out median error on the steps."""
+    rows = []
+    for name, cols in CANDIDATES.items():
+        if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
+            continue
+        predicted = frame[cols].to_numpy(float) @ _ols(frame, cols).params
+        rows.append(
+            {
+                "model": name,
+                "parameters": len(cols),
+                "r2": r_squared(frame["elapsed_ms"].to_numpy(float), predicted),
+                "loo_p_median_ape_pct": _loo_steps(frame, cols),
+            }
+        )
+    return pd.DataFrame(rows, columns=["model", "parameters", "r2", "loo_p_median_ape_pct"])
+
+
+def _diagnostics(y: np.ndarray, predicted: np.ndarray, resid: np.ndarray) -> dict[str, float]:
+    _, jb_p, skew, kurtosis = jarque_bera(resid)
+    rel = np.abs((y - predicted) / np.where(y == 0, 1, y))
+    out = {
         "jarque_bera_p": float(jb_p),
         "skew": float(skew),
         "kurtosis": float(kurtosis),
-        "durbin_watson": float(durbin_watson(wresid)),
-        "max_abs_rel_residual": float(np.max(np.abs((y - predicted) / np.where(y == 0, 1, y)))),
-        "median_abs_rel_residual": float(np.median(np.abs((y - predicted) / np.where(y == 0, 1, y)))),
+        "durbin_watson": float(durbin_watson(resid)),
+        "max_abs_rel_residual": float(rel.max()),
+        "median_abs_rel_residual": float(np.median(rel)),
     }
     try:
-        diagnostics["breusch_pagan_p"] = float(het_breuschpagan(wresid, sm.add_constant(predicted))[1])
+        out["breusch_pagan_p"] = float(het_breuschpagan(resid, sm.add_constant(predicted))[1])
     except (ValueError, np.linalg.LinAlgError):
-        diagnostics["breusch_pagan_p"] = math.nan
+        out["breusch_pagan_p"] = math.nan
+    return out
+
+
+def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFit:
+    """Fit the step model (``model``: a name of ``CANDIDATES``; None: the one with the lowest
+    leave-one-P-out error; a simpler one wins when within 10% of it) by weighted least squares."""
+    frame, data = _design(records)
+    selection = step_model_candidates(frame)
+    if selection.empty:
+        raise ValueError(f"{len(frame)} rows are too few (or too alike) to fit the step model")
+    if model is None:
+        best = selection["loo_p_median_ape_pct"].min()
+        ok = selection[selection["loo_p_median_ape_pct"] <= best * 1.1] if math.isfinite(best) else selection
+        model = str(ok.sort_values(["parameters", "loo_p_median_ape_pct"]).iloc[0]["model"])
+    cols = CANDIDATES[model]
+    result = _ols(frame, cols)
+    ci = result.conf_int(0.05)
+    params = {PARAMS[c]: float(v) for c, v in zip(cols, result.params, strict=True)}
+    cis = {PARAMS[c]: (float(lo), float(hi)) for c, (lo, hi) in zip(cols, ci, strict=True)}
+    y = frame["elapsed_ms"].to_numpy(float)
+    predicted = frame[cols].to_numpy(float) @ result.params
+    row = selection[selection["model"] == model].iloc[0]
     residuals = frame.assign(predicted_ms=predicted, residual_ms=y - predicted)
-    return StepFit(params, cis, r_squared(y, predicted), len(frame), data, diagnostics, residuals)
+    loo = float(row["loo_p_median_ape_pct"])
+    diagnostics = _diagnostics(y, predicted, y - predicted)
+    return StepFit(
+        model, params, cis, r_squared(y, predicted), loo, len(frame), data, diagnostics, residuals, selection
+    )
 
 
 def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
@@ -160,7 +215,12 @@ def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
             y = cfg.decode_batch_size * der.total_interference_ms
         if y is None:
             continue
-        n = rec.interference.num_chunks_actual or rec.interference.num_chunks_expected
+        n = der.num_chunks_used or rec.interference.num_chunks_actual or rec.interference.num_chunks_expected
+        # a penalty of a full-chunk step (the seed model's penalty(D, chunk)); P < chunk − D has none
+        full_chunk = (
+            der.penalty_source == "engine_steps"
+            and cfg.new_prefill_tokens >= cfg.chunk_size - cfg.decode_batch_size
+        )
         rows.append(
             {
                 "chunk_size": cfg.chunk_size,
@@ -168,6 +228,7 @@ def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
                 "new_prefill_tokens": cfg.new_prefill_tokens,
                 "repetition": cfg.repetition,
                 "num_chunks": n,
+                "penalty_ms": der.tpot_penalty_ms if full_chunk else None,
                 "interference_ms": float(y),
             }
         )
@@ -177,6 +238,7 @@ def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
         "new_prefill_tokens",
         "repetition",
         "num_chunks",
+        "penalty_ms",
         "interference_ms",
     ]
     return pd.DataFrame(rows, columns=cols)
@@ -197,18 +259,16 @@ class SeedFit:
         n = len(schedule_injection(decode_batch, prefill_tokens, chunk_size))
         return n * decode_batch * self.penalty_ms[key]
 
-    def penalties(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            [
-                {"decode_batch_size": d, "chunk_size": c, "penalty_ms": v}
-                for (d, c), v in self.penalty_ms.items()
-            ]
-        )
-
 
 def _seed_penalties(frame: pd.DataFrame) -> dict[tuple[int, int], float]:
+    """penalty(D, chunk): the median measured full-chunk penalty; least squares through the origin on
+    the measured delay where no record has one (no step record)."""
     out = {}
     for (d, c), g in frame.groupby(["decode_batch_size", "chunk_size"]):
+        measured = g["penalty_ms"].dropna()
+        if not measured.empty:
+            out[(int(d), int(c))] = float(measured.median())
+            continue
         x = (g["num_chunks"] * g["decode_batch_size"]).to_numpy(float)
         out[(int(d), int(c))] = float((x * g["interference_ms"]).sum() / (x * x).sum())
     return out
@@ -234,13 +294,14 @@ def _step_predict(fit: StepFit, frame: pd.DataFrame) -> np.ndarray:
     return np.array([fit.interference_ms(int(d), int(p), int(c)) for d, p, c in frame[cols].to_numpy()])
 
 
-def leave_one_p_out(records: list[RunRecord]) -> pd.DataFrame:
+def leave_one_p_out(records: list[RunRecord], model: str | None = None) -> pd.DataFrame:
     """For each P: refit both models without it and predict its records' interference.
 
     Columns: ``new_prefill_tokens``, ``n``, ``seed_mape``, ``step_mape`` (median absolute percentage
     error of the predicted aggregate decode delay) and ``step_step_mape`` (of the held-out step times).
     """
     target = interference_frame(records)
+    model = model or fit_step_model(records).model
     rows = []
     for p in sorted({r.config.new_prefill_tokens for r in records}):
         train = [r for r in records if r.config.new_prefill_tokens != p]
@@ -248,7 +309,7 @@ def leave_one_p_out(records: list[RunRecord]) -> pd.DataFrame:
         held = target[target["new_prefill_tokens"] == p]
         row: dict[str, Any] = {"new_prefill_tokens": p, "n": len(held)}
         try:
-            step = fit_step_model(train)
+            step = fit_step_model(train, model)
         except ValueError:
             continue
         y = held["interference_ms"].to_numpy(float)
@@ -261,10 +322,9 @@ def leave_one_p_out(records: list[RunRecord]) -> pd.DataFrame:
         )
         steps = steps_frame(test)
         if not steps.empty:
-            pred = steps[REGRESSORS].to_numpy(float) @ np.array([step.params[k] for k in PARAM_NAMES])
-            row["step_step_mape"] = float(
-                np.median(np.abs(pred - steps["elapsed_ms"]) / steps["elapsed_ms"]) * 100
-            )
+            cols = CANDIDATES[step.model]
+            pred = steps[cols].to_numpy(float) @ np.array([step.params[PARAMS[c]] for c in cols])
+            row["step_step_mape"] = _mape(steps["elapsed_ms"].to_numpy(float), pred)
         else:
             row["step_step_mape"] = math.nan
         rows.append(row)
@@ -289,8 +349,8 @@ def compare_models(records: list[RunRecord], loo: pd.DataFrame | None = None) ->
             "loo_p_median_ape_pct": float(loo["seed_mape"].median()) if not loo.empty else math.nan,
         },
         {
-            "model": "step: α + β_d·D + β_c·c + γ·c·ctx",
-            "parameters": len(PARAM_NAMES),
+            "model": f"step: α + β_d·D + β_c·c + γ·{step.model}",
+            "parameters": len(step.params),
             "r2": r_squared(y, _step_predict(step, target)),
             "loo_p_median_ape_pct": float(loo["step_mape"].median()) if not loo.empty else math.nan,
         },
@@ -299,3 +359,40 @@ def compare_models(records: list[RunRecord], loo: pd.DataFrame | None = None) ->
     out["n"] = len(target)
     out["meets_r2_0_85"] = out["r2"] > 0.85
     return out
+
+
+@dataclass
+class FrontendFit:
+    """The API server's share of the injection's TTFT: ``frontend_ms = fixed + per_token × P``."""
+
+    per_token_ns: float
+    ci_ns: tuple[float, float]
+    fixed_ms: float
+    r2: float
+    n: int
+
+
+def fit_frontend(records: list[RunRecord]) -> FrontendFit:
+    """OLS of the measured front-end time (send → engine queue, and the first token's way back: the
+    client's TTFT less the engine's queue and prefill times) on P, over valid records."""
+    rows = [
+        (r.config.new_prefill_tokens, r.interference.frontend_ms)
+        for r in records
+        if r.validity.valid and r.interference.frontend_ms is not None
+    ]
+    if len({p for p, _ in rows}) < 2:
+        raise ValueError(
+            "front-end times need valid records at two prompt lengths or more (engine /metrics "
+            "with queue and prefill time histograms)"
+        )
+    p = np.array([r[0] for r in rows], float)
+    y = np.array([r[1] for r in rows], float)
+    fit = sm.OLS(y, sm.add_constant(p)).fit()
+    low, high = fit.conf_int(0.05)[1]
+    return FrontendFit(
+        float(fit.params[1]) * 1e6,
+        (float(low) * 1e6, float(high) * 1e6),
+        float(fit.params[0]),
+        r_squared(y, fit.fittedvalues),
+        len(rows),
+    )

@@ -28,7 +28,15 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.breakeven import LinkProfile, ModelKV, TransferMode, breakeven_table, load_link, load_model_kv
+from analysis.breakeven import (
+    LinkProfile,
+    ModelKV,
+    TransferMode,
+    breakeven_table,
+    load_link,
+    load_model_kv,
+    run_model_kv,
+)
 from analysis.table import aggregate_cells, load_manifest, load_records, records_frame
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
@@ -70,10 +78,7 @@ def build_policy(
     records = load_records(run_dir)
     table = aggregate_cells(records_frame(run_dir), n_boot=200)
     if model is None:
-        names = sorted({r.config.model for r in records})
-        if len(names) != 1:
-            raise ValueError(f"{run_dir} mixes models {names}: pass the model explicitly")
-        model = load_model_kv(names[0])
+        model = run_model_kv(run_dir)
     cells = breakeven_table(table, model, link, mode)
     fit: dict[str, Any] = {}
     step = None

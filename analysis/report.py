@@ -23,13 +23,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import plots
-from analysis.breakeven import TransferMode, breakeven_table, load_link, load_model_kv
+from analysis.breakeven import TransferMode, breakeven_table, load_link, run_model_kv
+from analysis.criteria import success_criteria
 from analysis.table import interference_table, load_manifest, load_raw, load_records
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
 from microbench.results.records import RunRecord
 
-__all__ = ["DEFAULT_LINKS", "ReportPaths", "build_report", "main", "pick_timeline_record", "success_criteria"]
+__all__ = ["DEFAULT_LINKS", "ReportPaths", "build_report", "main", "pick_timeline_record"]
 
 DEFAULT_LINKS = ("seed-layerwise-50ms", "roce-4x200g", "measured-local")
 
@@ -39,56 +40,6 @@ class ReportPaths:
     markdown: Path
     html: Path
     figures: list[Path]
-
-
-def success_criteria(
-    table: pd.DataFrame, comparison: pd.DataFrame | None, budget_ms: float = 50.0
-) -> pd.DataFrame:
-    """Seed 002's four success criteria on this run: ``criterion, measured, threshold, status``
-    (``PASS``, ``FAIL`` or ``N/A`` where the run has no cell the criterion speaks of)."""
-    rows: list[dict[str, Any]] = []
-    big = table[(table["decode_batch_size"] >= 4) & (table["new_prefill_tokens"] >= 4096)].dropna(
-        subset=["penalty_ratio"]
-    )
-    rows.append({
-        "criterion": "interference measurable: penalty_ratio > 1.1 for D ≥ 4 and P ≥ 4096",
-        "measured": f"min {big['penalty_ratio'].min():.3g} over {len(big)} cells" if len(big) else "no cell",
-        "threshold": "> 1.1 in every cell",
-        "status": "N/A" if big.empty else ("PASS" if (big["penalty_ratio"] > 1.1).all() else "FAIL"),
-    })  # fmt: skip
-    if comparison is None or comparison.empty:
-        rows.append({"criterion": "model fits: R² > 0.85", "measured": "no fit", "threshold": "> 0.85",
-                     "status": "N/A"})  # fmt: skip
-    else:
-        best = comparison.loc[comparison["r2"].idxmax()]
-        measured = "; ".join(
-            f"{m.split(':')[0]} R² = {r:.3f}"
-            for m, r in zip(comparison["model"], comparison["r2"], strict=True)
-        )
-        rows.append({"criterion": "model fits: total interference model R² > 0.85", "measured": measured,
-                     "threshold": "> 0.85", "status": "PASS" if best["r2"] > 0.85 else "FAIL"})  # fmt: skip
-    cost = table.loc[table["decode_batch_size"] > 0, "aggregate_decode_delay_ms"].dropna()
-    over = int((cost > budget_ms).sum())
-    rows.append({
-        "criterion": f"break-even exists: interference cost > {budget_ms:g} ms somewhere",
-        "measured": f"{over} of {len(cost)} cells (max {cost.max():.4g} ms)" if len(cost) else "no cell",
-        "threshold": f"> {budget_ms:g} ms in ≥ 1 cell",
-        "status": "N/A" if cost.empty else ("PASS" if over else "FAIL"),
-    })  # fmt: skip
-    reps = table[(table["repetitions"] >= 2) & (table["decode_batch_size"] > 0)].dropna(
-        subset=["cv_penalty_ratio"]
-    )
-    noisy = int((reps["cv_penalty_ratio"] >= 0.15).sum())
-    rows.append({
-        "criterion": "reproducible: CV of penalty_ratio < 15% across repetitions",
-        "measured": f"{noisy} of {len(reps)} cells at or above 15% "
-        f"(max {reps['cv_penalty_ratio'].max():.1%}; "
-        f"repetitions {int(table['repetitions'].min())}–{int(table['repetitions'].max())})"
-        if len(reps) else "no cell with ≥ 2 valid repetitions",
-        "threshold": "< 15% in every cell (seed: 5 repetitions)",
-        "status": "N/A" if reps.empty else ("PASS" if noisy == 0 else "FAIL"),
-    })  # fmt: skip
-    return pd.DataFrame(rows)
 
 
 def pick_timeline_record(records: list[RunRecord], chunk: int = 8192) -> RunRecord | None:
@@ -198,12 +149,15 @@ def build_report(
             "",
             _md_table(comparison),
             "",
-            f"Step model `α + β_d·D + β_c·c + γ·c·ctx` on {step.n} rows ({step.data}), R² = {step.r2:.4f}:",
+            f"Step model `α + β_d·D + β_c·c + γ·{step.model}` (chosen from the candidates below by "
+            f"leave-one-P-out error) on {step.n} rows ({step.data}), R² = {step.r2:.4f}, leave-one-P-out "
+            f"median error {step.loo_step_mape:.1f}%:",
+            "",
+            _md_table(step.selection),
             "",
             _md_table(step.coefficients()),
             "",
-            "Residual diagnostics (weighted residuals): "
-            + ", ".join(f"{k} = {v:.3g}" for k, v in step.diagnostics.items()),
+            "Residual diagnostics: " + ", ".join(f"{k} = {v:.3g}" for k, v in step.diagnostics.items()),
             "",
             "Leave-one-P-out (median absolute % error of the held-out P's interference / step times):",
             "",
@@ -214,9 +168,8 @@ def build_report(
         figures["step_fit"] = plots.step_fit_diagnostics(step)
         sections += [("fig", "model_comparison"), ("fig", "step_fit")]
 
-    models = sorted({r.config.model for r in records})
     try:
-        kv = load_model_kv(models[0])
+        kv = run_model_kv(run_dir)
         be_md = [
             f"## Break-even ({mode} transfer, {kv.name}: {kv.kv_bytes_per_token} KV bytes per token)",
             "",
@@ -266,7 +219,11 @@ def _html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -
     for kind, text in sections:
         if kind == "fig":
             data = base64.b64encode(pngs[text]).decode()
-            body.append(f'<figure><img alt="{text}" src="data:image/png;base64,{data}"></figure>')
+            caption = html.escape(_caption(text))
+            body.append(
+                f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
             continue
         body.append(_md_to_html(text))
     style = (
@@ -274,12 +231,36 @@ def _html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -
         "table{border-collapse:collapse;font-size:12px;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:2px 6px}"
         "img{max-width:100%}pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:12px}"
+        ".scroll{overflow-x:auto;max-width:100%}figcaption{color:#444;font-size:90%}"
         "td:last-child{font-weight:bold}"
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+_CAPTIONS = {
+    "penalty_heatmaps": "Penalty ratio per cell: new prefill tokens P (x) by decode batch D (y), one panel "
+    "per chunk size; log colour scale shared by the panels, blank cells have no valid measurement.",
+    "chunk_sensitivity": "Against new prefill tokens P, one line per chunk size (log-log): prefill chunks, "
+    "bare prefill duration (ms) and total interference (ms).",
+    "injection_timeline": "One injection, stream by stream: each decode stream's inter-token gaps (ms, "
+    "colour) in ms since the injection's send, the prefill window shaded; below, the engine's steps.",
+    "model_comparison": "Predicted against measured total interference (ms, log-log): constant-penalty model "
+    "vs step model.",
+    "step_fit": "Step model diagnostics: measured against predicted step time (ms, log-log) and relative "
+    "residuals.",
+}
+
+
+def _caption(name: str) -> str:
+    if name.startswith("offload_region_"):
+        return (
+            f"Offload region for link profile {name.removeprefix('offload_region_')}: where shipping the "
+            "prefill to another worker is cheaper than running it locally."
+        )
+    return _CAPTIONS.get(name, name.replace("_", " "))
 
 
 def _md_to_html(text: str) -> str:
@@ -304,9 +285,10 @@ def _md_to_html(text: str) -> str:
                 i += 1
             header, rest = rows[0], rows[2:]
             out.append(
-                "<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
+                "<div class='scroll'><table><tr>"
+                + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
                 + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest)
-                + "</table>"
+                + "</table></div>"
             )  # fmt: skip
             continue
         elif line.startswith("- "):

@@ -1,20 +1,20 @@
-"""Synthesise a run folder from a known step-time model, through the ``microbench.results.records`` schemas.
+"""Synthesise a run folder from a known step-time model: synthetic stamps fed to the sweep's own ``derive``.
 
 Used by the tests (ground truth for the fits) and to try notebooks and reports without an engine. The
 engine is modelled as vLLM schedules a chunked prefill next to running decodes: every step first takes
-one token of each of the D decodes, then ``min(remaining, chunk − D)`` prompt tokens of the injection.
-A step costs ``α + β_d·D + β_c·c + γ·c·ctx`` (``ctx``: prompt tokens already computed), times a seeded
-factor ``1 + N(0, noise)``. The injection is sent part-way through a decode-only step, which is logged
-as the first entry of ``engine_steps_log``; every decode stream emits one token at the end of each step.
-The derived fields are computed as the protocol defines them (DESIGN.md §3).
+one token of each of the D decodes, then ``min(remaining, chunk − D)`` prompt tokens of the injection. A
+step costs ``α + β_d·D + β_c·c + γ·c·(ctx + c/2) + δ·Σ decode contexts`` times a seeded factor
+``1 + N(0, noise)``. The request reaches the engine ``frontend_ns_per_token × P`` after its send (the API
+server's share), waits for the running step to end, then its chunks run; each decode stream gets one
+token at the end of every step. What is written is what the live sweep writes — observations, stamps,
+scrapes, baselines — and the records come from ``RunFolder.derive_attempt``, as in a real run.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,27 +23,24 @@ import pandas as pd
 
 from analysis.steps import schedule_injection
 from benchcore.atomic import atomic_write_bytes
-from benchcore.atomic import write_model as write_record
+from engine_harness.metrics import Snapshot
 from engine_harness.steps import EngineStep
+from microbench.results.layout import RunFolder, attempt_stem
 from microbench.results.records import (
     Baseline,
     BaselineRecord,
-    Derived,
-    Interference,
-    LocalBaseline,
     Manifest,
+    Observation,
+    ProtocolRules,
     RunConfig,
-    RunRecord,
-    Validity,
-    point_name,
 )
 
 __all__ = ["StepParams", "synthesize_run"]
 
-_BASELINE_STEPS = 64
 _WARM_STEPS = 40
 _RECOVERY_STEPS = 24
-_LOCAL_GAPS = 8
+_MODEL = "qwen3-moe-tiny"  # the bundled model's KV shape, for break-even and the policy
+_START_TOKENS = 40  # tokens each decode stream has when the first point of a batch is injected
 
 
 @dataclass(frozen=True)
@@ -54,164 +51,206 @@ class StepParams:
     beta_d_ms: float = 0.02
     beta_c_ms: float = 0.05
     gamma_ns: float = 15.0
+    delta_ns: float = 0.0
+    frontend_ns_per_token: float = 0.0
 
-    def step_ms(self, decode_tokens: int, chunk: int, context: int) -> float:
+    def step_ms(
+        self, decode_tokens: int, chunk: int = 0, context: float = 0.0, decode_context: float = 0.0
+    ) -> float:
         return (
             self.alpha_ms
             + self.beta_d_ms * decode_tokens
             + self.beta_c_ms * chunk
-            + self.gamma_ns * 1e-6 * chunk * context
+            + self.gamma_ns * 1e-6 * chunk * (context + chunk / 2)
+            + self.delta_ns * 1e-6 * decode_context
         )
 
 
-def _p(values: Iterable[float], q: float) -> float | None:
-    x = list(values)
-    return float(np.percentile(x, q)) if x else None
+@dataclass(frozen=True)
+class _Cell:
+    chunk: int
+    d: int
+    decode_context: int
+    params: StepParams
+    noise: float
 
 
-def _point(
-    run_dir: Path,
-    run_id: str,
-    model: str,
-    chunk: int,
-    d: int,
-    p: int,
-    rep: int,
-    attempt: int,
-    params: StepParams,
-    noise: float,
-    rng: np.random.Generator,
-    baseline_p50: float | None,
-    cache_hit: bool,
-) -> RunRecord:
-    """One injection: its steps, stamps (written to Parquet) and record."""
+def _timeline(cell: _Cell, p: int, seen0: int, cache_hit: bool, rng: np.random.Generator) -> dict:
+    """Steps (start, duration, prefill tokens) and the injection's send/arrival/first-token times (ns)."""
+    d, params = cell.d, cell.params
 
-    def factor() -> float:
-        return max(0.05, 1.0 + noise * float(rng.standard_normal()))
+    def ms(c: int, ctx: int, k: int) -> float:
+        factor = max(0.05, 1.0 + cell.noise * float(rng.standard_normal()))
+        dec_ctx = d * (cell.decode_context + seen0 + k)
+        return params.step_ms(d, c, ctx, dec_ctx) * factor
 
-    mixed = schedule_injection(d, p, chunk)
-    if cache_hit:  # an invalid attempt: the prompt hit the prefix cache and ran as one tiny chunk
-        mixed = [(d, min(p, 16), 0)]
-    pre = [params.step_ms(d, 0, 0) * factor() for _ in range(_WARM_STEPS)] if d else []
-    inflight = params.step_ms(d, 0, 0) * factor() if d else 0.0
-    mixed_ms = [params.step_ms(dd, c, ctx) * factor() for dd, c, ctx in mixed]
-    post = [params.step_ms(d, 0, 0) * factor() for _ in range(_RECOVERY_STEPS)] if d else []
-    t0 = 1_000_000_000 + int(rng.integers(0, 10**9))
-    ends = t0 + np.cumsum(np.array([*pre, inflight, *mixed_ms, *post]) * 1e6).astype(np.int64)
-    start_inflight = int(ends[len(pre) - 1]) if pre else t0
-    t_inject = start_inflight + int(float(rng.uniform(0.1, 0.9)) * inflight * 1e6)
-    t_first = int(ends[len(pre) + len(mixed_ms)])
-
-    rows = []
-    for s in range(d):
-        offset = (s + 1) * 2_000  # each stream's chunk arrives a few µs after the step ends
-        rows += [(s, "decode", int(t) + offset, 1) for t in ends]
-    rows.append((-1, "prefill", t_first + 1_000, 1))
-    raw = pd.DataFrame(rows, columns=["stream", "role", "t_ns", "tokens"])
-    raw_rel = f"raw/{chunk}/{point_name(d, p, rep)}_a{attempt}.parquet"
-    (run_dir / raw_rel).parent.mkdir(parents=True, exist_ok=True)
-    raw.to_parquet(run_dir / raw_rel, index=False)
-    t_first += 1_000
-
-    during: list[float] = []
-    local: list[float] = []
-    aggregate = 0.0
-    per_stream: list[list[tuple[int, int]]] = []
-    for s in range(d):
-        t = raw.loc[raw["stream"] == s, "t_ns"].to_numpy()
-        gaps = list(itertools.pairwise(t))
-        per_stream.append([(int(a), int(b)) for a, b in gaps if b > t_inject and a < t_first])
-        local += [(b - a) / 1e6 for a, b in gaps if b <= t_inject][-_LOCAL_GAPS:]
-        during += [(b - a) / 1e6 for a, b in per_stream[-1]]
-    local_p50 = _p(local, 50)
-    if d and local_p50 is not None:
-        aggregate = sum((b - a) / 1e6 - local_p50 for gaps in per_stream for a, b in gaps)
-    after = [g for g in post[:4]]
-    during_p50 = _p(during, 50)
-    p50_penalty = during_p50 - baseline_p50 if during_p50 is not None and baseline_p50 is not None else None
-    n_chunks = len(mixed)
-    penalty = aggregate / (d * n_chunks) if d and local_p50 is not None else None
-    during_ms = baseline_p50 + penalty if baseline_p50 is not None and penalty is not None else None
-    steps_log = (
-        [
-            EngineStep(
-                prefill_tokens=0, decode_tokens=d, prefill_requests=0, decode_requests=d, elapsed_ms=inflight
-            )
-        ]
-        if d
-        else []
+    chunks = (
+        [(min(p, 16), 0)] if cache_hit else [(c, ctx) for _, c, ctx in schedule_injection(d, p, cell.chunk)]
     )
-    steps_log += [
-        EngineStep(prefill_tokens=c, decode_tokens=dd, prefill_requests=1, decode_requests=dd, elapsed_ms=ms)
-        for (dd, c, _), ms in zip(mixed, mixed_ms, strict=True)
-    ]
-    reasons = ["prefix cache hit: 16 of the injection's tokens were cached"] if cache_hit else []
-    return RunRecord(
-        run_id=run_id,
-        config=RunConfig(
-            decode_batch_size=d,
-            new_prefill_tokens=p,
-            chunk_size=chunk,
-            model=model,
-            gpu="synthetic",
-            repetition=rep,
-            engine="synthetic step model",
-            decode_context=4096,
-            decode_max_tokens=256,
-        ),
-        baseline=Baseline(
-            tpot_p50_ms=baseline_p50,
-            tpot_p90_ms=baseline_p50,
-            tpot_p99_ms=baseline_p50,
-            step_time_ms=baseline_p50,
-            n_gaps=_BASELINE_STEPS * d,
+    t, k = 1e9, 0
+    out: list[tuple[float, float, int]] = []
+
+    def step(c: int = 0, ctx: int = 0) -> None:
+        nonlocal t, k
+        dur = ms(c, ctx, k)
+        out.append((t, dur, c))
+        t, k = t + dur * 1e6, k + 1
+
+    for _ in range(_WARM_STEPS if d else 0):
+        step()
+    t_send = t
+    if d:  # sent part-way through a decode-only step
+        t_send = t + float(rng.uniform(0.1, 0.9)) * ms(0, 0, k) * 1e6
+        step()
+    arrival = t_send + params.frontend_ns_per_token * p
+    while d and t < arrival:  # decode-only steps until the step boundary after the request arrived
+        step()
+    scheduled = t = max(t, arrival)
+    for c, ctx in chunks:
+        step(c, ctx)
+    first = t
+    for _ in range(_RECOVERY_STEPS if d else 0):
+        step()
+    return {
+        "steps": out,
+        "send": int(t_send),
+        "arrival": arrival,
+        "scheduled": scheduled,
+        "first": int(first),
+    }
+
+
+def _stamps(cell: _Cell, line: dict, seen0: int) -> pd.DataFrame:
+    rows = []
+    for s in range(cell.d):
+        offset = (s + 1) * 2_000  # each stream's chunk arrives a few µs after the step ends
+        seen = seen0
+        for start, dur, _ in line["steps"]:
+            seen += 1
+            rows.append((s, "decode", int(start + dur * 1e6) + offset, 1, seen))
+    rows.append((-1, "prefill", line["first"], 1, 1))
+    frame = pd.DataFrame(rows, columns=["stream", "role", "t_ns", "tokens", "seen"])
+    return frame.astype({"stream": "int16", "t_ns": "int64", "tokens": "int32", "seen": "int32"})
+
+
+def _scrapes(p: int, hits: int, line: dict) -> tuple[Snapshot, Snapshot]:
+    def snap(done: bool) -> Snapshot:
+        n = 1.0 if done else 0.0
+        queue_s = (line["scheduled"] - line["arrival"]) / 1e9
+        prefill_s = (line["first"] - line["scheduled"]) / 1e9
+        return Snapshot(
+            0,
+            {
+                ("vllm:prefix_cache_queries_total", frozenset()): float(p) * n,
+                ("vllm:prefix_cache_hits_total", frozenset()): float(hits) * n,
+                ("vllm:num_preemptions_total", frozenset()): 0.0,
+                ("vllm:request_queue_time_seconds_count", frozenset()): n,
+                ("vllm:request_queue_time_seconds_sum", frozenset()): queue_s * n,
+                ("vllm:request_prefill_time_seconds_count", frozenset()): n,
+                ("vllm:request_prefill_time_seconds_sum", frozenset()): prefill_s * n,
+            },
         )
-        if d
-        else None,
-        local_baseline=LocalBaseline(tpot_p50_ms=local_p50, tpot_p90_ms=_p(local, 90), n_gaps=len(local))
-        if d
-        else None,
-        interference=Interference(
-            tpot_during_prefill_p50_ms=during_p50,
-            tpot_during_prefill_p90_ms=_p(during, 90),
-            tpot_during_prefill_max_ms=max(during) if during else None,
-            tpot_after_prefill_p50_ms=_p(after, 50),
-            num_chunks_actual=n_chunks,
-            num_chunks_source="engine_log",
-            num_chunks_expected=math.ceil(p / (chunk - d)),
-            engine_steps=len(steps_log),
-            step_time_mixed_ms=_p(mixed_ms, 50),
-            prefill_duration_ms=(t_first - t_inject) / 1e6,
-            prefill_ttft_ms=(t_first - t_inject) / 1e6,
-            n_gaps_during=len(during),
-            recovery_gaps_ms=[g for _ in range(d) for g in after],
-            prefix_cache_hits=16.0 if cache_hit else 0.0,
-            prefix_cache_queries=float(p),
-            cached_prompt_tokens=16 if cache_hit else 0,
-            preemptions=0.0,
-            engine_steps_log=steps_log,
-        ),
-        derived=Derived(
-            tpot_penalty_ms=penalty,
-            tpot_during_prefill_ms=during_ms,
-            penalty_ratio=during_ms / baseline_p50 if during_ms is not None and baseline_p50 else None,
-            tpot_penalty_p50_ms=p50_penalty,
-            tpot_penalty_ratio=during_p50 / baseline_p50 if during_p50 is not None and baseline_p50 else None,
-            local_penalty_p50_ms=during_p50 - local_p50 if during_p50 is not None and local_p50 else None,
-            total_interference_ms=n_chunks * penalty if penalty is not None else None,
-            decode_tokens_delayed=d * n_chunks,
-            aggregate_decode_delay_ms=aggregate if d else None,
-        ),
-        validity=Validity(valid=not cache_hit, reasons=reasons, attempt=attempt),
-        t_inject_ns=t_inject,
-        t_first_token_ns=t_first,
-        raw_file=raw_rel,
+
+    return snap(False), snap(True)
+
+
+def _attempt(
+    folder: RunFolder, cell: _Cell, p: int, rep: int, attempt: int, cache_hit: bool, seed: int
+) -> Path:
+    rng = np.random.default_rng([seed, cell.chunk, cell.d, p, rep, attempt])
+    seen0 = _START_TOKENS + 150 * rep  # a reused batch: later repetitions decode at a longer context
+    line = _timeline(cell, p, seen0, cache_hit, rng)
+    stem = attempt_stem(cell.d, p, rep, attempt)
+    raw, scrapes = folder.raw_name(cell.chunk, stem), folder.metrics_name(cell.chunk, stem)
+    folder.write_raw(raw, _stamps(cell, line, seen0))
+    folder.write_scrapes(scrapes, *_scrapes(p, p // 2 if cache_hit else 0, line))
+    steps = [
+        EngineStep(
+            prefill_tokens=c,
+            decode_tokens=cell.d,
+            prefill_requests=int(c > 0),
+            decode_requests=cell.d,
+            elapsed_ms=dur,
+        )
+        for _, dur, c in line["steps"]
+    ]
+    config = RunConfig(
+        decode_batch_size=cell.d,
+        new_prefill_tokens=p,
+        chunk_size=cell.chunk,
+        model=_MODEL,
+        gpu="synthetic",
+        repetition=rep,
+        engine="sim",
+        decode_context=cell.decode_context,
+        decode_max_tokens=2048 if cell.d else 0,
+    )
+    obs = Observation(
+        run_id=folder.root.name,
+        config=config,
+        attempt=attempt,
+        t_inject_ns=line["send"],
+        t_first_token_ns=line["first"],
+        prompt_tokens=p,
+        cached_prompt_tokens=p // 2 if cache_hit else 0,
+        engine_steps=steps,
+        baseline_file=folder.baseline_name(cell.chunk, cell.d, 0) if cell.d else None,
+        raw_file=raw,
+        metrics_file=scrapes,
+    )
+    return folder.write_observation(obs)
+
+
+def _baseline(folder: RunFolder, cell: _Cell, seed: int) -> None:
+    rng = np.random.default_rng([seed, cell.chunk, cell.d])
+    gaps = [
+        cell.params.step_ms(cell.d, 0, 0, cell.d * (cell.decode_context + _START_TOKENS))
+        * max(0.05, 1 + cell.noise * rng.standard_normal())
+        for _ in range(64)
+    ]
+    baseline = Baseline(
+        tpot_p50_ms=float(np.median(gaps)),
+        tpot_p90_ms=float(np.percentile(gaps, 90)),
+        tpot_p99_ms=float(np.percentile(gaps, 99)),
+        n_gaps=64 * cell.d,
+    )
+    record = BaselineRecord(
+        run_id=folder.root.name,
+        chunk_size=cell.chunk,
+        decode_batch_size=cell.d,
+        batch_index=0,
+        baseline=baseline,
+        steady_after_ms=50.0,
+        raw_file="",
+    )
+    folder.write_baseline(folder.baseline_name(cell.chunk, cell.d, 0), record)
+
+
+def _manifest(folder: RunFolder, params: StepParams, grid: dict, noise: float, seed: int) -> None:
+    folder.write_manifest(
+        Manifest(
+            run_id=folder.root.name,
+            created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+            sweep={**grid, "protocol": ProtocolRules().model_dump()},
+            engine_spec={
+                "kind": "sim",
+                "model": _MODEL,
+                "dtype": "float32",
+                "synthetic_step_model": asdict(params),
+                "noise": noise,
+            },
+            engine_version=None,
+            hardware={"cpu": "synthetic"},
+            packages={},
+            git_commit=None,
+            seed=seed,
+            notes=["synthesised by analysis.synthetic.synthesize_run: not a measurement"],
+        )
     )
 
 
 def synthesize_run(
     run_dir: Path,
-    *,
     chunks: Iterable[int] = (2048, 8192),
     decode_batches: Iterable[int] = (0, 1, 2, 4, 8),
     prefill_tokens: Iterable[int] = (512, 2048, 8192, 16384),
@@ -219,7 +258,7 @@ def synthesize_run(
     params: StepParams | None = None,
     noise: float = 0.02,
     seed: int = 0,
-    model: str = "qwen3-moe-tiny",
+    decode_context: int = 2048,
     invalid_points: Iterable[tuple[int, int, int, int]] = (),
     failed_points: Iterable[tuple[int, int, int, int]] = (),
 ) -> Path:
@@ -229,72 +268,26 @@ def synthesize_run(
     ``invalid/``) and a valid retry; ``failed_points`` end invalid (the invalid record is the point record).
     """
     params = params or StepParams()
-    run_dir = Path(run_dir)
-    run_id = run_dir.name
+    folder = RunFolder(Path(run_dir))
     chunks, decode_batches, prefill_tokens = list(chunks), list(decode_batches), list(prefill_tokens)
+    grid = {
+        "chunks": chunks,
+        "decode_batch_sizes": decode_batches,
+        "prefill_tokens": prefill_tokens,
+        "repetitions": repetitions,
+        "decode_context": decode_context,
+    }
+    _manifest(folder, params, grid, noise, seed)
     invalid, failed = set(invalid_points), set(failed_points)
-    write_record(
-        run_dir / "manifest.json",
-        Manifest(
-            run_id=run_id,
-            created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
-            sweep={
-                "chunks": chunks,
-                "decode_batches": decode_batches,
-                "prefill_tokens": prefill_tokens,
-                "repetitions": repetitions,
-            },
-            engine_spec={"kind": "synthetic", "step": vars(params), "noise": noise},
-            engine_version=None,
-            hardware={"cpu": "synthetic"},
-            packages={},
-            git_commit=None,
-            seed=seed,
-            notes=["synthesised by analysis.synthetic.synthesize_run: not a measurement"],
-        ),
-    )
-    for chunk in chunks:
-        for d in decode_batches:
-            rng = np.random.default_rng([seed, chunk, d])
-            base_gaps = [
-                params.step_ms(d, 0, 0) * max(0.05, 1 + noise * rng.standard_normal()) for _ in range(64)
-            ]
-            baseline_p50 = float(np.median(base_gaps)) if d else None
-            if d:
-                write_record(
-                    run_dir / "baselines" / str(chunk) / f"D{d}.json",
-                    BaselineRecord(
-                        run_id=run_id,
-                        chunk_size=chunk,
-                        decode_batch_size=d,
-                        batch_index=0,
-                        baseline=Baseline(
-                            tpot_p50_ms=baseline_p50,
-                            tpot_p90_ms=float(np.percentile(base_gaps, 90)),
-                            tpot_p99_ms=float(np.percentile(base_gaps, 99)),
-                            step_time_ms=baseline_p50,
-                            n_gaps=len(base_gaps) * d,
-                        ),
-                        steady_after_ms=50.0,
-                        raw_file=f"raw/{chunk}/D{d}_baseline.parquet",
-                    ),
-                )
-            for p in prefill_tokens:
-                for rep in range(repetitions):
-                    key = (chunk, d, p, rep)
-                    prng = np.random.default_rng([seed, chunk, d, p, rep])
-                    args = (run_dir, run_id, model, chunk, d, p, rep)
-                    name = f"{point_name(d, p, rep)}.json"
-                    if key in invalid or key in failed:
-                        bad = _point(*args, 0, params, noise, prng, baseline_p50, cache_hit=True)
-                        write_record(
-                            run_dir / "invalid" / str(chunk) / f"{point_name(d, p, rep)}_a0.json", bad
-                        )
-                        if key in failed:
-                            write_record(run_dir / "runs" / str(chunk) / name, bad)
-                            continue
-                    attempt = 1 if key in invalid else 0
-                    rec = _point(*args, attempt, params, noise, prng, baseline_p50, cache_hit=False)
-                    write_record(run_dir / "runs" / str(chunk) / name, rec)
-    atomic_write_bytes(run_dir / ".synthetic", b"analysis.synthetic\n")
-    return run_dir
+    for chunk, d in itertools.product(chunks, decode_batches):
+        cell = _Cell(chunk, d, decode_context, params, noise)
+        if d:
+            _baseline(folder, cell, seed)
+        for p, rep in itertools.product(prefill_tokens, range(repetitions)):
+            key = (chunk, d, p, rep)
+            attempts = [True] if key in failed else [True, False] if key in invalid else [False]
+            for attempt, cache_hit in enumerate(attempts):
+                record = folder.derive_attempt(_attempt(folder, cell, p, rep, attempt, cache_hit, seed))
+                folder.write_point(record, final=attempt == len(attempts) - 1)
+    atomic_write_bytes(folder.root / ".synthetic", b"analysis.synthetic\n")
+    return folder.root

@@ -5,16 +5,22 @@ measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` and every invalid attem
 A cell is one ``(chunk_size, decode_batch_size, new_prefill_tokens)``; its repetitions are summarised by
 medians over the **valid** records only. Invalid attempts are never averaged in: they are counted in the
 ``invalid`` column. Statistics are computed here, when reading; the records keep the raw values.
-``tpot_interference_ms``/``tpot_penalty_ms``/``penalty_ratio`` are the per-prefill-step penalty solved
-from the measured aggregate delay (``microbench.results.records.Derived``); seed 002's window-median versions
-are kept as ``tpot_interference_p50_ms`` and ``penalty_ratio_p50``.
+Every derived column is against the point's local baseline (``tpot_baseline_ms``; the batch's Phase 1
+baseline is ``batch_baseline_ms``, for reference only). ``tpot_penalty_ms``/``tpot_interference_ms``/
+``penalty_ratio`` describe a step carrying a *full* prefill chunk, from the engine's own step record
+(``microbench.results.records.Derived``; ``penalty_source`` says when it had to come from seed 002's
+identity instead); the partial last chunk is ``penalty_last_step_ms``; seed 002's window-median versions
+are ``tpot_interference_p50_ms`` and ``penalty_ratio_p50``. A repetition more than 3× or less than a third
+of its cell's median headline (the penalty, or the prefill duration at D = 0) is an outlier: counted in
+``outliers`` and left out of the cell's statistics, never averaged in.
 
-Only pandas, numpy and ``microbench.results.records`` are imported: the sweep calls
+Only pandas, numpy, ``benchcore.atomic`` and ``microbench.results.records`` are imported: the sweep calls
 ``write_interference_table`` at the end of a run.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchcore.atomic import atomic_write_bytes
 from microbench.results.records import Manifest, RunRecord, read_record
 
 __all__ = [
@@ -57,18 +64,29 @@ TABLE_COLUMNS = [
     *SEED_COLUMNS,
     "repetitions",
     "invalid",
+    "outliers",
     "cv_penalty_ratio",
     "cv_tpot_interference_ms",
-    "cv_step_time_mixed_ms",
+    "cv_step_time_full_chunk_ms",
     "penalty_ratio_ci_low",
     "penalty_ratio_ci_high",
+    "penalty_source",
+    "penalty_last_step_ms",
+    "penalty_identity_ms",
+    "identity_check",
     "num_chunks_expected",
     "aggregate_decode_delay_ms",
     "total_interference_ms",
     "tpot_interference_p50_ms",
     "tpot_interference_p90_ms",
     "penalty_ratio_p50",
-    "local_baseline_ms",
+    "batch_baseline_ms",
+    "local_context_tokens",
+    "decode_step_ms",
+    "step_time_full_chunk_ms",
+    "engine_prefill_ms",
+    "frontend_ms",
+    "client_lag_max_ms",
 ]
 
 # Per-record columns whose medians over valid repetitions make up the table.
@@ -79,14 +97,24 @@ _MEDIAN_COLUMNS = {
     "penalty_ratio": "penalty_ratio",
     "num_chunks": "num_chunks",
     "prefill_duration_ms": "prefill_duration_ms",
+    "penalty_last_step_ms": "penalty_last_step_ms",
+    "penalty_identity_ms": "penalty_identity_ms",
+    "identity_check": "identity_check",
     "num_chunks_expected": "num_chunks_expected",
     "aggregate_decode_delay_ms": "aggregate_decode_delay_ms",
     "total_interference_ms": "total_interference_ms",
     "tpot_interference_p50_ms": "tpot_interference_p50_ms",
     "tpot_interference_p90_ms": "tpot_interference_p90_ms",
     "penalty_ratio_p50": "penalty_ratio_p50",
-    "local_baseline_ms": "local_baseline_ms",
+    "batch_baseline_ms": "batch_baseline_ms",
+    "local_context_tokens": "local_context_tokens",
+    "decode_step_ms": "decode_step_ms",
+    "step_time_full_chunk_ms": "step_time_full_chunk_ms",
+    "engine_prefill_ms": "engine_prefill_ms",
+    "frontend_ms": "frontend_ms",
+    "client_lag_max_ms": "client_lag_max_ms",
 }
+OUTLIER_FACTOR = 3.0
 
 
 def load_manifest(run_dir: Path) -> Manifest | None:
@@ -130,11 +158,21 @@ def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
         "model": cfg.model,
         "gpu": cfg.gpu,
         "engine": cfg.engine,
-        "tpot_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
-        "local_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
+        "tpot_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
+        "batch_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
+        "local_context_tokens": rec.local_baseline.context_tokens if rec.local_baseline else None,
         "tpot_interference_ms": der.tpot_during_prefill_ms,
         "tpot_penalty_ms": der.tpot_penalty_ms,
         "penalty_ratio": der.penalty_ratio,
+        "penalty_source": der.penalty_source,
+        "penalty_last_step_ms": der.penalty_last_step_ms,
+        "penalty_identity_ms": der.penalty_identity_ms,
+        "identity_check": der.identity_check,
+        "decode_step_ms": itf.decode_step_ms,
+        "step_time_full_chunk_ms": itf.step_time_full_chunk_ms,
+        "engine_prefill_ms": itf.engine_prefill_ms,
+        "frontend_ms": itf.frontend_ms,
+        "client_lag_max_ms": itf.client_lag_max_ms,
         "tpot_interference_p50_ms": itf.tpot_during_prefill_p50_ms,
         "tpot_interference_p90_ms": itf.tpot_during_prefill_p90_ms,
         "penalty_ratio_p50": der.tpot_penalty_ratio,
@@ -142,7 +180,6 @@ def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
         "num_chunks_expected": itf.num_chunks_expected,
         "num_chunks_source": itf.num_chunks_source,
         "prefill_duration_ms": itf.prefill_duration_ms,
-        "step_time_mixed_ms": itf.step_time_mixed_ms,
         "n_steps_logged": len(itf.engine_steps_log),
         "total_interference_ms": der.total_interference_ms,
         "decode_tokens_delayed": der.decode_tokens_delayed,
@@ -160,7 +197,7 @@ def records_frame(run_dir: Path, include_invalid_attempts: bool = True) -> pd.Da
     if include_invalid_attempts:
         rows += [_row(read_record(p, RunRecord), p, "invalid") for p in invalid]
     frame = pd.DataFrame(rows)
-    numeric = [c for c in _MEDIAN_COLUMNS.values() if c in frame] + ["step_time_mixed_ms"]
+    numeric = [c for c in _MEDIAN_COLUMNS.values() if c in frame]
     frame[numeric] = frame[numeric].astype("float64")
     return frame
 
@@ -187,6 +224,19 @@ def _cv(values: pd.Series) -> float:
     return float(x.std(ddof=1) / abs(x.mean()))
 
 
+def _drop_outliers(group: pd.DataFrame, d: int) -> tuple[pd.DataFrame, int]:
+    """A repetition whose headline (the full-step penalty; at D = 0 the prefill duration) is more than
+    ``OUTLIER_FACTOR``× off the median of its cell is host noise: out of the cell's statistics, counted.
+    (Seen: a bare prefill 9× its repetitions, 362 vs ≈ 40 ms, moved its cell's median from 40 to 294 ms.)"""
+    col = "prefill_duration_ms" if d == 0 else "tpot_penalty_ms"
+    values = group[col]
+    median = values.median()
+    if len(group) < 3 or not math.isfinite(median) or median <= 0:
+        return group, 0
+    off = (values > OUTLIER_FACTOR * median) | (values < median / OUTLIER_FACTOR)
+    return group[~off], int(off.sum())
+
+
 def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per-cell medians over valid records, counts, CVs and a seeded bootstrap CI (``TABLE_COLUMNS``).
 
@@ -207,18 +257,21 @@ def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
             & (valid["new_prefill_tokens"] == key[2])
         ]
         row: dict[str, Any] = dict(zip(CELL, key, strict=True))
+        group, row["outliers"] = _drop_outliers(group, key[1])
         for out, col in _MEDIAN_COLUMNS.items():
             row[out] = float(group[col].median()) if group[col].notna().any() else math.nan
         row["repetitions"] = len(group)
         row["invalid"] = int(invalid_counts.get(key, 0))
         row["cv_penalty_ratio"] = _cv(group["penalty_ratio"])
         row["cv_tpot_interference_ms"] = _cv(group["tpot_interference_ms"])
-        row["cv_step_time_mixed_ms"] = _cv(group["step_time_mixed_ms"])
+        row["cv_step_time_full_chunk_ms"] = _cv(group["step_time_full_chunk_ms"])
+        sources = sorted(set(group["penalty_source"].dropna()))
+        row["penalty_source"] = "+".join(sources) if sources else None
         low, high = bootstrap_median_ci(group["penalty_ratio"], n_boot=n_boot, seed=[seed, *key])
         row["penalty_ratio_ci_low"], row["penalty_ratio_ci_high"] = low, high
         rows.append(row)
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    for col in [*CELL, "repetitions", "invalid"]:
+    for col in [*CELL, "repetitions", "invalid", "outliers"]:
         table[col] = table[col].astype("int64")
     return table
 
@@ -236,13 +289,10 @@ def write_interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -
     run_dir = Path(run_dir)
     table = interference_table(run_dir, n_boot=n_boot, seed=seed)
     csv_path = run_dir / "interference_table.csv"
-    tmp = csv_path.with_name(f".{csv_path.name}.tmp")
-    table.to_csv(tmp, index=False, float_format="%.6g")
-    tmp.replace(csv_path)
-    parquet_path = run_dir / "interference_table.parquet"
-    tmp = parquet_path.with_name(f".{parquet_path.name}.tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(parquet_path)
+    atomic_write_bytes(csv_path, table.to_csv(index=False, float_format="%.6g").encode())
+    parquet = io.BytesIO()
+    table.to_parquet(parquet, index=False)
+    atomic_write_bytes(run_dir / "interference_table.parquet", parquet.getvalue())
     return csv_path
 
 

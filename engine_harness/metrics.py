@@ -184,5 +184,5 @@ async def scrape(session: aiohttp.ClientSession, base_url: str, timeout_s: float
             if resp.status != 200:
                 raise MetricsError(f"GET {url} answered HTTP {resp.status}: {text[:200]}")
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise MetricsError(f"GET {url} failed: {exc!r}") from exc
+        raise MetricsError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
     return parse_metrics(text, t_ns)

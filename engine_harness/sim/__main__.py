@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--alpha-ms", type=float, help="step model: fixed cost per step (ms)")
     a("--beta-d-ms", type=float, help="step model: cost per decode token (ms)")
     a("--beta-c-ms", type=float, help="step model: cost per prefill token (ms)")
-    a("--gamma-ns", type=float, help="step model: cost per chunk token × context token (ns)")
+    a("--gamma-ns", type=float, help="step model: cost per chunk token × (context + chunk/2) token (ns)")
+    a("--delta-ns", type=float, help="step model: cost per decode token × its context token (ns)")
+    a("--frontend-ns-per-token", type=float, help="API-server time per prompt token before the engine")
     a("--jitter", type=float, help="step model: relative std of a seeded Gaussian factor")
     a("--time-scale", type=float, help="wall seconds per model second (0: as fast as possible)")
     a("--busy-wait-ms", type=float)
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--step-log-max", type=int, help="steps kept in memory for /sim/steps")
     a("--error-500-fraction", type=float)
     a("--error-429-fraction", type=float)
+    a("--retry-after-s", type=float, help="Retry-After header (s) on injected 429s")
     a("--cut-after-chunks", type=int)
     a("--cut-fraction", type=float)
     a("--slow-start-s", type=float)
@@ -66,10 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "jitter")
+_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter")
 _FAULT_KEYS = (
     "error_500_fraction",
     "error_429_fraction",
+    "retry_after_s",
     "cut_after_chunks",
     "cut_fraction",
     "slow_start_s",

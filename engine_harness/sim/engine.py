@@ -49,7 +49,7 @@ class StepRecord:
     model_duration_s: float
     decode_tokens: int
     prefill_tokens: int
-    chunk_context: int
+    chunk_context: float
     num_decode_reqs: int
     num_prefill_reqs: int
     preemptions: int
@@ -275,7 +275,7 @@ class SimEngine:
                 await self._wake.wait()
                 continue
             totals = (plan.decode_tokens, plan.prefill_tokens, plan.chunk_context)
-            model_s = cfg.step.sample_s(*totals, self._jitter_rng)
+            model_s = cfg.step.sample_s(*totals, plan.decode_context, self._jitter_rng)
             if faults.stall_step == self.num_steps:
                 model_s += faults.stall_s
             # Back to back, a step starts when the previous one ended: the host work in between (token
@@ -312,7 +312,7 @@ class SimEngine:
             await asyncio.sleep(0)
 
     def _finish_step(
-        self, plan: StepPlan, totals: tuple[int, int, int], model_s: float, t0: int, t1: int
+        self, plan: StepPlan, totals: tuple[int, int, float], model_s: float, t0: int, t1: int
     ) -> None:
         sched, m = self.scheduler, self.metrics
         streams = self._streams

@@ -122,9 +122,15 @@ class StepPlan:
         return sum(c.num_tokens for c in self.chunks if not c.is_decode)
 
     @property
-    def chunk_context(self) -> int:
-        """Σ chunk tokens × context over the prefill chunks (the step model's γ term)."""
-        return sum(c.num_tokens * c.context for c in self.chunks if not c.is_decode)
+    def chunk_context(self) -> float:
+        """Σ c·(context + c/2) over the prefill chunks (the step model's γ term: causal attention to the
+        cached context and to half of the chunk itself)."""
+        return sum(c.num_tokens * (c.context + c.num_tokens / 2) for c in self.chunks if not c.is_decode)
+
+    @property
+    def decode_context(self) -> int:
+        """Σ context over the decode tokens (the step model's δ term)."""
+        return sum(c.context for c in self.chunks if c.is_decode)
 
     @property
     def num_tokens(self) -> int:

@@ -46,8 +46,8 @@ SIM_VERSION = "sim-0.1.0"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
-def _error(message: str, status: int, error_type: str) -> web.Response:
-    return web.json_response(error_body(message, status, error_type), status=status)
+def _error(message: str, status: int, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, status, error_type), status=status, headers=headers)
 
 
 def _drop_connection(request: web.Request) -> None:
@@ -215,8 +215,10 @@ class SimServer:
             return _error(str(exc), exc.status, exc.error_type)
         fault = self.faults.http_error()
         if fault is not None:
-            return _error(fault[2], fault[0], fault[1])
+            return _error(fault[2], fault[0], fault[1], self.faults.retry_after(fault[0]))
         rid = new_request_id(kind)
+        if self.config.frontend_ns_per_token:  # the API server's per-token work before the engine sees it
+            await asyncio.sleep(self.config.frontend_ns_per_token * len(params.prompt_token_ids) / 1e9)
         external = await self._load_remote_kv(body, len(params.prompt_token_ids))
         stream = self.engine.submit(
             params.prompt_token_ids,

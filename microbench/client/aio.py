@@ -8,12 +8,14 @@ getting back to its loop quickly.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["loop_name", "no_full_collections", "run"]
+__all__ = ["LagMonitor", "loop_name", "no_full_collections", "run"]
 
 T = TypeVar("T")
 
@@ -56,3 +58,43 @@ def no_full_collections() -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+class LagMonitor:
+    """The client's own event-loop lag: how late a 1 ms timer fires, sampled while it runs.
+
+    A decode gap the client stamped late because its own loop was busy (a GC pass, a slow callback) looks
+    like a server stall in the stamps; the lag recorded beside each window tells the two apart.
+    """
+
+    def __init__(self, period_s: float = 0.001, keep: int = 200_000) -> None:
+        self.period_s = period_s
+        self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=keep)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        period_ns = int(self.period_s * 1e9)
+        while True:
+            t = time.perf_counter_ns()
+            await asyncio.sleep(self.period_s)
+            now = time.perf_counter_ns()
+            self.samples.append((now, max(now - t - period_ns, 0) / 1e6))
+
+    def max_ms(self, t0_ns: int, t1_ns: int) -> float | None:
+        """The worst lag of the samples taken in [t0, t1] (None: no sample there)."""
+        worst: float | None = None
+        for t, lag in reversed(self.samples):  # the window is recent: walk back from the newest sample
+            if t < t0_ns:
+                break
+            if t <= t1_ns:
+                worst = lag if worst is None else max(worst, lag)
+        return worst
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

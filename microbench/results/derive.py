@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import pandas as pd
 
 from engine_harness.engines import MetricNames
 from engine_harness.metrics import MetricsError, Snapshot, step_counts
-from engine_harness.steps import EngineStep
 from microbench.results.records import (
     Baseline,
     Derived,
@@ -30,6 +28,7 @@ from microbench.results.records import (
     RunRecord,
     Validity,
 )
+from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
 from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
 
 __all__ = ["DeriveInputs", "derive", "stream_gaps"]
@@ -150,72 +149,129 @@ def cold_and_clean(obs: Observation, counts: EngineCounts, scraped_after: bool) 
     return reasons
 
 
-def window_steps(steps: Sequence[EngineStep]) -> list[EngineStep]:
-    """Steps from the first to the last prefill-carrying one (the injection is the only prefill)."""
-    idx = [i for i, st in enumerate(steps) if st.prefill_tokens > 0]
-    return list(steps[idx[0] : idx[-1] + 1]) if idx else []
+def local_context(stamps: pd.DataFrame | None, d: int, t0: int, prefix: int) -> float | None:
+    """Mean context of the decode streams at the send: the shared prefix plus the tokens each had got."""
+    if stamps is None or stamps.empty or d == 0:
+        return None
+    decode = stamps[(stamps["role"] == "decode") & (stamps["t_ns"] <= t0)]
+    if decode.empty:
+        return None
+    return prefix + float(decode.groupby("stream")["seen"].max().mean())
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return float(pd.Series(values).median()) if len(values) else None
+def engine_times(
+    inp: DeriveInputs, duration_ms: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """The injection's queue and prefill time from the engine's histograms, and the front end's share of
+    the client's send → first token. Only when exactly one request (the injection) was observed."""
+    before, after, names = inp.before, inp.after, inp.metrics
+    if before is None or after is None or not names.queue_time or not names.prefill_time:
+        return None, None, None
+    count = after.delta(before, [n + "_count" for n in names.prefill_time])
+    if count != 1:
+        return None, None, None
+    queue = after.delta(before, [n + "_sum" for n in names.queue_time])
+    prefill = after.delta(before, [n + "_sum" for n in names.prefill_time])
+    queue_ms = queue * 1e3 if queue is not None else None
+    prefill_ms = prefill * 1e3 if prefill is not None else None
+    frontend = None
+    if duration_ms is not None and queue_ms is not None and prefill_ms is not None:
+        frontend = duration_ms - queue_ms - prefill_ms
+    return queue_ms, prefill_ms, frontend
 
 
-@dataclass(frozen=True)
-class ChunkCount:
-    actual: int | None
-    source: Literal["engine_log", "histogram", "none"]
-    steps: list[EngineStep]
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
 
 
-def count_chunks(obs: Observation, counts: EngineCounts) -> ChunkCount:
-    """Prefill-carrying steps: the engine's step log, else its tokens-per-step histogram."""
-    steps = window_steps(obs.engine_steps or [])
-    if steps:
-        return ChunkCount(sum(1 for st in steps if st.prefill_tokens > 0), "engine_log", steps)
-    if counts.mixed_steps is not None:
-        return ChunkCount(counts.mixed_steps, "histogram", [])
-    return ChunkCount(None, "none", [])
+def _diff(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
 
 
-def _derived(
-    cut: WindowCut | None, baseline: Baseline | None, n_chunks: int, d: int
-) -> tuple[Derived, float | None]:
-    """Seed 002's derived fields and the penalty per prefill step; also the local baseline p50."""
+def derived_figures(
+    cut: WindowCut | None, steps: PrefillSteps, chunks: ChunkCount, d: int, has_log: bool, first_token: bool
+) -> Derived:
+    """Every derived figure against the local baseline; per-step penalties from the engine's record."""
     local_p50 = percentile_ms(cut.local, 50) if cut else None
     aggregate = None
     if cut is not None and local_p50 is not None:
         aggregate = sum(
-            (g.end_ns - g.start_ns) / 1e6 - local_p50 * g.tokens
-            for gaps in cut.per_stream_during
-            for g in gaps
+            (g.end_ns - g.start_ns) / 1e6 - local_p50 * g.tokens for s in cut.per_stream_during for g in s
         )
+    # no first token, no prefill window: nothing to divide (the point is invalid anyway, and says why)
+    identity = aggregate / (d * chunks.used) if aggregate is not None and d and first_token else None
+    penalty, source = (steps.penalty_full_ms(), "engine_steps") if has_log else (identity, "identity")
+    if penalty is None:
+        source = "none"
+    total = steps.total_penalty_ms() if has_log else None
     during_p50 = percentile_ms(cut.during, 50) if cut else None
-    base_p50 = baseline.tpot_p50_ms if baseline else None
-    penalty = aggregate / (d * n_chunks) if aggregate is not None and d else None
-    during_ms = base_p50 + penalty if base_p50 is not None and penalty is not None else None
-    derived = Derived(
+    during = local_p50 + penalty if local_p50 is not None and penalty is not None else None
+    return Derived(
         tpot_penalty_ms=penalty,
-        tpot_during_prefill_ms=during_ms,
-        penalty_ratio=during_ms / base_p50 if during_ms is not None and base_p50 else None,
-        tpot_penalty_p50_ms=during_p50 - base_p50
-        if during_p50 is not None and base_p50 is not None
-        else None,
-        tpot_penalty_ratio=during_p50 / base_p50 if during_p50 is not None and base_p50 else None,
-        local_penalty_p50_ms=during_p50 - local_p50
-        if during_p50 is not None and local_p50 is not None
-        else None,
-        total_interference_ms=n_chunks * penalty if penalty is not None else None,
-        decode_tokens_delayed=d * n_chunks,
+        penalty_source=source,
+        penalty_last_step_ms=steps.penalty_last_ms() if has_log else None,
+        tpot_during_prefill_ms=during,
+        penalty_ratio=_ratio(during, local_p50),
+        tpot_penalty_p50_ms=_diff(during_p50, local_p50),
+        tpot_penalty_ratio=_ratio(during_p50, local_p50),
+        penalty_identity_ms=identity,
+        identity_check=_ratio(aggregate, d * total if total is not None else None),
+        num_chunks_used=chunks.used,
+        chunks_note=chunks.note,
+        total_interference_ms=total
+        if has_log
+        else (chunks.used * identity if identity is not None else None),
+        decode_tokens_delayed=d * chunks.used,
         aggregate_decode_delay_ms=aggregate,
     )
-    return derived, local_p50
+
+
+def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps, chunks: ChunkCount,
+                  counts: EngineCounts) -> Interference:  # fmt: skip
+    obs = inp.observation
+    t0 = obs.t_inject_ns
+    duration = (obs.t_first_token_ns - t0) / 1e6 if obs.t_first_token_ns is not None else None
+    queue, prefill_time, frontend = engine_times(inp, duration)
+    during = cut.during if cut else []
+    has_log = bool(steps.prefill)
+    return Interference(
+        tpot_during_prefill_p50_ms=percentile_ms(during, 50),
+        tpot_during_prefill_p90_ms=percentile_ms(during, 90),
+        tpot_during_prefill_max_ms=percentile_ms(during, 100),
+        tpot_after_prefill_p50_ms=percentile_ms(cut.after, 50) if cut else None,
+        num_chunks_actual=chunks.actual,
+        num_chunks_source=chunks.source,
+        num_chunks_expected=expected_chunks(
+            obs.config.new_prefill_tokens, obs.config.chunk_size, obs.config.decode_batch_size
+        ),
+        engine_steps=counts.steps,
+        full_chunk_steps=len(steps.full) if has_log else None,
+        step_time_full_chunk_ms=steps.full_ms if has_log else None,
+        step_time_last_chunk_ms=steps.last_partial.elapsed_ms if steps.last_partial else None,
+        decode_step_ms=steps.decode_step_ms,
+        engine_prefill_ms=steps.prefill_ms if has_log else None,
+        engine_queue_ms=queue,
+        engine_prefill_time_ms=prefill_time,
+        frontend_ms=frontend,
+        client_lag_max_ms=obs.client_lag_max_ms,
+        prefill_duration_ms=duration,
+        prefill_ttft_ms=duration,
+        n_gaps_during=len(during),
+        max_tokens_per_read=cut.max_per_read if cut else 0,
+        recovery_gaps_ms=[round(g.ms, 4) for g in cut.after] if cut else [],
+        prefix_cache_hits=counts.hits,
+        prefix_cache_queries=counts.queries,
+        cached_prompt_tokens=obs.cached_prompt_tokens,
+        preemptions=counts.preemptions,
+        engine_steps_log=window_steps(obs.engine_steps or []),
+    )
 
 
 def derive(inp: DeriveInputs) -> RunRecord:
     """Cut the windows, compute seed 002's fields and ours, and decide validity."""
     obs, rules = inp.observation, inp.rules
     cfg = obs.config
-    d, p, chunk = cfg.decode_batch_size, cfg.new_prefill_tokens, cfg.chunk_size
+    d = cfg.decode_batch_size
     t0 = obs.t_inject_ns
     t1 = obs.t_first_token_ns if obs.t_first_token_ns is not None else t0
     reasons = list(obs.notes)
@@ -228,50 +284,27 @@ def derive(inp: DeriveInputs) -> RunRecord:
             reasons.append(obs.decode_failure)
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
-    chunks = count_chunks(obs, counts)
-    expected = expected_chunks(p, chunk, d)
-    derived, local_p50 = _derived(
-        cut, inp.baseline, chunks.actual if chunks.actual is not None else expected, d
+    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d)
+    chunks = count_chunks(
+        len(steps.prefill) or None,
+        counts.mixed_steps,
+        expected_chunks(cfg.new_prefill_tokens, cfg.chunk_size, d),
     )
-    baseline = inp.baseline
-    decode_ms = [
-        s.elapsed_ms for s in obs.engine_steps or [] if s.prefill_tokens == 0 and s.decode_tokens > 0
-    ]
-    if baseline is not None and baseline.step_time_ms is None and decode_ms:
-        baseline = baseline.model_copy(update={"step_time_ms": _median(decode_ms)})
-    ttft_ms = (t1 - t0) / 1e6 if obs.t_first_token_ns is not None else None
-    during = cut.during if cut else []
+    local = None
+    if cut is not None:
+        local = LocalBaseline(
+            tpot_p50_ms=percentile_ms(cut.local, 50),
+            tpot_p90_ms=percentile_ms(cut.local, 90),
+            n_gaps=len(cut.local),
+            context_tokens=local_context(inp.stamps, d, t0, cfg.decode_context),
+        )
     return RunRecord(
         run_id=obs.run_id,
         config=cfg,
-        baseline=baseline,
-        local_baseline=LocalBaseline(
-            tpot_p50_ms=local_p50, tpot_p90_ms=percentile_ms(cut.local, 90), n_gaps=len(cut.local)
-        )
-        if cut is not None
-        else None,
-        interference=Interference(
-            tpot_during_prefill_p50_ms=percentile_ms(during, 50),
-            tpot_during_prefill_p90_ms=percentile_ms(during, 90),
-            tpot_during_prefill_max_ms=percentile_ms(during, 100),
-            tpot_after_prefill_p50_ms=percentile_ms(cut.after, 50) if cut else None,
-            num_chunks_actual=chunks.actual,
-            num_chunks_source=chunks.source,
-            num_chunks_expected=expected,
-            engine_steps=counts.steps,
-            step_time_mixed_ms=_median([s.elapsed_ms for s in chunks.steps if s.prefill_tokens > 0]),
-            prefill_duration_ms=ttft_ms,
-            prefill_ttft_ms=ttft_ms,
-            n_gaps_during=len(during),
-            max_tokens_per_read=cut.max_per_read if cut else 0,
-            recovery_gaps_ms=[round(g.ms, 4) for g in cut.after] if cut else [],
-            prefix_cache_hits=counts.hits,
-            prefix_cache_queries=counts.queries,
-            cached_prompt_tokens=obs.cached_prompt_tokens,
-            preemptions=counts.preemptions,
-            engine_steps_log=chunks.steps,
-        ),
-        derived=derived,
+        baseline=inp.baseline,
+        local_baseline=local,
+        interference=_interference(inp, cut, steps, chunks, counts),
+        derived=derived_figures(cut, steps, chunks, d, bool(steps.prefill), obs.t_first_token_ns is not None),
         validity=Validity(valid=not reasons, reasons=reasons, attempt=obs.attempt),
         t_inject_ns=t0,
         t_first_token_ns=t1,

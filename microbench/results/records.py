@@ -1,15 +1,13 @@
-"""Result schemas of the interference sweep (pydantic, strict, versioned) and atomic read/write.
+"""The stored objects of a sweep run (pydantic, strict, versioned) and how older versions are read.
 
-A run folder ``results/<run-id>/`` holds ``manifest.json`` (``Manifest``), one ``RunRecord`` per
-measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` (the valid attempt, or the last invalid one
-once retries are spent), every invalid attempt under ``invalid/``, one ``BaselineRecord`` per (chunk, D)
-at ``baselines/<chunk>/D<d>.json``, raw stamps under ``raw/`` (Parquet) and metric scrapes under
-``metrics/``. The per-point record keeps seed 002's ``config``/``baseline``/``interference``/``derived``
-sections and field names, and extends them.
+The run-folder layout is ``microbench.results.layout``. Measured: ``Manifest``, ``Observation`` (one per
+attempt), ``BaselineRecord`` (one per decode batch), with the stamps and scrapes beside them. Derived:
+``RunRecord`` (seed 002's ``config``/``baseline``/``interference``/``derived`` sections and field names,
+extended), written by ``microbench.results.derive`` from the measured objects.
 
-Versioning: every record carries ``schema_version``. ``SCHEMA_VERSION`` is the one written; readers
-accept every version listed in ``READABLE_VERSIONS`` (update both on a breaking change, and add the
-upgrade step to ``_upgrade``).
+Versioning: every object carries ``schema_version``. ``SCHEMA_VERSION`` is the one written; readers
+accept every version listed in ``READABLE_VERSIONS`` and ``_upgrade`` brings an older one to the current
+schema (version 1's derived fields are kept under names that say what they were).
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ __all__ = [
     "read_record",
 ]
 
-SCHEMA_VERSION = 1
-READABLE_VERSIONS = (1,)
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class RunConfig(StrictModel):
@@ -60,30 +58,34 @@ class RunConfig(StrictModel):
 
 
 class Baseline(StrictModel):
-    """Decode-only inter-token latency of the (chunk, D) batch (seed 002 Phase 1)."""
+    """Decode-only inter-token latency of the (chunk, D) batch (seed 002 Phase 1), token-weighted."""
 
     tpot_p50_ms: float | None
     tpot_p90_ms: float | None
     tpot_p99_ms: float | None
-    step_time_ms: float | None = Field(description="median decode-only engine step (engine log), if logged")
     n_gaps: int = Field(ge=0)
 
 
 class LocalBaseline(StrictModel):
-    """The last gaps of every stream right before this injection (drift-proof reference)."""
+    """The last gaps of every stream right before this injection: the one baseline of every derived field
+    of the point (decode context grows while a batch is reused, so the batch's Phase 1 baseline drifts)."""
 
-    tpot_p50_ms: float | None
+    tpot_p50_ms: float | None = Field(description="token-weighted median of the local gaps")
     tpot_p90_ms: float | None
     n_gaps: int = Field(ge=0)
+    context_tokens: float | None = Field(
+        None, description="mean tokens in each decode stream's context at the send (prefix + generated)"
+    )
 
 
 class Interference(StrictModel):
-    """What happened while the prefill ran (seed 002 Phase 2, extended)."""
+    """What happened while the prefill ran (seed 002 Phase 2, extended). Client-side percentiles weight
+    every decode token once (a read carrying 3 tokens counts 3 times, each at a third of its gap)."""
 
     tpot_during_prefill_p50_ms: float | None = Field(
         description="seed 002: median decode gap ending between the send and the first token, pooled over "
-        "streams. In a window of a few engine steps it flips between a decode-only gap (steps that ran "
-        "while the request was still being received) and a mixed step's: see Derived.tpot_penalty_ms"
+        "streams, token-weighted. A window of a few engine steps also holds decode-only steps that ran "
+        "while the request was being received, so it flips between a decode gap and a mixed step's"
     )
     tpot_during_prefill_p90_ms: float | None
     tpot_during_prefill_max_ms: float | None
@@ -94,7 +96,31 @@ class Interference(StrictModel):
     num_chunks_source: Literal["engine_log", "histogram", "none"]
     num_chunks_expected: int = Field(description="ceil(P / (chunk − D)): vLLM's budget after D decode tokens")
     engine_steps: int | None = Field(description="engine steps between the scrapes around the injection")
-    step_time_mixed_ms: float | None = Field(description="median prefill-carrying step time (engine log)")
+    full_chunk_steps: int | None = Field(
+        None, description="prefill steps that carried chunk − D prompt tokens"
+    )
+    step_time_full_chunk_ms: float | None = Field(None, description="median full-chunk step (engine log)")
+    step_time_last_chunk_ms: float | None = Field(
+        None, description="the last prefill step when it carried fewer tokens than a full chunk (engine log)"
+    )
+    decode_step_ms: float | None = Field(
+        None, description="median decode-only engine step right before the first prefill step (engine log): "
+        "the engine's local baseline of the per-step penalty"
+    )  # fmt: skip
+    engine_prefill_ms: float | None = Field(None, description="Σ of the prefill-carrying steps (engine log)")
+    engine_queue_ms: float | None = Field(
+        None, description="the engine's queue time of the injection (/metrics)"
+    )
+    engine_prefill_time_ms: float | None = Field(
+        None, description="the engine's prefill time of the injection: scheduled → first token (/metrics)"
+    )
+    frontend_ms: float | None = Field(
+        None, description="prefill_duration − engine queue − engine prefill time: request serialization, the "
+        "API server's parsing and hand-off, and the first token's way back"
+    )  # fmt: skip
+    client_lag_max_ms: float | None = Field(
+        None, description="the client's worst event-loop lag from the local baseline to the recovery's end"
+    )
     prefill_duration_ms: float | None = Field(description="send → first token of the injected request")
     prefill_ttft_ms: float | None
     n_gaps_during: int = Field(ge=0)
@@ -108,38 +134,45 @@ class Interference(StrictModel):
     preemptions: float | None
     engine_steps_log: list[EngineStep] = Field(
         default_factory=list,
-        description="every engine step from the injection's send to its first token, in order "
+        description="every engine step from the injection's first to its last prefill step, in order "
         "(empty when the engine does not report steps)",
     )
 
 
 class Derived(StrictModel):
-    """Seed 002 ``derived`` fields, and the penalty per prefill step from the measured aggregate delay.
+    """The figures a user acts on. Baseline: the local one (``LocalBaseline``) for every field.
 
-    Seed 002's identity is ``total delay = num_chunks × D × penalty``. The aggregate delay is measured
-    (every stream, every gap of the window, against the local baseline), ``num_chunks`` is counted by
-    the engine, so ``tpot_penalty_ms`` solves the identity for the penalty: the extra time each decode
-    token waited per step that carried the prefill. Unlike the seed's window median it does not depend
-    on how many decode-only steps fell into the window, so it repeats (CV per cell in the run summary).
+    ``tpot_penalty_ms`` is the extra time a decode token waits on a step that carries a *full* prefill
+    chunk, from the engine's own step record (full-chunk step − decode-only step); a tiny last chunk is
+    reported apart (``penalty_last_step_ms``) so it does not dilute it. Seed 002's identity
+    ``aggregate delay = D × Σ per-step penalties`` is kept as a check (``identity_check`` ≈ 1). Without a
+    step record the penalty is solved from the identity (``penalty_source = "identity"``).
     """
 
-    tpot_penalty_ms: float | None = Field(
-        description="aggregate_decode_delay / (D × num_chunks): extra ms per decode token per prefill step"
-    )
+    tpot_penalty_ms: float | None = Field(description="extra ms per decode token per full-chunk prefill step")
+    penalty_source: Literal["engine_steps", "identity", "none"] = "none"
+    penalty_last_step_ms: float | None = Field(None, description="the same for a partial last chunk step")
     tpot_during_prefill_ms: float | None = Field(
-        description="baseline p50 + tpot_penalty_ms: the TPOT a decode sees on a step carrying the prefill"
+        description="local baseline p50 + tpot_penalty_ms: the TPOT a decode sees on a full-chunk step"
     )
-    penalty_ratio: float | None = Field(description="tpot_during_prefill_ms / baseline p50")
-    tpot_penalty_p50_ms: float | None = Field(description="seed 002: window p50 − baseline p50")
-    tpot_penalty_ratio: float | None = Field(description="seed 002: window p50 / baseline p50")
-    local_penalty_p50_ms: float | None = Field(description="window p50 − local baseline p50")
+    penalty_ratio: float | None = Field(description="tpot_during_prefill_ms / local baseline p50")
+    tpot_penalty_p50_ms: float | None = Field(description="seed 002's window median − local baseline p50")
+    tpot_penalty_ratio: float | None = Field(description="seed 002's window median / local baseline p50")
+    penalty_identity_ms: float | None = Field(
+        None, description="aggregate_decode_delay / (D × num_chunks_used): every prefill step alike"
+    )
+    identity_check: float | None = Field(
+        None, description="aggregate_decode_delay / (D × Σ per-step penalties of the engine's record)"
+    )
+    num_chunks_used: int | None = Field(None, description="the prefill step count the penalty was divided by")
+    chunks_note: str | None = Field(None, description="why num_chunks_used differs from the measured count")
     total_interference_ms: float | None = Field(
-        description="num_chunks × tpot_penalty_ms: the delay one decode stream took from the prefill"
+        description="Σ per-step penalties: the delay one decode stream took from the prefill"
     )
-    decode_tokens_delayed: int = Field(description="D × num_chunks")
+    decode_tokens_delayed: int = Field(description="D × num_chunks_used")
     aggregate_decode_delay_ms: float | None = Field(
-        description="Σ over streams of Σ (gap − local baseline p50) over the gaps ending between send and "
-        "first token: the measured counterpart of num_chunks × D × penalty"
+        description="Σ over streams of Σ (gap − local baseline p50 × tokens) over the gaps ending between "
+        "send and first token: the measured counterpart of D × Σ per-step penalties"
     )
 
 
@@ -184,6 +217,9 @@ class Observation(StrictModel):
         default_factory=list, description="what failed live (request error, timeout, a stream that broke)"
     )
     decode_failure: str | None = Field(None, description="why a decode stream had stopped, if one had")
+    client_lag_max_ms: float | None = Field(
+        None, description="the client's worst event-loop lag from the local baseline to the recovery's end"
+    )
     baseline_file: str | None = Field(description="BaselineRecord of the decode batch (None for D = 0)")
     raw_file: str | None = Field(description="Parquet of stamps, relative to the run folder")
     metrics_file: str | None = Field(description="the /metrics scrapes before and after")
@@ -246,10 +282,28 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older record to the current schema (only version 1 exists so far)."""
+    """Bring an older stored object to the current schema; version 1's derived fields meant otherwise:
+    its penalty was the identity solution over every prefill step against the local baseline, its ratio
+    divided by the batch's baseline. They are kept under the names that say so, never as today's."""
     version = data.get("schema_version")
     if version not in READABLE_VERSIONS:
         raise ValueError(f"schema_version {version!r} is not one this suite reads ({READABLE_VERSIONS})")
+    if version == 1 and "derived" in data:
+        data = json.loads(json.dumps(data))
+        if data.get("baseline"):
+            data["baseline"].pop("step_time_ms", None)
+        itf, der = data["interference"], data["derived"]
+        itf.pop("step_time_mixed_ms", None)
+        old_penalty = der.pop("tpot_penalty_ms", None)
+        der.pop("local_penalty_p50_ms", None)
+        der.update(tpot_penalty_ms=None, penalty_identity_ms=old_penalty, tpot_during_prefill_ms=None,
+                   penalty_ratio=None, tpot_penalty_ratio=None, tpot_penalty_p50_ms=None)  # fmt: skip
+        data["schema_version"] = 2
+    elif version == 1 and "baseline" in data:
+        data = {**data, "baseline": {k: v for k, v in data["baseline"].items() if k != "step_time_ms"}}
+        data["schema_version"] = 2
+    elif version == 1:
+        data = {**data, "schema_version": 2}
     return data
 
 

@@ -8,13 +8,14 @@ half the time, and a per-token latency is always what is compared).
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Gap", "expected_chunks", "gaps_of", "is_steady", "percentile_ms", "split_window"]
+__all__ = ["Gap", "SteadyTracker", "expected_chunks", "gaps_of", "is_steady", "percentile_ms", "split_window"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,40 @@ def is_steady(gaps: Sequence[Gap], window: int, max_ratio: float) -> bool:
     return lo > 0 and max(last) / lo <= max_ratio
 
 
+class SteadyTracker:
+    """Seed 002's steady rule on one stream, updated per chunk: the last ``steady_window`` gaps past the
+    first ``discard_tokens`` tokens within ``steady_ratio``× of each other. Chunks read together (one
+    stamp) form one gap, as in ``microbench.results.windows.gaps_of``; the newest read is the open gap."""
+
+    def __init__(self, window: int, ratio: float, discard_tokens: int) -> None:
+        self.window, self.ratio, self.discard = window, ratio, discard_tokens
+        self.done: collections.deque[float] = collections.deque(maxlen=self.window)
+        self.prev_t: int | None = None
+        self.open_t: int | None = None
+        self.open_tokens = 0
+        self.seen = 0
+
+    def _open_gap(self) -> float | None:
+        if self.prev_t is None or self.open_t is None or self.seen <= self.discard:
+            return None
+        return (self.open_t - self.prev_t) / 1e6 / max(self.open_tokens, 1)
+
+    def add(self, t: int, n: int) -> None:
+        if t != self.open_t:
+            if (gap := self._open_gap()) is not None:
+                self.done.append(gap)
+            self.prev_t, self.open_t, self.open_tokens = self.open_t, t, 0
+        self.open_tokens += n
+        self.seen += n
+
+    def steady(self) -> bool:
+        last = list(self.done)
+        if (gap := self._open_gap()) is not None:
+            last.append(gap)
+        last = last[-self.window :]
+        return len(last) >= self.window and min(last) > 0 and max(last) / min(last) <= self.ratio
+
+
 @dataclass(frozen=True)
 class WindowSplit:
     before: list[Gap]
@@ -78,9 +113,9 @@ def split_window(gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0)
     """Gaps before, during and after the prefill window [t0, t1].
 
     A gap belongs to the window when its token arrived in it: ``t0 < end ≤ t1 + slack``. The slack
-    takes in a decode token of the same engine step as the prefill's first token that the client
-    happened to read just after it; without it, a gap that merely straddles ``t1`` by a fraction of a
-    millisecond — the first decode-only step after the prefill — would be counted as interfered.
+    widens the window past ``t1`` to take in a decode token of the same engine step as the prefill's first
+    token that the client happened to read just after it; without it, that token — delayed by the last
+    prefill step — would count as recovery instead of interference.
     """
     before = [g for g in gaps if g.end_ns <= t0_ns]
     during = [g for g in gaps if t0_ns < g.end_ns <= t1_ns + slack_ns]
@@ -89,10 +124,11 @@ def split_window(gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0)
 
 
 def percentile_ms(gaps: Sequence[Gap], q: float) -> float | None:
-    """The ``q``-th percentile of per-token gaps in ms (None when there are none)."""
+    """The ``q``-th percentile of per-token gaps in ms, every token weighted once (a gap carrying three
+    tokens counts three times at its per-token time); None when there are none."""
     if not gaps:
         return None
-    return float(np.percentile([g.ms for g in gaps], q))
+    return float(np.percentile(np.repeat([g.ms for g in gaps], [max(g.tokens, 1) for g in gaps]), q))
 
 
 def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:

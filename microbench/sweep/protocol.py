@@ -1,12 +1,12 @@
-"""One interference measurement: hold D decodes steady, inject one cold prefill, cut the windows.
+"""One interference measurement, live: hold D decodes steady, inject one cold prefill, watch it through.
 
-``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source).
-``DecodeBatch`` runs D streaming completions on one shared warm prefix and watches their gaps live.
-``measure_baseline`` is seed 002's Phase 1; ``inject`` is Phase 2 for one (P, repetition): it stamps
-the send and first token of a unique cold prompt, waits through a recovery window, scrapes /metrics
-before and after, reads the engine's own step log, and returns a ``RunRecord`` whose ``validity``
-says whether the point may be used. The checks (zero prefix-cache hits, decodes spanning the window,
-steady state held, no preemption, no stream ending early) are made here, on what was measured.
+``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source, the
+client's loop-lag monitor). ``DecodeBatch`` runs D streaming completions on one shared warm prefix and
+keeps seed 002's steady rule per stream as chunks arrive. ``measure_baseline`` is seed 002's Phase 1;
+``inject`` is Phase 2 for one (P, repetition): it stamps the send and first token of a unique cold
+prompt, waits through a recovery window, scrapes /metrics before and after and reads the engine's own
+steps. It measures and nothing else: the runner stores what it saw (``microbench.results.layout``) and
+``microbench.results.derive`` computes every figure and the validity from what was stored.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ import aiohttp
 import pandas as pd
 
 from engine_harness.engines import MetricNames
-from engine_harness.metrics import MetricsError, Snapshot, scrape
+from engine_harness.metrics import Snapshot, scrape
 from engine_harness.steps import EngineStep, StepSource
+from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace, cold_prompt
+from microbench.client.retry import is_transient, with_retry
 from microbench.client.streams import StreamError, StreamRecord, stream_request
 from microbench.results.records import Baseline, ProtocolRules
-from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms
+from microbench.results.windows import Gap, SteadyTracker, gaps_of, percentile_ms
 
 __all__ = [
     "DecodeBatch",
@@ -70,6 +72,7 @@ class EngineClient:
     metrics: MetricNames
     steps: StepSource | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    lag: LagMonitor | None = None
 
     @property
     def completions_url(self) -> str:
@@ -115,7 +118,9 @@ async def wait_idle(client: EngineClient, timeout_s: float) -> None:
 class DecodeBatch:
     """D streaming completions on one shared prefix, stamped live; cancel with ``close()``."""
 
-    def __init__(self, client: EngineClient, prefix: list[int], size: int, max_tokens: int) -> None:
+    def __init__(
+        self, client: EngineClient, prefix: list[int], size: int, max_tokens: int, rules: ProtocolRules
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.size = size
@@ -124,8 +129,16 @@ class DecodeBatch:
         self.tasks: list[asyncio.Task[StreamRecord]] = []
         self.t_start_ns = 0
         self._progress = asyncio.Event()
+        # seed 002's steady rule kept per stream as chunks arrive: O(1) per chunk, not O(tokens) per check
+        self._steady = {
+            id(r): SteadyTracker(rules.steady_window, rules.steady_ratio, rules.discard_tokens)
+            for r in self.records
+        }
 
     def _on_chunk(self, record: StreamRecord) -> None:
+        tracker = self._steady.get(id(record))
+        if tracker is not None:
+            tracker.add(record.chunk_t_ns[-1], record.chunk_tokens[-1])
         self._progress.set()
 
     async def start(self) -> None:
@@ -181,9 +194,7 @@ class DecodeBatch:
 
     def steady(self, s: ProtocolRules) -> bool:
         return all(
-            r.completion_tokens >= s.steady_min_tokens
-            and is_steady(self.gaps(i, s.discard_tokens), s.steady_window, s.steady_ratio)
-            for i, r in enumerate(self.records)
+            r.completion_tokens >= s.steady_min_tokens and self._steady[id(r)].steady() for r in self.records
         )
 
     async def wait_steady(self, s: ProtocolRules) -> float:
@@ -192,8 +203,8 @@ class DecodeBatch:
         return (time.perf_counter_ns() - self.t_start_ns) / 1e6
 
     def chunks_after(self, t_ns: int) -> int:
-        """The fewest chunks any stream received after ``t_ns``."""
-        return min(sum(1 for t in r.chunk_t_ns if t > t_ns) for r in self.records)
+        """The fewest chunks any stream received after ``t_ns`` (stamps are in order: a bisection)."""
+        return min(len(r.chunk_t_ns) - bisect.bisect_right(r.chunk_t_ns, t_ns) for r in self.records)
 
     async def close(self) -> None:
         for t in self.tasks:
@@ -215,7 +226,6 @@ async def measure_baseline(batch: DecodeBatch, s: ProtocolRules) -> tuple[Baseli
         tpot_p50_ms=percentile_ms(gaps, 50),
         tpot_p90_ms=percentile_ms(gaps, 90),
         tpot_p99_ms=percentile_ms(gaps, 99),
-        step_time_ms=None,
         n_gaps=len(gaps),
     )
     return baseline, steady_ms, t0
@@ -232,6 +242,7 @@ class Injection:
     after: Snapshot | None
     steps: list[EngineStep]
     reasons: list[str]
+    client_lag_max_ms: float | None = None
 
 
 @dataclass
@@ -244,14 +255,16 @@ class WarmUp:
 
 async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probes: int = 20) -> WarmUp:
     """One full-budget cold prefill, then identical-shape probes until three agree within 10%."""
-    await client.complete(cold_prompt(min(chunk, 4096), space), 1)
+    # Warm-up requests are not measurements: one an engine turns away for a moment (HTTP 429 with its
+    # Retry-After, a 5xx, no connection) is sent again instead of ending the run (client.retry).
+    await with_retry(lambda: client.complete(cold_prompt(min(chunk, 4096), space), 1))
     probes: list[float] = []
     for _ in range(max_probes):
-        rec = await stream_request(
-            client.session,
-            client.completions_url,
-            client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16),
-            headers=client.headers,
+        payload = client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16)
+        rec = await with_retry(
+            lambda body=payload: stream_request(
+                client.session, client.completions_url, body, headers=client.headers
+            )
         )
         probes.append(((rec.t_done_ns or time.perf_counter_ns()) - rec.t_send_ns) / 1e6)
         last = probes[-3:]
@@ -283,8 +296,9 @@ async def inject(
     gc.collect()  # outside the windows (see aio.no_full_collections); the local baseline starts after it
     mark = await client.steps.mark() if client.steps else 0
     before = await client.scrape()
+    t_window = time.perf_counter_ns()  # the local baseline, window and recovery all come after this
     if batch is not None:
-        t_scraped = time.perf_counter_ns()
+        t_scraped = t_window
         try:
             await batch.wait_for(
                 lambda: batch.chunks_after(t_scraped) >= s.local_gaps + 1 and batch.steady(s),
@@ -298,6 +312,8 @@ async def inject(
     try:
         prefill = await asyncio.wait_for(client.complete(prompt, 1), s.injection_timeout_s)
     except StreamError as exc:
+        if is_transient(exc):
+            raise  # the engine turned it away or went away (429, 5xx, no connection): not a measurement
         prefill = exc.record
         reasons.append(f"the injected request failed: {exc}")
     except TimeoutError:
@@ -314,15 +330,14 @@ async def inject(
         except ProtocolError as exc:
             reasons.append(f"decodes did not span the window: {exc}")
     # After the recovery window, for the same reason as above.
-    after: Snapshot | None = None
-    try:
-        after = await client.scrape()
-    except MetricsError as exc:
-        reasons.append(f"/metrics after the injection failed: {exc}")
+    # /metrics after the window failing means the engine went away (or stalled): an infrastructure fault
+    # (MetricsError, raised to the runner), not a verdict on the point.
+    after: Snapshot | None = await client.scrape()
     steps: list[EngineStep] = []
     if client.steps is not None:
         steps = await client.steps.since(mark)
-    return Injection(prefill, t_inject, t_first, before, after, steps, reasons)
+    lag = client.lag.max_ms(t_window, time.perf_counter_ns()) if client.lag is not None else None
+    return Injection(prefill, t_inject, t_first, before, after, steps, reasons, lag)
 
 
 def _check_occupancy(before: Snapshot, metrics: MetricNames, decode_batch: int, reasons: list[str]) -> None:

@@ -71,9 +71,6 @@ class LengthDist(StrictModel):
         upper = np.inf if self.cap is None else self.cap
         return np.clip(values, self.floor, upper).astype(np.int64)
 
-    def sample_one(self, rng: np.random.Generator) -> int:
-        return int(self.sample(rng, 1)[0])
-
 
 def parse_length_dist(value: Any) -> LengthDist:
     """A mapping with a ``type`` key (or a ``LengthDist``) → the registered distribution model."""

@@ -31,6 +31,15 @@ def test_smoke_sweep_on_cpu_vllm(tmp_path: Path, repo_root: Path) -> None:
     big = [r for r in records if r.config.decode_batch_size == 4 and r.config.new_prefill_tokens == 4096]
     assert all(r.derived.penalty_ratio > 1 for r in big)  # the prefill slows the decodes down
     assert all(r.derived.aggregate_decode_delay_ms > 0 for r in big)
+    for r in big:
+        # from vLLM's own step record: two full chunks of 2044 tokens and a last one of 8, reported apart
+        assert r.derived.penalty_source == "engine_steps" and r.interference.full_chunk_steps == 2
+        assert r.derived.penalty_last_step_ms is not None
+        assert r.derived.penalty_last_step_ms < r.derived.tpot_penalty_ms
+        # seed 002's identity on the client's stamps agrees with the engine's per-step penalties
+        assert 0.5 < r.derived.identity_check < 1.5, r.derived
+        # the engine's /metrics split the TTFT: the front end is what is left, and it is not negative
+        assert r.interference.frontend_ms is not None and r.interference.frontend_ms > -1.0
     table = pd.read_csv(run / "interference_table.csv")
     assert list(table.columns[:9]) == [
         "chunk_size",

@@ -1,7 +1,13 @@
-"""A small sweep against the simulated engine; analysis recovers the sim's known step-time parameters."""
+"""The sweep and the analysis recover the simulated engine's ground truth.
+
+The sim carries what real engines do: partial last chunks (P = chunk with D > 0 ends in a D-token chunk),
+decode context that grows while a batch is reused (δ), intra-chunk attention (γ on c·(ctx + c/2)) and a
+front-end delay per prompt token before the engine sees the request.
+"""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -9,40 +15,105 @@ import pytest
 import yaml
 
 from analysis.breakeven import load_link
-from analysis.models import compare_models, fit_step_model
+from analysis.models import compare_models, fit_frontend, fit_step_model
 from analysis.policy import build_policy
 from analysis.report import build_report
+from analysis.steps import schedule_injection
 from analysis.table import TABLE_COLUMNS, load_records
 
 pytestmark = pytest.mark.integration
 
-TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0}
+TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0, "delta_ns": 40.0}
+FRONTEND_NS = 20000.0  # 5–41 ms over P 256–2048: well above a loaded box's few ms of HTTP jitter
 
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep_main = pytest.importorskip("microbench.sweep.cli").main
     tmp = tmp_path_factory.mktemp("sim-sweep")
-    args = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
+    args = [
+        "--alpha-ms",
+        "4",
+        "--beta-d-ms",
+        "0.2",
+        "--beta-c-ms",
+        "0.02",
+        "--gamma-ns",
+        "20",
+        "--delta-ns",
+        "40",
+        "--frontend-ns-per-token",
+        str(FRONTEND_NS),
+    ]
     sweep = {
-        "chunks": [512, 1024], "decode_batch_sizes": [0, 2, 4, 8], "prefill_tokens": [256, 1024, 2048],
-        "repetitions": 1, "decode_context": 256, "engine": {"kind": "sim", "extra_args": args},
-    }  # fmt: skip
+        "chunks": [512, 1024],
+        "decode_batch_sizes": [0, 2, 4, 8],
+        "prefill_tokens": [256, 1024, 2048],
+        "repetitions": 1,
+        "decode_context": 256,
+        "engine": {"kind": "sim", "extra_args": args},
+    }
     path = tmp / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    assert sweep_main(["--config", str(path), "--out", str(tmp / "sim")]) == 0
+    assert sweep_main(["--config", str(path), "--out", str(tmp / "sim")]) in (0, 1)
     return tmp / "sim"
 
 
-def test_step_model_recovers_the_sims_parameters(sim_run: Path) -> None:
+def _truth_full_penalty(d: int, p: int, chunk: int) -> float:
+    """Median over the full-chunk steps of β_c·c + γ·c·(ctx + c/2): what a full step adds to a decode step."""
+    sched = schedule_injection(d, p, chunk)
+    full = [(c, ctx) for _, c, ctx in sched if c + d >= chunk] or [(c, ctx) for _, c, ctx in sched]
+    t = TRUTH
+    return statistics.median(t["beta_c_ms"] * c + t["gamma_ns"] * 1e-6 * c * (ctx + c / 2) for c, ctx in full)
+
+
+def _truth_decode_step(d: int, context: float) -> float:
+    t = TRUTH
+    return t["alpha_ms"] + t["beta_d_ms"] * d + t["delta_ns"] * 1e-6 * d * context
+
+
+def test_the_per_full_chunk_step_penalty_and_ratio_are_recovered(sim_run: Path) -> None:
+    records = [r for r in load_records(sim_run) if r.validity.valid and r.config.decode_batch_size > 0]
+    assert len(records) >= 2 * 3 * 3 - 2  # a loaded box may refuse a point or two
+    # The sim sleeps its steps in real time: on a loaded 2-core box a single step can run a few ms late,
+    # so each point is held to 15% or 4 ms and the run as a whole (the median over points) to 5%.
+    penalty, ratio, partial = [], [], 0
+    for r in records:
+        c = r.config
+        assert r.derived.penalty_source == "engine_steps"
+        truth = _truth_full_penalty(c.decode_batch_size, c.new_prefill_tokens, c.chunk_size)
+        decode = _truth_decode_step(c.decode_batch_size, r.local_baseline.context_tokens)
+        penalty.append(r.derived.tpot_penalty_ms / truth)
+        ratio.append(r.derived.penalty_ratio / ((decode + truth) / decode))
+        assert r.derived.tpot_penalty_ms == pytest.approx(truth, rel=0.15, abs=4.0), c
+        # seed 002's identity holds on the client's stamps: D × Σ per-step penalties ≈ measured delay (where
+        # the penalties are large against a decode gap's delivery jitter of ~1 ms)
+        if c.new_prefill_tokens >= 1024:
+            assert r.derived.identity_check == pytest.approx(1.0, abs=0.2), c
+        partial += r.derived.penalty_last_step_ms is not None
+    assert statistics.median(penalty) == pytest.approx(1.0, abs=0.05)
+    assert statistics.median(ratio) == pytest.approx(1.0, abs=0.05)
+    assert partial >= 4  # P = chunk with D > 0: a last chunk of D tokens, reported apart
+
+
+def test_step_model_and_front_end_recover_the_sims_parameters(sim_run: Path) -> None:
     records = load_records(sim_run)
-    assert len(records) == 2 * 4 * 3 and all(r.validity.valid for r in records)
     fit = fit_step_model(records)
-    assert fit.data == "steps"
-    for name, true in TRUTH.items():
-        assert fit.params[name] == pytest.approx(true, rel=0.10), (name, fit.params)
-    seed_r2, step_r2 = compare_models(records)["r2"].tolist()
-    assert step_r2 > seed_r2 and step_r2 > 0.95
+    # intra-chunk attention is found from the data; the decode-context term (δ·D·ctx, 0.1 ms at D = 8 on
+    # this grid's short contexts) is too small to tell apart from β_d here, so it may be folded into it
+    assert fit.data == "steps" and fit.model.startswith("c·(ctx + c/2)"), fit.selection
+    for name in ("alpha_ms", "beta_c_ms", "gamma_ns"):
+        assert fit.params[name] == pytest.approx(TRUTH[name], rel=0.10), (name, fit.params)
+    # β_d and δ·ctx_dec are nearly collinear on these contexts: their sum, a decode token's cost at the
+    # run's mean decode context, is what the data determine
+    ctx = statistics.mean(r.local_baseline.context_tokens for r in records if r.local_baseline)
+    decode_token = fit.params["beta_d_ms"] + fit.params.get("delta_ns", 0.0) * 1e-6 * ctx
+    assert decode_token == pytest.approx(TRUTH["beta_d_ms"] + TRUTH["delta_ns"] * 1e-6 * ctx, rel=0.10)
+    front = fit_frontend(records)
+    assert front.per_token_ns == pytest.approx(FRONTEND_NS, rel=0.10), front
+    comparison = compare_models(records)
+    step_r2 = comparison["r2"].tolist()[1]
+    assert step_r2 > 0.95 and comparison["loo_p_median_ape_pct"].notna().all()
 
 
 def test_table_policy_and_report_on_the_sim_run(sim_run: Path, tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ from matplotlib.figure import Figure
 
 from analysis import plots
 from analysis.breakeven import breakeven_table, load_link, load_model_kv
+from analysis.criteria import success_criteria
 from analysis.models import fit_step_model
-from analysis.report import main, pick_timeline_record, success_criteria
+from analysis.report import main, pick_timeline_record
 from analysis.synthetic import synthesize_run
 from analysis.table import interference_table, load_raw, load_records
 

@@ -45,7 +45,12 @@ def test_round_trip(policy: OffloadPolicy, tmp_path: Path) -> None:
     assert np.allclose(loaded.cells["interference_ms"], policy.cells["interference_ms"])
     meta = loaded.metadata
     assert meta["run_id"] == "syn" and meta["link"]["name"] == "roce-4x200g" and meta["mode"] == "bulk"
-    assert meta["model"]["kv_bytes_per_token"] == load_model_kv("qwen3-moe-tiny").kv_bytes_per_token
+    # the run's engine served the bf16 config as float32: its KV is 2 × 4 layers × 1 head × 32 × 4 bytes
+    assert (
+        meta["model"]["kv_bytes_per_token"]
+        == 1024
+        == load_model_kv("qwen3-moe-tiny", "float32").kv_bytes_per_token
+    )
     assert meta["fit"]["step_r2_interference"] > 0.99
     assert len(loaded.cells) == 2 * len(DS) * len(PS)
     assert OffloadPolicy.load(csv_path).cells.equals(loaded.cells)  # the CSV path finds its JSON
@@ -122,3 +127,19 @@ def test_cli(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "outside the measured P range" in capsys.readouterr().err
     assert main(["build", str(run), "--link", "no-such-link"]) == 2
     assert "unknown link profile" in capsys.readouterr().err
+
+
+def test_the_kv_bytes_come_from_the_dtype_the_engine_ran(run: Path) -> None:
+    from analysis.breakeven import run_model_kv
+    from microbench.results.layout import RunFolder
+
+    assert run_model_kv(run).kv_bytes_per_token == 1024  # engine spec dtype float32
+    folder = RunFolder(run)
+    manifest = folder.read_manifest()
+    manifest.engine_argv = {"2048": ["python", "-m", "vllm", "--dtype", "bfloat16"]}
+    folder.write_manifest(manifest)
+    try:
+        assert run_model_kv(run).kv_bytes_per_token == 512  # the argv the engine really got wins
+    finally:
+        manifest.engine_argv = {}
+        folder.write_manifest(manifest)

@@ -18,7 +18,7 @@ from microbench.results.records import Baseline, Observation, ProtocolRules, Run
 MS = 1_000_000
 RULES = ProtocolRules(local_gaps=2, recovery_gaps=2, discard_tokens=0, steady_window=2)
 VLLM = engine_kind("vllm").metrics
-BASELINE = Baseline(tpot_p50_ms=10.0, tpot_p90_ms=10.0, tpot_p99_ms=10.0, step_time_ms=None, n_gaps=64)
+BASELINE = Baseline(tpot_p50_ms=12.0, tpot_p90_ms=12.0, tpot_p99_ms=12.0, n_gaps=64)  # stale: never used
 
 
 def _stamps(streams: dict[int, list[tuple[float, int]]], prefill: list[float] = ()) -> pd.DataFrame:
@@ -57,11 +57,12 @@ def _steady(until_ms: int) -> list[tuple[float, int]]:
     return [(float(t), 1) for t in range(0, until_ms + 1, 10)]
 
 
-TWO_CHUNKS = [
+TWO_CHUNKS = [  # decode-only steps of 9 and 11 ms right before the prefill; one after it, slow, not local
     EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=9.0),
+    EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=11.0),
     EngineStep(prefill_tokens=299, decode_tokens=1, prefill_requests=1, decode_requests=1, elapsed_ms=30.0),
     EngineStep(prefill_tokens=213, decode_tokens=1, prefill_requests=1, decode_requests=1, elapsed_ms=20.0),
-    EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=11.0),
+    EngineStep(prefill_tokens=0, decode_tokens=1, prefill_requests=0, decode_requests=1, elapsed_ms=50.0),
 ]
 
 
@@ -85,18 +86,33 @@ def test_a_burst_read_carrying_several_tokens() -> None:
     rec = derive(inp)
     assert rec.validity.valid, rec.validity.reasons
     i, d = rec.interference, rec.derived
-    # local baseline: the last two gaps before the send, 10 ms each; slack 2.5 ms
+    # local baseline: the last two gaps before the send, 10 ms each; 11 tokens had arrived: context 64 + 11
     assert rec.local_baseline is not None and rec.local_baseline.tpot_p50_ms == pytest.approx(10.0)
-    # window gaps: 100→110 (1 token, 10 ms) and 110→150 (3 tokens, 40 ms: 13.33 ms per token)
+    assert rec.local_baseline.context_tokens == pytest.approx(75.0)
+    # window gaps: 100→110 (1 token, 10 ms) and 110→150 (3 tokens in one read, 40 ms: 13.33 ms each);
+    # token-weighted, the window median is 13.33 ms (three of its four tokens)
     assert i.n_gaps_during == 2 and i.max_tokens_per_read == 3
-    assert i.tpot_during_prefill_p50_ms == pytest.approx((10 + 40 / 3) / 2)
-    # aggregate delay: (10 − 10·1) + (40 − 10·3) = 10 ms over D·chunks = 1·2 steps → 5 ms per step
+    assert i.tpot_during_prefill_p50_ms == pytest.approx(40 / 3)
+    assert d.tpot_penalty_p50_ms == pytest.approx(40 / 3 - 10) and d.tpot_penalty_ratio == pytest.approx(
+        4 / 3
+    )
+    # the engine's record: a full chunk (299 + 1 = 300 tokens, 30 ms), a partial last one (214, 20 ms),
+    # decode-only steps of 9 and 11 ms → decode step 10 ms; penalties 20 ms (full) and 10 ms (last)
+    assert i.full_chunk_steps == 1 and i.step_time_full_chunk_ms == 30.0 and i.step_time_last_chunk_ms == 20.0
+    assert i.decode_step_ms == 10.0 and i.engine_prefill_ms == 50.0
+    assert d.penalty_source == "engine_steps"
+    assert d.tpot_penalty_ms == pytest.approx(20.0) and d.penalty_last_step_ms == pytest.approx(10.0)
+    assert d.total_interference_ms == pytest.approx(30.0)
+    # one baseline for every ratio: the local one (the batch's stale 12 ms is never divided by)
+    assert d.tpot_during_prefill_ms == pytest.approx(30.0) and d.penalty_ratio == pytest.approx(3.0)
+    # seed 002's identity as a check: aggregate delay (10 − 10·1) + (40 − 10·3) = 10 ms vs D·Σ penalties 30
     assert d.aggregate_decode_delay_ms == pytest.approx(10.0)
+    assert d.identity_check == pytest.approx(10.0 / 30.0)
+    assert (
+        d.penalty_identity_ms == pytest.approx(10.0 / 2) and d.num_chunks_used == 2 and d.chunks_note is None
+    )
     assert i.num_chunks_actual == 2 and i.num_chunks_source == "engine_log" and i.num_chunks_expected == 2
-    assert d.tpot_penalty_ms == pytest.approx(5.0) and d.total_interference_ms == pytest.approx(10.0)
-    assert d.tpot_during_prefill_ms == pytest.approx(15.0) and d.penalty_ratio == pytest.approx(1.5)
     assert i.recovery_gaps_ms == [20.0, 10.0]  # 150→170, 170→180
-    assert i.step_time_mixed_ms == pytest.approx(25.0) and rec.baseline.step_time_ms == pytest.approx(10.0)
     assert i.prefill_duration_ms == pytest.approx(55.0) and i.prefix_cache_hits == 0
 
 
@@ -141,7 +157,9 @@ def test_a_decode_stream_that_ended_early() -> None:
     ]
     # only stream 0 has window gaps: 100→130 (30 ms) and 130→150 (20 ms): 50 − 2·10 = 30 ms of delay
     assert rec.derived.aggregate_decode_delay_ms == pytest.approx(30.0)
-    assert rec.derived.tpot_penalty_ms == pytest.approx(30.0 / (2 * 2))
+    assert rec.derived.penalty_identity_ms == pytest.approx(30.0 / (2 * 2))
+    # the logged decode-only steps carried 1 token, not D = 2: no decode step to compare with, no penalty
+    assert rec.derived.tpot_penalty_ms is None and rec.derived.penalty_source == "none"
 
 
 def test_a_prefix_cache_hit_or_a_wrong_prompt_length_invalidates() -> None:
@@ -163,3 +181,28 @@ def test_the_discard_rule_counts_from_the_streams_real_start() -> None:
     frame["seen"] += 29
     assert len(stream_gaps(frame, 0, 16)) == 10
     assert len(stream_gaps(frame, 0, 35)) == 5  # the gaps ending at tokens 36…40
+
+
+def test_without_a_step_log_the_penalty_is_the_identitys_and_a_disagreeing_histogram_is_not_divided_by() -> (
+    None
+):
+    # vLLM's histogram puts a last chunk of ≤ 8 tokens in the decode bucket: it counts 1 where the schedule
+    # has 2 (P 512 at chunk 300 − D 1). The penalty is solved from the identity over the schedule's 2 steps.
+    reads = [*_steady(100), (130.0, 1), (150.0, 1), (170.0, 1), (180.0, 1), (190.0, 1)]
+    hist = "vllm:iteration_tokens_total_bucket"
+
+    def snap(low: float, high: float) -> Snapshot:
+        base = _snap(0, 0).samples
+        buckets = {(hist, frozenset({("le", "1.0")})): low, (hist, frozenset({("le", "8.0")})): low,
+                   (hist, frozenset({("le", "+Inf")})): high}  # fmt: skip
+        return Snapshot(0, base | buckets)
+
+    rec = derive(
+        DeriveInputs(_obs(1, 105, 160), _stamps({0: reads}), None, snap(10, 10), snap(14, 15), RULES, VLLM)
+    )
+    i, d = rec.interference, rec.derived
+    assert i.num_chunks_source == "histogram" and i.num_chunks_actual == 1 and d.num_chunks_used == 2
+    assert d.chunks_note and "counted 1" in d.chunks_note
+    assert d.penalty_source == "identity"
+    # gaps 100→130 and 130→150 against the local 10 ms: (30 − 10) + (20 − 10) = 30 ms over 1 × 2 steps
+    assert d.tpot_penalty_ms == pytest.approx(15.0) and d.penalty_ratio == pytest.approx(2.5)

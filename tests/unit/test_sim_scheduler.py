@@ -91,7 +91,8 @@ def test_context_of_each_chunk_is_tokens_already_computed() -> None:
     sched = Scheduler("vllm", max_num_batched_tokens=100)
     steps = _prefill_steps(sched, _req("p", 250, max_tokens=1))
     assert [c.context for s in steps for c in s.chunks] == [0, 100, 200]
-    assert [s.chunk_context for s in steps] == [0, 100 * 100, 50 * 200]
+    # Σ c·(ctx + c/2): causal attention to the cached context and to half of the chunk itself
+    assert [s.chunk_context for s in steps] == [100 * 50, 100 * (100 + 50), 50 * (200 + 25)]
 
 
 def test_max_tokens_one_finishes_at_end_of_prefill() -> None:
@@ -287,8 +288,8 @@ def test_step_model_formula_and_seeded_jitter() -> None:
     m = StepModel(alpha_ms=2, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=5)
     assert m.cost_s(10, 1000, 10**6) == pytest.approx(2e-3 + 1e-3 + 10e-3 + 5e-3)
     j = StepModel(alpha_ms=2, jitter=0.2)
-    a = [j.sample_s(1, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
-    b = [j.sample_s(1, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
+    a = [j.sample_s(1, 0, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
+    b = [j.sample_s(1, 0, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
     assert a == b and len(set(a)) == 50 and min(a) >= 0
     assert sum(a) / len(a) == pytest.approx(j.cost_s(1, 0, 0), rel=0.1)
 

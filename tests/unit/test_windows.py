@@ -44,3 +44,22 @@ def test_split_window_assigns_each_token_to_where_it_arrived() -> None:
 def test_percentiles_are_none_without_data() -> None:
     assert percentile_ms([], 50) is None
     assert percentile_ms([Gap(0, 4 * MS, 1), Gap(0, 6 * MS, 1)], 50) == 5.0
+
+
+def test_the_live_steady_tracker_agrees_with_the_rule_on_every_prefix() -> None:
+    import random
+
+    from microbench.results.windows import SteadyTracker
+
+    rng = random.Random(7)
+    for _ in range(20):
+        stamps, tokens, t = [], [], 0
+        for _ in range(120):
+            t += 0 if rng.random() < 0.15 else rng.choice([4, 5, 6, 9, 20])  # bursts share a stamp
+            stamps.append(t * 1_000_000)
+            tokens.append(rng.choice([1, 1, 1, 2]))
+        tracker = SteadyTracker(8, 2.0, 16)
+        for k in range(len(stamps)):
+            tracker.add(stamps[k], tokens[k])
+            expected = is_steady(gaps_of(stamps[: k + 1], tokens[: k + 1], 16), 8, 2.0)
+            assert tracker.steady() == expected, k

@@ -1,0 +1,106 @@
+"""The injection's prefill steps as the engine recorded them: full chunks, a partial last chunk, the
+decode-only step they are compared with, and the step count the client-side identity may divide by.
+
+Pure functions over ``EngineStep`` lists; ``microbench.results.derive`` calls them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from engine_harness.steps import EngineStep
+
+__all__ = ["ChunkCount", "PrefillSteps", "count_chunks", "prefill_steps", "window_steps"]
+
+
+def window_steps(steps: Sequence[EngineStep]) -> list[EngineStep]:
+    """Steps from the first to the last prefill-carrying one (the injection is the only prefill)."""
+    idx = [i for i, st in enumerate(steps) if st.prefill_tokens > 0]
+    return list(steps[idx[0] : idx[-1] + 1]) if idx else []
+
+
+@dataclass(frozen=True)
+class PrefillSteps:
+    """The engine's own account of the injection's prefill."""
+
+    full: list[EngineStep]  # steps that spent the whole token budget (chunk); a prompt that fits one step:
+    # that step (nothing dilutes it)
+    last_partial: EngineStep | None  # the last step of a multi-step prefill when it carried less
+    decode_step_ms: float | None  # median decode-only step of the batch right before the prefill (local)
+    prefill: list[EngineStep]  # every prefill-carrying step, in order
+
+    @property
+    def prefill_ms(self) -> float:
+        return sum(s.elapsed_ms for s in self.prefill)
+
+    @property
+    def full_ms(self) -> float | None:
+        return statistics.median(s.elapsed_ms for s in self.full) if self.full else None
+
+    def penalty_full_ms(self) -> float | None:
+        """Median full-chunk step − decode-only step: the extra wait of a decode token on such a step."""
+        full = self.full_ms
+        return full - self.decode_step_ms if full is not None and self.decode_step_ms is not None else None
+
+    def penalty_last_ms(self) -> float | None:
+        if self.last_partial is None or self.decode_step_ms is None:
+            return None
+        return self.last_partial.elapsed_ms - self.decode_step_ms
+
+    def total_penalty_ms(self) -> float | None:
+        """Σ over every prefill step of (step − decode step): the delay one decode stream took."""
+        if self.decode_step_ms is None or not self.prefill:
+            return None
+        return sum(s.elapsed_ms - self.decode_step_ms for s in self.prefill)
+
+
+def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int) -> PrefillSteps:
+    """Classify the logged steps of one injection (``steps``: every step of the attempt, in order)."""
+    window = window_steps(steps)
+    prefill = [s for s in window if s.prefill_tokens > 0]
+    full = [s for s in prefill if s.prefill_tokens + s.decode_tokens >= chunk]
+    last = None
+    if full and prefill[-1].prefill_tokens + prefill[-1].decode_tokens < chunk:
+        last = prefill[-1]
+    if not full:
+        full = prefill
+    # the engine's local baseline: decode-only steps right before the first prefill step, the same stretch
+    # as the client's local baseline (steps after the window may already run at another context or load)
+    first = next((i for i, s in enumerate(steps) if s.prefill_tokens > 0), len(steps))
+    decode = [s.elapsed_ms for s in steps[:first] if s.prefill_tokens == 0 and s.decode_tokens == d and d > 0]
+    return PrefillSteps(
+        full=full,
+        last_partial=last,
+        decode_step_ms=statistics.median(decode) if decode else None,
+        prefill=prefill,
+    )
+
+
+@dataclass(frozen=True)
+class ChunkCount:
+    """Prefill-carrying steps as measured, and the count the identity divides by (with why, if not it)."""
+
+    actual: int | None
+    source: Literal["engine_log", "histogram", "none"]
+    used: int
+    note: str | None
+
+
+def count_chunks(logged: int | None, histogram: int | None, expected: int) -> ChunkCount:
+    """The engine's step log is exact. vLLM's tokens-per-step histogram folds a last chunk of ≤ 8 tokens
+    into the decode-only bucket (one short), so a histogram count that disagrees with the schedule is not
+    divided by: the schedule's count is, and the note says so."""
+    if logged:
+        return ChunkCount(logged, "engine_log", logged, None)
+    if histogram is not None:
+        if histogram == expected:
+            return ChunkCount(histogram, "histogram", histogram, None)
+        note = f"the tokens-per-step histogram counted {histogram} prefill steps, the schedule {expected}"
+        note += f": used {expected}"
+        return ChunkCount(histogram, "histogram", expected, note)
+    return ChunkCount(
+        None, "none", expected, f"no step count from the engine: used the schedule's {expected}"
+    )
