@@ -73,6 +73,8 @@ class TransferFit(Record):
     r2: float | None
     residual_sd_ms: float
     mean_ms: float
+    median_ms: float
+    max_ms: float
     resolvable: bool = Field(description="the slope's 95 % interval lies above zero")
     verdict: str = Field(description="one sentence a reader can act on")
 
@@ -90,14 +92,15 @@ def _gbit(ms_per_mib: float) -> float:
     return math.inf if ms_per_mib <= 0 else 2**20 * 8 / (ms_per_mib * 1e-3) / 1e9
 
 
-def _verdict(target: Target, slope: float, ci: tuple[float, float], bw: float | None) -> str:
+def _verdict(target: Target, slope: float, ci: tuple[float, float], bw: float | None, y: np.ndarray) -> str:
     what = "the link (connector's own transfer time)" if target == "kv_xfer" else "the hand-off"
     if ci[0] > 0 and bw is not None:
         lo, hi = _gbit(ci[1]), _gbit(ci[0])
         return f"{what}: {bw:.3g} Gbit/s (95 % CI {lo:.3g}…{hi:.3g})"
     return (
         f"{what}: the size term is not resolvable at these sizes (slope {slope:.3g} ms/MiB, 95 % CI "
-        f"{ci[0]:.3g}…{ci[1]:.3g} spans zero): only the mean time is known"
+        f"{ci[0]:.3g}…{ci[1]:.3g} spans zero): only the time itself is known, mean {y.mean():.3g} ms, "
+        f"median {np.median(y):.3g} ms, max {y.max():.3g} ms"
     )
 
 
@@ -139,8 +142,10 @@ def fit_transfer(
         r2=float(res.rsquared) if np.isfinite(res.rsquared) else None,
         residual_sd_ms=float(np.sqrt(res.scale)),
         mean_ms=float(y.mean()),
+        median_ms=float(np.median(y)),
+        max_ms=float(y.max()),
         resolvable=slope_ci[0] > 0,
-        verdict=_verdict(target, float(slope), slope_ci, bw),
+        verdict=_verdict(target, float(slope), slope_ci, bw, y),
     )
 
 
