@@ -153,7 +153,8 @@ def injection_timeline(raw: pd.DataFrame, record: RunRecord, before_ms: float | 
         lo, hi = max(lo, float(decode["t_ms"].min())), min(hi, float(decode["t_ms"].max()))
         lo, hi = min(lo, -0.02 * window), max(hi, 1.02 * window)
     streams = sorted(int(s) for s in decode["stream"].unique())
-    steps = record.interference.engine_steps_log
+    # steps end to end need every duration: the first one may have none (SGLang: start not logged)
+    steps = [s for s in record.interference.engine_steps_log if s.elapsed_ms is not None]
     fig = Figure(
         figsize=(11, 1.8 + 0.32 * max(len(streams), 1) + (1.3 if steps else 0)), layout="constrained"
     )
@@ -187,13 +188,14 @@ def injection_timeline(raw: pd.DataFrame, record: RunRecord, before_ms: float | 
     )
     if steps:  # lay the logged steps end to end so that the last one ends at the first token
         sax = axes[1]
-        ends = window - np.concatenate([[0.0], np.cumsum([s.elapsed_ms for s in reversed(steps)])])[::-1][1:]
-        for step, end in zip(steps, ends, strict=True):
-            start = end - step.elapsed_ms
+        durations = [s.elapsed_ms for s in steps if s.elapsed_ms is not None]  # all of them: filtered above
+        ends = window - np.concatenate([[0.0], np.cumsum(durations[::-1])])[::-1][1:]
+        for step, ms, end in zip(steps, durations, ends, strict=True):
+            start = end - ms
             color = "tab:orange" if step.prefill_tokens else "tab:blue"
-            sax.barh(0, step.elapsed_ms, left=start, color=color, edgecolor="black", height=0.6)
-            if step.elapsed_ms > 0.06 * (hi - lo):
-                sax.text(start + step.elapsed_ms / 2, 0, f"{step.prefill_tokens}+{step.decode_tokens}",
+            sax.barh(0, ms, left=start, color=color, edgecolor="black", height=0.6)
+            if ms > 0.06 * (hi - lo):
+                sax.text(start + ms / 2, 0, f"{step.prefill_tokens}+{step.decode_tokens}",
                          ha="center", va="center", fontsize=8)  # fmt: skip
         sax.set_yticks([0], ["engine\nsteps"])
         sax.set_title("engine steps (prefill + decode tokens; orange: mixed, blue: decode-only)", fontsize=9)

@@ -86,7 +86,8 @@ def _decode_context(rec: RunRecord) -> float:
 
 def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     """One row per logged prefill step and one decode-only row per valid record: every column of
-    ``COLUMNS``, ``elapsed_ms``, ``kind`` ('mixed' or 'decode'), ``context`` and the cell keys."""
+    ``COLUMNS``, ``elapsed_ms``, ``kind`` ('mixed' or 'decode'), ``context`` and the cell keys. A step
+    without a duration (the engine did not report it) has no row but counts in the context."""
     rows = []
     for rec in records:
         if not rec.validity.valid:
@@ -95,6 +96,9 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
         ctx = 0
         for i, step in enumerate(s for s in rec.interference.engine_steps_log if s.prefill_tokens > 0):
             c = step.prefill_tokens
+            if step.elapsed_ms is None:  # the engine did not report this step's duration
+                ctx += c
+                continue
             row = {**_keys(rec), "step_index": i, "kind": "mixed", "context": float(ctx)}
             rows.append(
                 row | regressors(step.decode_tokens, c, ctx, dec_ctx) | {"elapsed_ms": step.elapsed_ms}

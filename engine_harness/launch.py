@@ -34,6 +34,7 @@ import aiohttp
 
 from benchcore.redact import redact_argv
 from engine_harness.engines import EngineKind, EngineSpec, engine_kind
+from engine_harness.environments import EngineEnvError
 
 __all__ = [
     "EngineError",
@@ -166,8 +167,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _engine_env(kind: EngineKind, spec: EngineSpec) -> dict[str, str]:
+def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW or k.startswith(_ENV_ALLOW_PREFIXES)}
+    if python != sys.executable:
+        # The engine's own environment first on PATH (its console scripts, the compilers it finds).
+        venv = Path(python).parent.parent
+        env["VIRTUAL_ENV"] = str(venv)
+        env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+        env.pop("PYTHONPATH", None)  # the suite's packages, not the engine's
     env.update(kind.env(spec))
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -229,7 +236,13 @@ class EngineProcess:
         """Launch (unless external), wait for /health, read the engine's version."""
         t0 = time.perf_counter_ns()
         if self.kind.launched:
-            self._spawn()
+            argv = self._argv()
+            # The engine's own interpreter answers (its package, its parser): seconds, off the event loop.
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.kind.preflight, self.spec, argv)
+            except EngineEnvError as exc:
+                raise EngineStartError(str(exc)) from None
+            self._spawn(argv)
         try:
             await self._wait_healthy()
             self.version = await self._read_version()
@@ -238,16 +251,18 @@ class EngineProcess:
             raise
         self.startup_s = (time.perf_counter_ns() - t0) / 1e9
 
-    def _spawn(self) -> None:
-        self.kind.check_installed()
-        if (problem := model_problem(self.spec)) is not None:
+    def _argv(self) -> list[str]:
+        if (problem := model_problem(self.spec)) is not None:  # before a minute of engine start-up
             raise EngineStartError(problem)
         if self.spec.port is not None:
             _check_port_free(self.spec.host, self.spec.port)
             self.port = self.spec.port
         else:
             self.port = free_port(self.spec.host)
-        self.argv = self.kind.argv(self.spec, self.port)
+        return self.kind.argv(self.spec, self.port)
+
+    def _spawn(self, argv: list[str]) -> None:
+        self.argv = argv
         if self.log_path is None:
             raise EngineError("a launched engine needs log_path= to write its output to")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +275,7 @@ class EngineProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_engine_env(self.kind, self.spec),
+                env=_engine_env(self.kind, self.spec, argv[0]),
                 # Its own process group (one killpg stops it all; a terminal's Ctrl-C does not reach it)
                 # but *our session*: Linux's autogroup scheduler puts every session in its own task
                 # group, and vLLM's EngineCore spins on sched_yield() while its worker computes, which

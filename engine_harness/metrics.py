@@ -165,10 +165,17 @@ def step_counts(before: Snapshot, after: Snapshot, names: MetricNames, decode_ba
 
 
 def parse_metrics(text: str, t_ns: int | None = None) -> Snapshot:
-    """Parse Prometheus exposition text into a ``Snapshot``."""
+    """Parse Prometheus exposition text into a ``Snapshot``.
+
+    A counter family the engine declares without any sample has not been incremented for any label set
+    (prometheus_client creates a labelled child on its first use: SGLang's ``sglang:cached_tokens_total``
+    appears with the first finished request that hit the cache); it reads 0, one unlabelled sample.
+    """
     samples: dict[SampleKey, float] = {}
     try:
         for family in text_string_to_metric_families(text):
+            if family.type == "counter" and not family.samples:
+                samples[(f"{family.name}_total", frozenset())] = 0.0
             for s in family.samples:
                 key = (s.name, frozenset(s.labels.items()))
                 samples[key] = samples.get(key, 0.0) + float(s.value)

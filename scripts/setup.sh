@@ -6,7 +6,14 @@
 #
 #   bash scripts/setup.sh                 # auto: gpu if nvidia-smi lists a GPU, else cpu
 #   SETUP_ENGINE=cpu|gpu|sglang|none bash scripts/setup.sh
+#   SETUP_ENGINE=sglang-cpu bash scripts/setup.sh   # SGLang on a CPU box, in its own .venv-sglang
 #   PYTHON=python3.12 bash scripts/setup.sh
+#
+# SGLang on a CPU box gets its own environment, .venv-sglang (scripts/setup-sglang-cpu.sh): its torch pin
+# conflicts with vLLM's CPU build. The suite in .venv starts it with that environment's Python and never
+# imports it. SETUP_ENGINE=sglang-cpu keeps whatever engine .venv already has (a fresh .venv gets none).
+# With CI=true (or SETUP_SGLANG_CPU=1) on a box without a GPU, .venv-sglang is set up after the suite's
+# own environment, so the test command also runs the SGLang tier (pytest -m sglang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -17,13 +24,21 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
     exit 1
 fi
 
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
 engine=${SETUP_ENGINE:-auto}
-if [ "$engine" = auto ]; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-        engine=gpu
-    else
-        engine=cpu
+also_sglang_cpu=0
+if [ "$engine" = sglang-cpu ]; then
+    also_sglang_cpu=1
+    if .venv/bin/python -c "import microbench, engine_harness, analysis" 2>/dev/null; then
+        exec env PYTHON="$PYTHON" bash scripts/setup-sglang-cpu.sh
     fi
+    engine=none
+elif { [ "${CI:-}" = true ] || [ "${SETUP_SGLANG_CPU:-0}" = 1 ]; } && ! has_gpu; then
+    also_sglang_cpu=1
+fi
+if [ "$engine" = auto ]; then
+    if has_gpu; then engine=gpu; else engine=cpu; fi
 fi
 extra_found=""
 case "$engine" in
@@ -31,8 +46,16 @@ case "$engine" in
     gpu) extras="gpu,analysis,dev"; probe="vllm" ;;
     sglang) extras="sglang,analysis,dev"; probe="sglang" ;;
     none) extras="analysis,dev"; probe="" ;;
-    *) echo "setup: SETUP_ENGINE must be auto, cpu, gpu, sglang or none (got '$engine')" >&2; exit 1 ;;
+    *) echo "setup: SETUP_ENGINE must be auto, cpu, gpu, sglang, sglang-cpu or none (got '$engine')" >&2
+       exit 1 ;;
 esac
+
+finish() {
+    if [ "$also_sglang_cpu" = 1 ]; then
+        PYTHON="$PYTHON" bash scripts/setup-sglang-cpu.sh
+    fi
+    exit 0
+}
 
 venv=.venv
 stamp="$venv/.setup-stamp"
@@ -43,9 +66,8 @@ found="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
     && "$venv/bin/python" -c "$found" microbench engine_harness analysis $probe $extra_found 2>/dev/null; then
     echo "setup: up to date ($engine engine, $venv)"
-    exit 0
+    finish
 fi
-
 echo "setup: installing the suite with extras [$extras] into $venv (first time: a few minutes)"
 [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
@@ -72,3 +94,4 @@ if [ -n "$probe" ] && ! "$venv/bin/python" -c "import $probe" ; then
 fi
 echo "$want" > "$stamp"
 echo "setup: done in $(( $(date +%s) - start )) s ($engine engine, $venv)"
+finish

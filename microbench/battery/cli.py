@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the battery's tests")
     run = sub.add_parser("run", help="run the battery against an engine and write its reports")
-    add_engine_flags(run, kinds=["sim", "vllm", "external"], default_text="sim")
+    add_engine_flags(run, default_text="sim")
     run.add_argument(
         "--config", type=Path, metavar="FILE", help="battery definition (YAML); flags override it"
     )

@@ -88,15 +88,18 @@ class WindowCut:
     reasons: list[str] = field(default_factory=list)
 
 
-def cut_windows(streams: Sequence[list[Gap]], t0: int, t1: int, rules: ProtocolRules) -> WindowCut:
-    """Local baseline, window and recovery gaps of every stream, and the per-stream checks."""
+def cut_windows(
+    streams: Sequence[list[Gap]], t0: int, t1: int, rules: ProtocolRules, exclusive: bool = False
+) -> WindowCut:
+    """Local baseline, window and recovery gaps of every stream, and the per-stream checks.
+    ``exclusive``: the prefill steps ran instead of the decode steps (see ``split_window``)."""
     cut = WindowCut()
     all_before = [split_window(g, t0, t1).before[-rules.local_gaps :] for g in streams]
     # tokens of the step that produced the prefill's first token arrive within a fraction of a decode
     # step of it: a quarter of the local baseline gap
     slack = int(0.25 * 1e6 * (percentile_ms([g for b in all_before for g in b], 50) or 0.0))
     for i, gaps in enumerate(streams):
-        split = split_window(gaps, t0, t1, slack)
+        split = split_window(gaps, t0, t1, slack, exclusive)
         local_i = split.before[-rules.local_gaps :]
         recovery = split.after[: rules.recovery_gaps]
         cut.local.extend(local_i)
@@ -254,7 +257,10 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
         num_chunks_actual=chunks.actual,
         num_chunks_source=chunks.source,
         num_chunks_expected=expected_chunks(
-            obs.config.new_prefill_tokens, obs.config.chunk_size, obs.config.decode_batch_size
+            obs.config.new_prefill_tokens,
+            obs.config.chunk_size,
+            obs.config.decode_batch_size,
+            obs.config.scheduling,
         ),
         engine_steps=counts.steps,
         full_chunk_steps=len(steps.full) if has_log else None,
@@ -290,17 +296,18 @@ def derive(inp: DeriveInputs) -> RunRecord:
     cut: WindowCut | None = None
     if obs.baseline_file is not None:
         streams = [stream_gaps(inp.stamps, i, rules.discard_tokens) for i in range(d)]
-        cut = cut_windows(streams, t0, t1, rules)
+        cut = cut_windows(streams, t0, t1, rules, exclusive=cfg.scheduling == "exclusive")  # see windows
         reasons += cut.reasons
         if obs.decode_failure is not None and not all(cut.per_stream_during):
             reasons.append(obs.decode_failure)
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
-    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d)
+    exclusive = cfg.scheduling == "exclusive"
+    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, exclusive)
     chunks = count_chunks(
         len(steps.prefill) or None,
         counts.mixed_steps,
-        expected_chunks(cfg.new_prefill_tokens, cfg.chunk_size, d),
+        expected_chunks(cfg.new_prefill_tokens, cfg.chunk_size, d, cfg.scheduling),
     )
     local = None
     if cut is not None:

@@ -55,6 +55,12 @@ class RunConfig(StrictModel):
     engine: str = Field(description="engine kind and version, e.g. 'vllm 0.32.0'")
     decode_context: int = Field(ge=0, description="prompt tokens of each decode stream (shared prefix)")
     decode_max_tokens: int = Field(ge=0, description="max_tokens of each decode stream")
+    scheduling: Literal["mixed", "exclusive"] | None = Field(
+        None,
+        description="how prefill steps treat the running decodes: 'mixed' (they ride in every prefill "
+        "step: vLLM, SGLang --enable-mixed-chunk) or 'exclusive' (a prefill step runs instead of the "
+        "decode step: SGLang's default); None in records written before this field",
+    )
 
 
 class Baseline(StrictModel):

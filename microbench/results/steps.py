@@ -31,34 +31,46 @@ class PrefillSteps:
     last_partial: EngineStep | None  # the last step of a multi-step prefill when it carried less
     decode_step_ms: float | None  # median decode-only step of the batch right before the prefill (local)
     prefill: list[EngineStep]  # every prefill-carrying step, in order
+    # the prefill steps ran instead of the decode steps (SGLang without --enable-mixed-chunk): a decode
+    # token waits the whole step, not the step less the decode step it would have taken anyway
+    exclusive: bool = False
 
     @property
-    def prefill_ms(self) -> float:
-        return sum(s.elapsed_ms for s in self.prefill)
+    def prefill_ms(self) -> float | None:
+        """Σ prefill steps; None when the engine did not report one of them (SGLang: a step after idle)."""
+        times = [s.elapsed_ms for s in self.prefill]
+        return sum(t for t in times if t is not None) if None not in times else None
 
     @property
     def full_ms(self) -> float | None:
-        return statistics.median(s.elapsed_ms for s in self.full) if self.full else None
+        times = [s.elapsed_ms for s in self.full if s.elapsed_ms is not None]
+        return statistics.median(times) if times else None
+
+    def _extra(self, step_ms: float | None) -> float | None:
+        """A decode token's extra wait on a prefill step of ``step_ms``."""
+        if step_ms is None or self.decode_step_ms is None:
+            return None
+        return step_ms if self.exclusive else step_ms - self.decode_step_ms
 
     def penalty_full_ms(self) -> float | None:
-        """Median full-chunk step − decode-only step: the extra wait of a decode token on such a step."""
-        full = self.full_ms
-        return full - self.decode_step_ms if full is not None and self.decode_step_ms is not None else None
+        """Median full-chunk step − decode-only step (exclusive: the whole step): the extra wait of a
+        decode token on such a step."""
+        return self._extra(self.full_ms)
 
     def penalty_last_ms(self) -> float | None:
-        if self.last_partial is None or self.decode_step_ms is None:
-            return None
-        return self.last_partial.elapsed_ms - self.decode_step_ms
+        return self._extra(self.last_partial.elapsed_ms) if self.last_partial is not None else None
 
     def total_penalty_ms(self) -> float | None:
-        """Σ over every prefill step of (step − decode step): the delay one decode stream took."""
-        if self.decode_step_ms is None or not self.prefill:
+        """Σ over every prefill step of the extra wait: the delay one decode stream took."""
+        extras = [self._extra(s.elapsed_ms) for s in self.prefill]
+        if not extras or None in extras:
             return None
-        return sum(s.elapsed_ms - self.decode_step_ms for s in self.prefill)
+        return sum(e for e in extras if e is not None)
 
 
-def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int) -> PrefillSteps:
-    """Classify the logged steps of one injection (``steps``: every step of the attempt, in order)."""
+def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int, exclusive: bool = False) -> PrefillSteps:
+    """Classify the logged steps of one injection (``steps``: every step of the attempt, in order).
+    ``exclusive``: the prefill steps ran instead of the decode steps (see ``PrefillSteps``)."""
     window = window_steps(steps)
     prefill = [s for s in window if s.prefill_tokens > 0]
     full = [s for s in prefill if s.prefill_tokens + s.decode_tokens >= chunk]
@@ -70,12 +82,17 @@ def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int) -> PrefillSte
     # the engine's local baseline: decode-only steps right before the first prefill step, the same stretch
     # as the client's local baseline (steps after the window may already run at another context or load)
     first = next((i for i, s in enumerate(steps) if s.prefill_tokens > 0), len(steps))
-    decode = [s.elapsed_ms for s in steps[:first] if s.prefill_tokens == 0 and s.decode_tokens == d and d > 0]
+    decode = [
+        s.elapsed_ms
+        for s in steps[:first]
+        if s.prefill_tokens == 0 and s.decode_tokens == d and d > 0 and s.elapsed_ms is not None
+    ]
     return PrefillSteps(
         full=full,
         last_partial=last,
         decode_step_ms=statistics.median(decode) if decode else None,
         prefill=prefill,
+        exclusive=exclusive,
     )
 
 

@@ -109,15 +109,26 @@ class WindowSplit:
     after: list[Gap]
 
 
-def split_window(gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0) -> WindowSplit:
+def split_window(
+    gaps: Sequence[Gap], t0_ns: int, t1_ns: int, slack_ns: int = 0, exclusive: bool = False
+) -> WindowSplit:
     """Gaps before, during and after the prefill window [t0, t1].
 
     A gap belongs to the window when its token arrived in it: ``t0 < end ≤ t1 + slack``. The slack
     widens the window past ``t1`` to take in a decode token of the same engine step as the prefill's first
     token that the client happened to read just after it; without it, that token — delayed by the last
     prefill step — would count as recovery instead of interference.
+
+    ``exclusive``: the prefill steps ran *instead of* the decode steps (SGLang without
+    ``--enable-mixed-chunk``), so no decode token comes with the prefill's first token: the decodes
+    resume one decode step after ``t1``, and the gap that straddles ``t1`` is the stalled one. Then a
+    gap belongs to the window when it overlaps it: ``end > t0`` and ``start < t1``.
     """
     before = [g for g in gaps if g.end_ns <= t0_ns]
+    if exclusive:
+        during = [g for g in gaps if g.end_ns > t0_ns and g.start_ns < t1_ns]
+        after = [g for g in gaps if g.end_ns > t0_ns and g.start_ns >= t1_ns]
+        return WindowSplit(before, during, after)
     during = [g for g in gaps if t0_ns < g.end_ns <= t1_ns + slack_ns]
     after = [g for g in gaps if g.end_ns > t1_ns + slack_ns]
     return WindowSplit(before, during, after)
@@ -131,6 +142,11 @@ def percentile_ms(gaps: Sequence[Gap], q: float) -> float | None:
     return float(np.percentile(np.repeat([g.ms for g in gaps], [max(g.tokens, 1) for g in gaps]), q))
 
 
-def expected_chunks(prefill_tokens: int, chunk: int, decode_batch: int) -> int:
-    """vLLM V1 schedules the D decode tokens first, so a step holds chunk − D prefill tokens."""
-    return math.ceil(prefill_tokens / max(chunk - decode_batch, 1))
+def expected_chunks(
+    prefill_tokens: int, chunk: int, decode_batch: int, scheduling: str | None = "mixed"
+) -> int:
+    """Mixed steps (vLLM V1, SGLang --enable-mixed-chunk) take the D decode tokens out of the budget
+    first, so a step holds chunk − D prefill tokens; an exclusive prefill step (SGLang's default) holds
+    the whole chunk."""
+    riders = 0 if scheduling == "exclusive" else decode_batch
+    return math.ceil(prefill_tokens / max(chunk - riders, 1))

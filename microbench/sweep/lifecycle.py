@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
@@ -25,7 +33,7 @@ from microbench.results.layout import RunFolder
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.protocol import EngineClient, warm_up
 
-__all__ = ["MAX_ENGINE_RESTARTS", "EngineLifecycle", "SweepAborted", "Timing"]
+__all__ = ["MAX_ENGINE_RESTARTS", "EngineLifecycle", "SweepAborted", "Timing", "progress_bar"]
 
 MAX_ENGINE_RESTARTS = 3
 START_TIMEOUT_S = 600.0  # a launched engine's start-up (vLLM on CPU: about 60 s)
@@ -54,6 +62,19 @@ class Timing:
             f"{self.measure_s:.1f} s + harness overhead {overhead:.1f} s "
             f"({share:.1%} of the time after engine start)"
         )
+
+
+def progress_bar(console: Console) -> Progress:
+    """The sweep's one progress line: what it does, points done of all, elapsed time and ETA."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=console, transient=False)
 
 
 class EngineLifecycle:

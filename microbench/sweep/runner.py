@@ -13,16 +13,9 @@ import time
 
 import aiohttp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress, TaskID
 
+from engine_harness.engines import Scheduling, engine_kind
 from engine_harness.launch import EngineProcess
 from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
@@ -37,7 +30,7 @@ from microbench.results.records import (
 from microbench.results.windows import expected_chunks
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.faults import FaultBudget, InfrastructureFault, batch_fault, infrastructure_error
-from microbench.sweep.lifecycle import EngineLifecycle, SweepAborted, Timing
+from microbench.sweep.lifecycle import EngineLifecycle, SweepAborted, Timing, progress_bar
 from microbench.sweep.protocol import (
     DecodeBatch,
     EngineClient,
@@ -81,15 +74,7 @@ class SweepRunner:
         done = sum(self.folder.is_done(c, d, p, r) for c, d, p, r in self._grid())
         if done:
             self.console.print(f"resuming {self.folder.root.name}: {done}/{total} points already measured")
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        with progress_bar(self.console) as progress:
             self.progress = progress
             self.task_id = progress.add_task("starting", total=total, completed=done)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -211,6 +196,7 @@ class SweepRunner:
             engine=engine.kind,
             decode_context=self.sweep.decode_context,
             decode_max_tokens=budget if d else 0,
+            scheduling=self._scheduling(chunk),
         )
 
     def _fail_point(self, chunk: int, d: int, p: int, r: int, why: str) -> None:
@@ -302,7 +288,16 @@ class SweepRunner:
 
     def _need(self, chunk: int, d: int, p: int) -> int:
         """Decode tokens one injection uses: local baseline, window, recovery, and slack."""
-        return self.rules.local_gaps + expected_chunks(p, chunk, d) + self.rules.recovery_gaps + 8
+        return (
+            self.rules.local_gaps
+            + expected_chunks(p, chunk, d, self._scheduling(chunk))
+            + self.rules.recovery_gaps
+            + 8
+        )
+
+    def _scheduling(self, chunk: int) -> Scheduling:
+        spec = self.sweep.engine_spec(chunk)
+        return engine_kind(spec.kind).scheduling(spec)
 
     async def _batched_points(
         self, client: EngineClient, chunk: int, d: int, todo: list[tuple[int, int]]

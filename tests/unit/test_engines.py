@@ -6,6 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine_harness.engines import DEFAULT_MODEL, EngineSpec, engine_kind, resolve_spec
+from engine_harness.environments import EngineEnvError
+from engine_harness.sglang_kind import LOGGING_CONFIG, sglang_python
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -52,7 +54,7 @@ def test_sglang_argv_maps_the_same_settings_to_its_flags() -> None:
         mixed_chunk=True,
     )
     argv = engine_kind("sglang").argv(spec, 30000)
-    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert argv[:3] == [sglang_python(spec), "-m", "sglang.launch_server"]
     assert _flag(argv, "--chunked-prefill-size") == "4096"
     assert _flag(argv, "--mem-fraction-static") == "0.85"
     assert {
@@ -102,5 +104,48 @@ def test_missing_engine_package_names_the_setup_command(monkeypatch: pytest.Monk
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(RuntimeError, match=r"needs the Python package 'sglang'.*bash scripts/setup.sh"):
-        engine_kind("sglang").check_installed()
+    with pytest.raises(RuntimeError, match=r"needs the Python package 'vllm'.*bash scripts/setup.sh"):
+        engine_kind("vllm").check_installed()
+
+
+def test_sglang_missing_from_its_interpreter_names_the_sglang_setup_command() -> None:
+    # Asked in the engine's own interpreter (a subprocess), here the suite's, which has no SGLang.
+    spec = EngineSpec(kind="sglang", python=sys.executable)
+    with pytest.raises(
+        EngineEnvError, match=r"not installed for .*SETUP_ENGINE=sglang-cpu bash scripts/setup.sh"
+    ):
+        engine_kind("sglang").check_installed(spec)
+
+
+def test_a_missing_engine_interpreter_is_named() -> None:
+    spec = EngineSpec(kind="sglang", python="/nonexistent/.venv-sglang/bin/python")
+    with pytest.raises(
+        EngineEnvError, match=r"interpreter /nonexistent/.venv-sglang/bin/python does not exist"
+    ):
+        engine_kind("sglang").check_installed(spec)
+
+
+@pytest.mark.parametrize(("preset", "mixed"), [("sglang-cpu", False), ("sglang-cpu-mixed", True)])
+def test_sglang_cpu_presets_carry_the_cpu_recipe(preset: str, mixed: bool) -> None:
+    spec = resolve_spec(preset, chunk_size=2048, log_iteration_details=True, python="/x/bin/python")
+    kind = engine_kind("sglang")
+    argv = kind.argv(spec, 8124)
+    assert argv[0] == "/x/bin/python"
+    assert _flag(argv, "--device") == "cpu"
+    assert _flag(argv, "--attention-backend") == "torch_native"
+    assert _flag(argv, "--chunked-prefill-size") == "2048"
+    assert _flag(argv, "--max-total-tokens") == "65536"
+    assert _flag(argv, "--decode-log-interval") == "1"
+    assert {"--disable-overlap-schedule", "--enable-cache-report", "--enable-metrics"} <= set(argv)
+    assert ("--enable-mixed-chunk" in argv) is mixed
+    assert kind.scheduling(spec) == ("mixed" if mixed else "exclusive")
+    env = kind.env(spec)
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["SGLANG_LOGGING_CONFIG_PATH"] == str(LOGGING_CONFIG) and LOGGING_CONFIG.is_file()
+
+
+def test_scheduling_of_each_kind() -> None:
+    assert engine_kind("vllm").scheduling(EngineSpec()) == "mixed"
+    sim = engine_kind("sim")
+    assert sim.scheduling(EngineSpec(kind="sim", extra_args=["--mode", "sglang"])) == "exclusive"
+    assert sim.scheduling(EngineSpec(kind="sim", mixed_chunk=True)) == "mixed"

@@ -106,7 +106,24 @@ def test_engine_env_drops_unlisted_variables(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
-    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2))
+    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2), sys.executable)
     assert "OPENAI_API_KEY" not in env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the spec wins over the inherited value
     assert signal.SIGTERM  # keep the import honest for readers: stop uses SIGTERM then SIGKILL
+
+
+def test_an_engine_in_its_own_environment_gets_that_environment_first_and_not_the_suites_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine_harness.engines import engine_kind
+    from engine_harness.launch import _engine_env
+
+    monkeypatch.setenv("PYTHONPATH", "/work/suite")
+    monkeypatch.setenv("PATH", "/usr/bin")
+    python = "/repo/.venv-sglang/bin/python"
+    env = _engine_env(engine_kind("sglang"), EngineSpec(kind="sglang", python=python, device="cpu"), python)
+    assert env["PATH"].split(os.pathsep)[:2] == ["/repo/.venv-sglang/bin", "/usr/bin"]
+    assert env["VIRTUAL_ENV"] == "/repo/.venv-sglang" and "PYTHONPATH" not in env
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    same = _engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)
+    assert same["PYTHONPATH"] == "/work/suite"  # the suite's own interpreter keeps it

@@ -67,6 +67,40 @@ def test_sglang_names_table_reads_sglang_exposition() -> None:
         step_counts(snap, snap, SGLANG_METRICS, decode_batch=4)
 
 
+def test_a_declared_counter_without_samples_reads_zero_an_undeclared_one_none() -> None:
+    # SGLang declares sglang:cached_tokens_total at start; its first sample comes with the first finished
+    # request that hit the prefix cache
+    text = "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n"
+    text += "# TYPE sglang:cached_tokens_total counter\n"
+    snap = parse_metrics(text)
+    assert snap.total(("sglang:cached_tokens_total",)) == 0
+    assert snap.total(("sglang:prompt_tokens_total",)) is None
+
+
+def test_sglang_names_table_against_a_live_sglang_scrape() -> None:
+    # tests/fixtures/sglang_cpu_metrics.txt: SGLang 0.5.23 on the CPU box after 4 decodes of 300 tokens on
+    # a shared 1024-token prefix (each hit 1023 of it: 4092 cached tokens) and one cold 4096-token
+    # injection, all finished.
+    snap = parse_metrics((FIXTURES / "sglang_cpu_metrics.txt").read_text())
+    gauges_and_counters = (
+        "prefix_cache_queries", "prefix_cache_hits", "requests_running", "requests_waiting",
+        "kv_cache_usage", "prompt_tokens", "generation_tokens", "cache_hit_rate",
+    )  # fmt: skip
+    for field in gauges_and_counters:
+        assert snap.total(getattr(SGLANG_METRICS, field)) is not None, field
+    for field in ("time_to_first_token", "inter_token_latency", "queue_time"):
+        assert snap.histogram(getattr(SGLANG_METRICS, field)) is not None, field
+    assert snap.total(SGLANG_METRICS.prefix_cache_hits) == 4092
+    # SGLang's own start-up warm-up request (29 prompt tokens, 8 generated, not streamed), then ours:
+    # the prefix (1024 → 1), 4 decodes (1024 → 300 each), the injection (4096 → 1)
+    assert snap.total(SGLANG_METRICS.prompt_tokens) == 29 + 1024 + 4 * 1024 + 4096
+    assert snap.total(SGLANG_METRICS.generation_tokens) == 8 + 1 + 4 * 300 + 1
+    assert snap.total(SGLANG_METRICS.requests_running) == 0
+    # what SGLang does not have stays absent (None), never 0
+    assert SGLANG_METRICS.iteration_tokens == () and SGLANG_METRICS.preemptions == ()
+    assert snap.total(SGLANG_METRICS.preemptions) is None
+
+
 def test_histogram_delta_counts_mixed_steps_above_the_decode_bucket() -> None:
     bounds = (1.0, 8.0, 16.0, 32.0, 2048.0, float("inf"))
     before = dict(zip(bounds, (0, 0, 0, 0, 0, 0), strict=True))

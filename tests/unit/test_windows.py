@@ -27,6 +27,19 @@ def test_steady_rule_is_seed_002s() -> None:
     assert not is_steady(even[:7], window=8, max_ratio=2.0)
 
 
+def test_exclusive_prefill_steps_put_the_stalled_gap_that_straddles_t1_in_the_window() -> None:
+    # decodes every 10 ms until 30 ms, then two exclusive prefill steps (no decode token) until the
+    # prefill's first token at 75 ms; the decodes resume one decode step later, at 85 ms
+    stamps = [0, 10 * MS, 20 * MS, 30 * MS, 85 * MS, 95 * MS, 105 * MS]
+    gaps = gaps_of(stamps, [1] * 7)
+    w = split_window(gaps, 28 * MS, 75 * MS, slack_ns=2 * MS, exclusive=True)
+    assert [g.end_ns // MS for g in w.before] == [10, 20]
+    assert [(g.start_ns // MS, g.end_ns // MS) for g in w.during] == [(20, 30), (30, 85)]
+    assert [g.end_ns // MS for g in w.after] == [95, 105]
+    # the mixed rule would have put the stalled gap after the window
+    assert [g.end_ns // MS for g in split_window(gaps, 28 * MS, 75 * MS, slack_ns=2 * MS).during] == [30]
+
+
 def test_split_window_assigns_each_token_to_where_it_arrived() -> None:
     # decodes every 10 ms; the prefill window is [35, 80] ms; slack 2 ms
     stamps = [i * 10 * MS for i in range(12)]
