@@ -121,15 +121,24 @@ def run_model_kv(run_dir: Path) -> ModelKV:
 
 class LinkProfile(BaseModel):
     """A KV transfer link: ``setup_latency_ms`` + bytes / (``bandwidth_gbit_s`` × ``efficiency``), or a
-    flat ``fixed_ms`` per transfer. Unknown keys are an error (a misspelled key would be ignored)."""
+    flat ``fixed_ms`` per transfer. Unknown keys are an error (a misspelled key would be ignored).
+
+    Every profile says what its numbers rest on: ``basis: measured`` with the ``run`` folder they were
+    fitted from, or ``basis: assumed`` with the ``assumption`` in words; ``describe()`` is the line the
+    analysis prints beside every result that used the link."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     description: str = ""
-    placeholder: bool = Field(default=False, description="true: guessed values, not a measurement")
+    basis: Literal["measured", "assumed"] = Field(description="fitted from a run, or assumed")
+    assumption: str | None = Field(default=None, description="basis assumed: what is assumed, in words")
+    run: str | None = Field(default=None, description="basis measured: the run folder, e.g. results/<id>")
+    placeholder: bool = Field(default=False, description="true: guessed values awaiting a measurement")
     setup_latency_ms: float = Field(default=0.0, ge=0)
+    setup_latency_ci_ms: tuple[float, float] | None = Field(default=None, description="95 % CI, measured")
     bandwidth_gbit_s: float | None = Field(default=None, gt=0, description="nominal, in 10⁹ bit/s")
+    bandwidth_ci_gbit_s: tuple[float, float] | None = Field(default=None, description="95 % CI, measured")
     efficiency: float = Field(default=1.0, gt=0, le=1, description="achieved share of the bandwidth")
     fixed_ms: float | None = Field(default=None, ge=0, description="flat transfer time, whatever P")
     source: str = ""
@@ -138,7 +147,21 @@ class LinkProfile(BaseModel):
     def _one_cost(self) -> LinkProfile:
         if (self.bandwidth_gbit_s is None) == (self.fixed_ms is None):
             raise ValueError(f"link {self.name!r}: give exactly one of bandwidth_gbit_s or fixed_ms")
+        if self.basis == "assumed" and not self.assumption:
+            raise ValueError(f"link {self.name!r}: basis 'assumed' needs the assumption, in words")
+        if self.basis == "measured" and (not self.run or self.placeholder):
+            raise ValueError(
+                f"link {self.name!r}: basis 'measured' needs run: (the run folder), no placeholder"
+            )
+        if self.basis == "measured" and self.efficiency != 1.0:
+            raise ValueError(f"link {self.name!r}: a measured link has no assumed efficiency")
         return self
+
+    def describe(self) -> str:
+        """What the numbers rest on, in one line (printed by the analysis wherever the link is used)."""
+        if self.basis == "measured":
+            return f"{self.name}: measured (run {self.run})"
+        return f"{self.name}: assumed ({self.assumption})"
 
     @property
     def bytes_per_ms(self) -> float:

@@ -5,10 +5,10 @@
   where no step record exists, least squares through the origin on the measured delay.
 * **Step model** (``fit_step_model``): one linear model of every logged step, ``α + β_d·D + β_c·c +`` an
   attention term; the candidates (``analysis.steps.CANDIDATES``) are compared by leave-one-P-out error on
-  the held-out steps and the best is chosen from the data (``selection``). Weighted least squares on
-  relative errors (statsmodels WLS, weights 1 / measured², 95% CIs): an earlier two-stage fit weighted
-  by first-stage predictions that a negative intercept drove to ~0 on real data, so 20 of 98 rows
-  carried all the weight (R² 0.515 where OLS gives 0.989).
+  the held-out steps and the best is chosen from the data (``selection``). A robust fit on relative
+  errors (each row divided by its measured time; statsmodels RLM, Huber's norm, 95% CIs): an earlier
+  two-stage fit weighted by first-stage predictions that a negative intercept drove to ~0 on real data,
+  so 20 of 98 rows carried all the weight (R² 0.515 where OLS gives 0.989).
   The interference it predicts is ``D × Σ_chunks (mixed − decode-only step)``.
 
 Both are judged on the same target, the measured ``aggregate_decode_delay_ms`` of every valid record
@@ -113,12 +113,13 @@ def _design(records: list[RunRecord]) -> tuple[pd.DataFrame, str]:
 
 
 def _ols(frame: pd.DataFrame, cols: list[str]) -> Any:
-    """Least squares on relative errors: weights 1 / measured², so a 2 ms decode step counts as much as a
-    300 ms mixed one (step noise is multiplicative). The weights come from the measurements, never from a
-    first-stage fit, which a negative intercept can drive to zero."""
-    y = frame["elapsed_ms"].to_numpy(float)
-    weights = 1.0 / np.maximum(np.abs(y), 1e-3) ** 2
-    return sm.WLS(y, frame[cols].to_numpy(float), weights=weights, hasconst=False).fit()
+    """A robust fit on relative errors: every row divided by its measured time, so a 2 ms decode step
+    counts as much as a 300 ms mixed one (step noise is multiplicative), and Huber's M-estimator
+    (statsmodels RLM) so that a step a host stall stretched does not pull the coefficients. The scale
+    comes from the measurements, never from a first-stage fit, which a negative intercept can drive to 0."""
+    y = np.maximum(np.abs(frame["elapsed_ms"].to_numpy(float)), 1e-3)
+    x = frame[cols].to_numpy(float) / y[:, None]
+    return sm.RLM(np.ones_like(y), x, M=sm.robust.norms.HuberT()).fit()
 
 
 def _mape(y: np.ndarray, pred: np.ndarray) -> float:

@@ -131,6 +131,7 @@ def build_policy(
         "interference_cost": "median aggregate decode delay over valid repetitions (ms; seed 002's "
         "num_chunks × D × penalty), the step model's prediction where a cell has none",
         "fit": fit,
+        "link_basis": link.describe(),
         "warnings": [f"link {link.name!r} is a placeholder, not a measurement"] if link.placeholder else [],
     }
     return OffloadPolicy(cells[POLICY_COLUMNS].reset_index(drop=True), metadata)
@@ -259,6 +260,7 @@ def _build(args: argparse.Namespace) -> int:
     out = args.out or args.run / "policy"
     csv_path, json_path = policy.save(out / f"offload_policy_{link.name}_{args.mode}")
     counts = policy.cells["decision"].value_counts().to_dict()
+    print(f"link {link.describe()}", file=sys.stderr)
     print(json.dumps({"csv": str(csv_path), "json": str(json_path), "decisions": counts}))
     for warning in policy.metadata["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)

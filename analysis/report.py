@@ -181,7 +181,8 @@ def build_report(
             wins = known[known["decode_batch_size"] > 0]["offload_wins"]
             flag = " **(placeholder link values)**" if link.placeholder else ""
             be_md.append(
-                f"- `{link.name}`{flag}: offload wins in {int(wins.sum())} of {len(wins)} cells with D > 0"
+                f"- `{link.name}`{flag} — {link.describe()}: offload wins in {int(wins.sum())} of "
+                f"{len(wins)} cells with D > 0"
             )
             key = f"offload_region_{link.name}"
             figures[key] = plots.offload_region(
@@ -218,7 +219,11 @@ def _html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -
     for kind, text in sections:
         if kind == "fig":
             data = base64.b64encode(pngs[text]).decode()
-            body.append(f'<figure><img alt="{text}" src="data:image/png;base64,{data}"></figure>')
+            caption = html.escape(_caption(text))
+            body.append(
+                f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
             continue
         body.append(_md_to_html(text))
     style = (
@@ -226,12 +231,36 @@ def _html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -
         "table{border-collapse:collapse;font-size:12px;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:2px 6px}"
         "img{max-width:100%}pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:12px}"
+        ".scroll{overflow-x:auto;max-width:100%}figcaption{color:#444;font-size:90%}"
         "td:last-child{font-weight:bold}"
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+_CAPTIONS = {
+    "penalty_heatmaps": "Penalty ratio per cell: new prefill tokens P (x) by decode batch D (y), one panel "
+    "per chunk size; log colour scale shared by the panels, blank cells have no valid measurement.",
+    "chunk_sensitivity": "Against new prefill tokens P, one line per chunk size (log-log): prefill chunks, "
+    "bare prefill duration (ms) and total interference (ms).",
+    "injection_timeline": "One injection, stream by stream: each decode stream's inter-token gaps (ms, "
+    "colour) in ms since the injection's send, the prefill window shaded; below, the engine's steps.",
+    "model_comparison": "Predicted against measured total interference (ms, log-log): constant-penalty model "
+    "vs step model.",
+    "step_fit": "Step model diagnostics: measured against predicted step time (ms, log-log) and relative "
+    "residuals.",
+}
+
+
+def _caption(name: str) -> str:
+    if name.startswith("offload_region_"):
+        return (
+            f"Offload region for link profile {name.removeprefix('offload_region_')}: where shipping the "
+            "prefill to another worker is cheaper than running it locally."
+        )
+    return _CAPTIONS.get(name, name.replace("_", " "))
 
 
 def _md_to_html(text: str) -> str:
@@ -256,9 +285,10 @@ def _md_to_html(text: str) -> str:
                 i += 1
             header, rest = rows[0], rows[2:]
             out.append(
-                "<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
+                "<div class='scroll'><table><tr>"
+                + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"
                 + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest)
-                + "</table>"
+                + "</table></div>"
             )  # fmt: skip
             continue
         elif line.startswith("- "):

@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis.steps import schedule_injection
 from benchcore.atomic import atomic_write_bytes
+from engine_harness.engines import engine_kind
 from engine_harness.metrics import Snapshot
 from engine_harness.steps import EngineStep
 from microbench.results.layout import RunFolder, attempt_stem
@@ -163,7 +164,7 @@ def _attempt(
     stem = attempt_stem(cell.d, p, rep, attempt)
     raw, scrapes = folder.raw_name(cell.chunk, stem), folder.metrics_name(cell.chunk, stem)
     folder.write_raw(raw, _stamps(cell, line, seen0))
-    folder.write_scrapes(scrapes, *_scrapes(p, p // 2 if cache_hit else 0, line))
+    folder.write_scrapes(scrapes, *_scrapes(p, p // 2 if cache_hit else 0, line), engine_kind("sim").metrics)
     steps = [
         EngineStep(
             prefill_tokens=c,

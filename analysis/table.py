@@ -14,12 +14,13 @@ are ``tpot_interference_p50_ms`` and ``penalty_ratio_p50``. A repetition more th
 of its cell's median headline (the penalty, or the prefill duration at D = 0) is an outlier: counted in
 ``outliers`` and left out of the cell's statistics, never averaged in.
 
-Only pandas, numpy and ``microbench.results.records`` are imported: the sweep calls
+Only pandas, numpy, ``benchcore.atomic`` and ``microbench.results.records`` are imported: the sweep calls
 ``write_interference_table`` at the end of a run.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchcore.atomic import atomic_write_bytes
 from microbench.results.records import Manifest, RunRecord, read_record
 
 __all__ = [
@@ -299,13 +301,10 @@ def write_interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -
     run_dir = Path(run_dir)
     table = interference_table(run_dir, n_boot=n_boot, seed=seed)
     csv_path = run_dir / "interference_table.csv"
-    tmp = csv_path.with_name(f".{csv_path.name}.tmp")
-    table.to_csv(tmp, index=False, float_format="%.6g")
-    tmp.replace(csv_path)
-    parquet_path = run_dir / "interference_table.parquet"
-    tmp = parquet_path.with_name(f".{parquet_path.name}.tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(parquet_path)
+    atomic_write_bytes(csv_path, table.to_csv(index=False, float_format="%.6g").encode())
+    parquet = io.BytesIO()
+    table.to_parquet(parquet, index=False)
+    atomic_write_bytes(run_dir / "interference_table.parquet", parquet.getvalue())
     return csv_path
 
 

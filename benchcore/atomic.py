@@ -1,4 +1,8 @@
-"""Atomic file writes: a temporary file in the same folder, fsync, ``os.replace``: never half a file."""
+"""Atomic file writes: a temporary file in the same folder, fsync, ``os.replace``: never half a file.
+
+On any failure the temporary file is removed and the error names the file being written (a full disk's
+``OSError`` names none by itself).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk names no file: name it
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 

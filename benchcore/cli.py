@@ -9,6 +9,7 @@ output folder when it has one, never elsewhere; else on standard error).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import traceback
@@ -30,8 +31,13 @@ class Failed(Exception):
     """The command could not finish; what it measured is kept (exit 1)."""
 
 
-class Stopped(BaseException):
-    """SIGTERM (or SIGINT) asked the command to stop; raised where it was, unwound like Ctrl-C."""
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) asked the command to stop; raised where it was, unwound like Ctrl-C.
+
+    A ``KeyboardInterrupt`` so that asyncio lets it out of whichever task it landed in: a task stores any
+    other ``BaseException`` as its result, and a signal that arrived while a side task (a decode stream)
+    ran would be swallowed and the command would go on (seen: a sweep that exited 0 after SIGTERM).
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -39,6 +45,17 @@ class Stopped(BaseException):
 
 
 def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise Stopped(signum) from None
+    # In an event loop the interrupted frame may be a transport callback, which would swallow the
+    # exception (uvloop reports it as a transport error and the command goes on): raise it from a loop
+    # callback instead, from where a KeyboardInterrupt leaves the loop and unwinds the main task.
+    loop.call_soon_threadsafe(_raise, signum)
+
+
+def _raise(signum: int) -> None:
     raise Stopped(signum)
 
 

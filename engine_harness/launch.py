@@ -32,10 +32,19 @@ from types import TracebackType
 
 import aiohttp
 
+from benchcore.redact import redact_argv
 from engine_harness.engines import EngineKind, EngineSpec, engine_kind
 from engine_harness.environments import EngineEnvError
 
-__all__ = ["EngineError", "EngineProcess", "EngineStartError", "free_port", "log_errors", "log_tail"]
+__all__ = [
+    "EngineError",
+    "EngineProcess",
+    "EngineStartError",
+    "free_port",
+    "log_errors",
+    "log_tail",
+    "model_problem",
+]
 
 # Variables an engine inherits from the suite's environment; everything else is dropped so that a
 # stray setting of the caller (or an API key) does not change the engine or leak into its log.
@@ -111,6 +120,24 @@ def log_errors(path: Path, limit: int = 5) -> list[str]:
     except FileNotFoundError:
         return []
     return list(seen)[:limit]
+
+
+def model_problem(spec: EngineSpec) -> str | None:
+    """Why a launched engine cannot load ``spec.model`` from disk, or None: a model given as a path
+    (absolute, ``./``, ``../``, ``~``) must be a folder holding ``config.json``. Checked before a start
+    that can take minutes and then fail with the engine's own words (a hub name is the engine's business).
+    """
+    if not engine_kind(spec.kind).launched:
+        return None
+    text = spec.model
+    if not (os.path.isabs(text) or text.startswith(("./", "../", "~"))):
+        return None
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        return f"model folder {path} does not exist; give an existing folder or a hub name with --model"
+    if not (path / "config.json").is_file():
+        return f"model folder {path} holds no config.json; is it the model's folder? (--model)"
+    return None
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -225,6 +252,8 @@ class EngineProcess:
         self.startup_s = (time.perf_counter_ns() - t0) / 1e9
 
     def _argv(self) -> list[str]:
+        if (problem := model_problem(self.spec)) is not None:  # before a minute of engine start-up
+            raise EngineStartError(problem)
         if self.spec.port is not None:
             _check_port_free(self.spec.host, self.spec.port)
             self.port = self.spec.port
@@ -238,9 +267,8 @@ class EngineProcess:
             raise EngineError("a launched engine needs log_path= to write its output to")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            log.write(
-                f"\n### {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(self.argv)}\n".encode()
-            )
+            shown = " ".join(redact_argv(self.argv))  # no --api-key value in the log
+            log.write(f"\n### {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {shown}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv,
@@ -274,11 +302,19 @@ class EngineProcess:
                         if resp.status == 200:
                             return
                 if time.monotonic() > deadline:
-                    raise EngineStartError(
-                        f"{self.spec.kind} engine at {self.base_url} not healthy after "
-                        f"{self.startup_timeout_s:.0f} s; last lines of {self.log_path}:\n{self._tail()}"
-                    )
+                    raise EngineStartError(self._not_healthy())
                 await asyncio.sleep(0.5)
+
+    def _not_healthy(self) -> str:
+        if not self.kind.launched:
+            return (
+                f"nothing answered at {self.base_url}/health for {self.startup_timeout_s:.0f} s: is the "
+                "external engine running, and is its URL right?"
+            )
+        return (
+            f"{self.spec.kind} engine at {self.base_url} not healthy after {self.startup_timeout_s:.0f} s "
+            f"(a slow start needs a longer start timeout); last lines of {self.log_path}:\n{self._tail()}"
+        )
 
     def _tail(self) -> str:
         if not self.log_path:
@@ -305,8 +341,32 @@ class EngineProcess:
         return str(version) if version is not None else None
 
     def alive(self) -> bool:
-        """True while a launched engine's process runs (external engines: always True)."""
+        """True while a launched engine's process runs (external engines: always True; see ``responsive``)."""
         return not self.kind.launched or (self.proc is not None and self.proc.poll() is None)
+
+    async def responsive(self, timeout_s: float = 30.0) -> bool:
+        """Whether the engine answers ``/health`` within ``timeout_s`` (polled every 0.5 s).
+
+        A launched engine whose process has exited is not (checked on every poll, so a process still
+        exiting is seen as dead once it is gone, not as alive because it was not gone yet); an external
+        engine is probed over HTTP like any other, so one that stopped answering is noticed.
+        """
+        if self.kind.launched and self.proc is None:
+            return False
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if self.kind.launched and not self.alive():
+                    return False
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(
+                        f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=5)
+                    ) as resp:
+                        if resp.status == 200:
+                            return True
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.5)
 
     async def wait_exit(self) -> int | None:
         """Until a launched engine's process exits by itself; its exit code (None: not launched)."""

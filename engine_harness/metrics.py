@@ -80,10 +80,13 @@ class Snapshot:
             return None
         return now - then
 
-    def engine_samples(self) -> Snapshot:
-        """Only the engine's own families (names with a ``prefix:``, e.g. ``vllm:``; no ``_created``)."""
-        kept = {k: v for k, v in self.samples.items() if ":" in k[0] and not k[0].endswith("_created")}
-        return Snapshot(self.t_ns, kept)
+    def only(self, names: MetricNames, quantities: Iterable[str]) -> Snapshot:
+        """Only the families that carry ``quantities`` (fields of ``MetricNames``) by the engine's table:
+        counters, gauges, histogram buckets, sums and counts — what a derivation reads."""
+        wanted = {n for q in quantities for n in getattr(names, q)}
+        suffixes = ("", "_total", "_bucket", "_sum", "_count")
+        keep = {n + s for n in wanted for s in suffixes}
+        return Snapshot(self.t_ns, {k: v for k, v in self.samples.items() if k[0] in keep})
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form that ``from_json`` reads back into an equal snapshot."""
@@ -200,5 +203,5 @@ async def scrape(session: aiohttp.ClientSession, base_url: str, timeout_s: float
             if resp.status != 200:
                 raise MetricsError(f"GET {url} answered HTTP {resp.status}: {text[:200]}")
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise MetricsError(f"GET {url} failed: {exc!r}") from exc
+        raise MetricsError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
     return parse_metrics(text, t_ns)

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--step-log-max", type=int, help="steps kept in memory for /sim/steps")
     a("--error-500-fraction", type=float)
     a("--error-429-fraction", type=float)
+    a("--retry-after-s", type=float, help="Retry-After header (s) on injected 429s")
     a("--cut-after-chunks", type=int)
     a("--cut-fraction", type=float)
     a("--slow-start-s", type=float)
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--die-at-s", type=float)
     a("--stall-step", type=int)
     a("--stall-s", type=float)
+    a("--kv-transfer-setup-ms", type=float, help="simulated KV link: fixed cost per hand-off (ms)")
+    a("--kv-transfer-gbit-s", type=float, help="simulated KV link: bandwidth (10⁹ bit/s)")
+    a("--kv-bytes-per-token", type=int, help="simulated KV link: bytes per prompt token")
     return p
 
 
@@ -69,6 +73,7 @@ _STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jit
 _FAULT_KEYS = (
     "error_500_fraction",
     "error_429_fraction",
+    "retry_after_s",
     "cut_after_chunks",
     "cut_fraction",
     "slow_start_s",
@@ -79,6 +84,13 @@ _FAULT_KEYS = (
 )
 
 
+_LINK_KEYS = {  # flag dest -> KvTransferModel field
+    "kv_transfer_setup_ms": "setup_ms",
+    "kv_transfer_gbit_s": "bandwidth_gbit_s",
+    "kv_bytes_per_token": "bytes_per_token",
+}
+
+
 def config_from_args(argv: list[str] | None = None) -> SimConfig:
     """Parse the command line into one validated ``SimConfig``."""
     ns = vars(build_parser().parse_args(argv))
@@ -86,6 +98,11 @@ def config_from_args(argv: list[str] | None = None) -> SimConfig:
     overrides: dict[str, Any] = {k: v for k, v in ns.items() if k not in _STEP_KEYS + _FAULT_KEYS}
     overrides["step"] = {k: ns[k] for k in _STEP_KEYS}
     overrides["faults"] = {k: ns[k] for k in _FAULT_KEYS}
+    link = {field: ns[flag] for flag, field in _LINK_KEYS.items()}
+    for flag in _LINK_KEYS:
+        overrides.pop(flag, None)
+    if any(v is not None for v in link.values()):
+        overrides["kv_transfer"] = link
     return load_config(params, overrides)
 
 

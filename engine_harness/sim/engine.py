@@ -212,6 +212,7 @@ class SimEngine:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         request_id: str | None = None,
+        external_tokens: int = 0,
     ) -> RequestStream:
         """Queue a request; its generated tokens come from a generator seeded by (seed, arrival index)."""
         if self.dead is not None:
@@ -225,6 +226,7 @@ class SimEngine:
         self.num_arrivals += 1
         rid = request_id or f"sim-{index}"
         req = SimRequest(rid, list(prompt_token_ids), max_tokens, min_tokens, ignore_eos)
+        req.num_external_tokens = min(external_tokens, len(prompt_token_ids) - 1)
         stream = RequestStream(req, random.Random(f"{self.config.seed}:{index}"), self.config.eos_probability)
         self._streams[rid] = stream
         self.scheduler.add(req)

@@ -25,6 +25,12 @@ class FaultInjector:
         self.injected_errors = {500: 0, 429: 0}
         self.cut_streams = 0
 
+    def retry_after(self, status: int) -> dict[str, str]:
+        """The headers of an injected error: ``Retry-After`` on a 429 when the faults ask for one."""
+        if status != 429 or self.faults.retry_after_s is None:
+            return {}
+        return {"Retry-After": f"{self.faults.retry_after_s:g}"}
+
     def http_error(self) -> tuple[int, str, str] | None:
         """``(status, error type, message)`` for a request to fail, or ``None`` (one draw per request)."""
         f = self.faults

@@ -19,6 +19,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from benchcore.schema import StrictModel
+from engine_harness.sim.kv_transfer import KvTransferModel
 
 __all__ = ["PRESETS_DIR", "FaultConfig", "SimConfig", "SimMode", "StepModel", "load_config", "merge_settings"]
 
@@ -78,6 +79,9 @@ class FaultConfig(StrictModel):
 
     error_500_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 500")
     error_429_fraction: float = Field(default=0.0, ge=0, le=1, description="share answered HTTP 429")
+    retry_after_s: float | None = Field(
+        default=None, ge=0, le=3600, description="Retry-After (s) sent with each injected 429 (None: none)"
+    )
     cut_after_chunks: int | None = Field(
         default=None,
         ge=0,
@@ -145,6 +149,9 @@ class SimConfig(StrictModel):
     step_log_path: Path | None = Field(default=None, description="JSONL file of every step")
     step_log_max: int | None = Field(default=None, ge=1, description="steps kept in memory")
     faults: FaultConfig = Field(default_factory=lambda: FaultConfig())
+    kv_transfer: KvTransferModel | None = Field(
+        default=None, description="a simulated KV connector with a known link (see sim.kv_transfer)"
+    )
 
     @property
     def context_limit(self) -> int:

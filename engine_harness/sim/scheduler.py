@@ -71,6 +71,7 @@ class SimRequest:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    num_external_tokens: int = 0  # prompt tokens whose KV a connector loaded (not computed here)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -257,7 +258,7 @@ class Scheduler:
             if req.num_computed_tokens == 0:
                 max_hit_blocks = (req.num_tokens - 1) // self.block_size
                 hits = self.pool.lookup(req.hashes[:max_hit_blocks])
-            num_hit = len(hits) * self.block_size
+            num_hit = max(len(hits) * self.block_size, req.num_external_tokens)
             n = min(req.num_tokens - num_hit, budget)
             need = -(-(num_hit + n) // self.block_size) - len(hits)
             if need + self.pool.num_evictable(hits) > self.pool.num_free:
@@ -270,7 +271,7 @@ class Scheduler:
             req.num_computed_tokens = num_hit
             if self.pool.enable_caching:
                 self.prefix_cache_queries += req.num_tokens
-                self.prefix_cache_hits += num_hit
+                self.prefix_cache_hits += len(hits) * self.block_size
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_hit
             self.waiting.popleft()

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
 from engine_harness.sim.faults import FaultInjector
+from engine_harness.sim.kv_transfer import LinkMetrics, consumer_transfer, producer_params
 from engine_harness.sim.openai_wire import (
     DONE_EVENT,
     CompletionParams,
@@ -45,8 +46,8 @@ SIM_VERSION = "sim-0.1.0"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
-def _error(message: str, status: int, error_type: str) -> web.Response:
-    return web.json_response(error_body(message, status, error_type), status=status)
+def _error(message: str, status: int, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, status, error_type), status=status, headers=headers)
 
 
 def _drop_connection(request: web.Request) -> None:
@@ -66,6 +67,11 @@ class SimServer:
         self.engine = SimEngine(config)
         self.engine.on_die = self._on_die
         self.faults = FaultInjector(config.faults, config.seed)
+        self.link_metrics = (
+            LinkMetrics(self.engine.metrics.registry, config.model)
+            if config.kv_transfer is not None
+            else None
+        )
         self.port: int | None = None
         self.died = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -209,17 +215,24 @@ class SimServer:
             return _error(str(exc), exc.status, exc.error_type)
         fault = self.faults.http_error()
         if fault is not None:
-            return _error(fault[2], fault[0], fault[1])
+            return _error(fault[2], fault[0], fault[1], self.faults.retry_after(fault[0]))
         rid = new_request_id(kind)
         if self.config.frontend_ns_per_token:  # the API server's per-token work before the engine sees it
             await asyncio.sleep(self.config.frontend_ns_per_token * len(params.prompt_token_ids) / 1e9)
+        external = await self._load_remote_kv(body, len(params.prompt_token_ids))
         stream = self.engine.submit(
-            params.prompt_token_ids, params.max_tokens, params.min_tokens, params.ignore_eos, request_id=rid
+            params.prompt_token_ids,
+            params.max_tokens,
+            params.min_tokens,
+            params.ignore_eos,
+            request_id=rid,
+            external_tokens=external,
         )
+        kv_params = producer_params(body, len(params.prompt_token_ids)) if self.link_metrics else None
         try:
             if params.stream:
                 return await self._write_stream(request, params, stream, rid)
-            return await self._respond(params, stream, rid)
+            return await self._respond(params, stream, rid, kv_params)
         except EngineDead:
             _drop_connection(request)
             return web.Response(status=500)
@@ -227,12 +240,30 @@ class SimServer:
             if not stream.finished:
                 self.engine.abort(stream)
 
+    async def _load_remote_kv(self, body: dict[str, Any], prompt_tokens: int) -> int:
+        """The simulated KV pull of a consumer request (tokens loaded; 0: none asked or no link)."""
+        link = self.config.kv_transfer
+        if link is None or self.link_metrics is None or not consumer_transfer(body):
+            return 0
+        seconds = link.transfer_s(prompt_tokens) * self.config.time_scale
+        await asyncio.sleep(seconds)
+        # the modelled time, as the step log keeps model durations: a loaded host's late wake-up is the
+        # host's, not the link's (the consumer leg the client sees still includes it)
+        self.link_metrics.observe(seconds, prompt_tokens * link.bytes_per_token, prompt_tokens - 1)
+        return prompt_tokens - 1
+
     def _cached(self, stream: RequestStream) -> int | None:
         if not self.config.enable_prompt_tokens_details:
             return None
         return stream.request.num_cached_tokens or 0
 
-    async def _respond(self, params: CompletionParams, stream: RequestStream, rid: str) -> web.Response:
+    async def _respond(
+        self,
+        params: CompletionParams,
+        stream: RequestStream,
+        rid: str,
+        kv_params: dict[str, Any] | None = None,
+    ) -> web.Response:
         tokens: list[int] = []
         while chunk := await stream.next():
             tokens.extend(chunk)
@@ -243,6 +274,8 @@ class SimServer:
         body = completion_body(
             params.kind, rid, int(time.time()), params.model, text, stream.finish_reason, usage
         )
+        if kv_params is not None:
+            body["kv_transfer_params"] = kv_params
         return web.json_response(body)
 
     async def _write_stream(

@@ -1,23 +1,40 @@
-"""Command line: ``python -m microbench.battery run --engine sim|vllm|external [--url URL] --tests ttft,itl
+"""Command line: ``python -m microbench.battery run --engine sim|vllm|external [--url URL] --tests ttft itl
 --workload NAME --profile conformant|quick --out DIR`` and ``python -m microbench.battery list``.
 
-``--engine sim`` and ``vllm`` launch the engine (restartable, so 5.7 can turn prefix caching off and 5.10
-can compare engine settings); ``external`` only reaches ``--url``. Exit status: 0 when every selected test
-ran or was skipped with a reason, 1 when one failed with an error.
+The suite's flag vocabulary (``benchcore.flags``): ``--engine KIND`` with the engine flags of
+``engine_harness.flags`` (``--engine-args "…"`` reaches the launched engine, e.g. the sim's step model),
+``--config FILE`` a battery definition (YAML, the run flags' names as keys; flags override it), ``--out DIR``
+the folder this run writes, ``--arm NAME=…`` a configuration 5.10 compares, lists space-separated,
+SLOs as durations (``--ttft-slo 500ms``). ``--engine sim`` and ``vllm`` launch the engine (restartable,
+so 5.7 can turn prefix caching off and 5.10 can compare engine settings); ``external`` only reaches
+``--url``. A plan prints before the tests and a progress line with ETA after each; ``--resume``
+continues a stopped run in ``--out`` (or the newest battery run under results/). Exit status (benchcore.cli):
+0 every selected test ran or was skipped with a reason; 1 a test failed or the report's consistency gate
+failed; 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
-from engine_harness.engines import resolve_spec
+import aiohttp
+import yaml
+from pydantic import Field, ValidationError
+
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out, arm, duration_ms
+from benchcore.schema import StrictModel
+from engine_harness.engines import DEFAULT_PRESET, resolve_spec
+from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineProcess
 from microbench.battery.context import BatteryContext
 from microbench.battery.engine import (
@@ -28,26 +45,48 @@ from microbench.battery.engine import (
     served_model,
 )
 from microbench.battery.profiles import PROFILES, profile
-from microbench.battery.runner import ordered_tests, run_battery, write_report
+from microbench.battery.render import gate_lines
+from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
+from microbench.battery.warmup import warm_up
 from microbench.workloads.reference import WORKLOADS
+from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
 
-__all__ = ["build_parser", "main"]
-
+__all__ = ["BatteryConfig", "build_parser", "main"]
 
 ENGINE_PREFIX = "engine:"
-CONFIG_HELP = (
+ARM_HELP = (
     "a configuration for 5.10 (repeat; the first is the baseline): NAME=URL, an endpoint, or "
     f"NAME={ENGINE_PREFIX}[KEY=VALUE,...], the battery's engine (--engine vllm|sim) restarted with "
     f"those EngineSpec fields changed ('{ENGINE_PREFIX}' alone: as launched), e.g. "
-    f"--config bare={ENGINE_PREFIX} --config small-batch={ENGINE_PREFIX}max_num_seqs=4"
+    f"--arm bare={ENGINE_PREFIX} --arm small-batch={ENGINE_PREFIX}max_num_seqs=4"
 )
+RESULTS = Path("results")
 
 
-def _config(value: str) -> tuple[str, str | EngineOverrides]:
-    name, sep, target = value.partition("=")
-    if not sep or not name or not target:
+class BatteryConfig(StrictModel):
+    """A battery definition file (``--config``): the run flags by name; a flag given overrides its key."""
+
+    tests: list[str] | None = None
+    workload: str = "synthetic-uniform"
+    profile: str = "conformant"
+    seed: int = 0
+    cold_start: bool = False
+    arms: dict[str, str] = Field(default_factory=dict, description="NAME: URL or engine:KEY=VALUE,...")
+    ttft_slo: str | None = Field(default=None, description="a duration, e.g. 500ms")
+    tpot_slo: str | None = None
+    gpus: int = Field(default=0, ge=0)
+
+
+def _arm(value: str) -> tuple[str, str | EngineOverrides]:
+    try:
+        name, target = arm(value)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"--config wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
+            f"--arm wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
+        ) from None
+    if not target:
+        raise argparse.ArgumentTypeError(
+            f"--arm wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
         )
     if not target.startswith(ENGINE_PREFIX):
         return name, target
@@ -62,82 +101,188 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the battery's tests")
     run = sub.add_parser("run", help="run the battery against an engine and write its reports")
-    run.add_argument("--engine", choices=["sim", "vllm", "sglang", "external"], default="sim")
-    run.add_argument("--url", help="base URL (required for --engine external)")
+    add_engine_flags(run, default_text="sim")
     run.add_argument(
-        "--preset", default="cpu", help="engine preset (vllm, sglang); default cpu (SGLang: sglang-cpu)"
+        "--config", type=Path, metavar="FILE", help="battery definition (YAML); flags override it"
     )
+    run.add_argument("--tests", nargs="+", metavar="NAME", help="test names (default: all)")
     run.add_argument(
-        "--sim-args", default="", help="extra sim flags, e.g. '--time-scale 0.2 --kv-blocks 256'"
+        "--workload", help=f"spec YAML or one of {', '.join(WORKLOADS)} (default synthetic-uniform)"
     )
-    run.add_argument("--tests", help="comma-separated test names (default: all)")
+    run.add_argument("--profile", choices=list(PROFILES), help="counts and durations (default conformant)")
+    run.add_argument("--seed", type=int)
     run.add_argument(
-        "--workload", default="synthetic-uniform", help=f"spec YAML or one of {', '.join(WORKLOADS)}"
+        "--plan-only",
+        action="store_true",
+        help="start the engine, warm up, probe briefly, print the plan with its estimated time, and stop",
     )
-    run.add_argument("--profile", choices=list(PROFILES), default="conformant")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--cold-start", action="store_true", help="skip warm-up; the report declares it (4.5.3)")
+    run.add_argument("--cold-start", action="store_true", default=None, help="skip warm-up, declared (4.5.3)")
     run.add_argument(
-        "--config",
-        type=_config,
+        "--arm",
+        type=_arm,
         action="append",
-        default=[],
         metavar=f"NAME=URL|NAME={ENGINE_PREFIX}KEY=VALUE,...",
-        help=CONFIG_HELP,
+        help=ARM_HELP,
     )
-    run.add_argument("--ttft-slo-ms", type=float, help="TTFT P99 SLO (5.2 search, 5.3 optimal point)")
-    run.add_argument("--tpot-slo-ms", type=float, help="TPOT P99 SLO (5.2 search)")
-    run.add_argument("--gpus", type=int, default=0, help="accelerator count of the SUT (0: CPU only)")
-    run.add_argument("--out", type=Path, help="output folder (default results/battery-<time>)")
+    run.add_argument(
+        "--ttft-slo", type=duration_ms, help="TTFT P99 SLO, e.g. 500ms (5.2 search, 5.3 optimum)"
+    )
+    run.add_argument("--tpot-slo", type=duration_ms, help="TPOT P99 SLO, e.g. 50ms (5.2 search)")
+    run.add_argument("--gpus", type=int, help="accelerator count of the SUT (default 0: CPU only)")
+    run.add_argument(
+        "--resume", action="store_true", help="continue the stopped run in --out (or the newest)"
+    )
+    add_out(run, "results/battery-<time>")
     return parser
 
 
-async def _engine(args: argparse.Namespace, stack: AsyncExitStack, out: Path) -> EngineHandle:
-    if args.engine == "external":
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults → ``--config`` file → flags, validated once."""
+    base: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            base = yaml.safe_load(args.config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise BadInput(f"--config {args.config}: {exc}") from None
+    try:
+        config = BatteryConfig.model_validate(base)
+    except ValidationError as exc:
+        raise BadInput(f"--config {args.config}: {exc}") from None
+    arms = [(n, _arm(f"{n}={v}")[1]) for n, v in config.arms.items()] if args.arm is None else args.arm
+    slo = {
+        k: duration_ms(v) if v else None for k, v in (("ttft", config.ttft_slo), ("tpot", config.tpot_slo))
+    }
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    return {
+        "tests": given.get("tests", config.tests),
+        "workload": given.get("workload", config.workload),
+        "profile": given.get("profile", config.profile),
+        "seed": given.get("seed", config.seed),
+        "cold_start": given.get("cold_start", config.cold_start),
+        "arms": arms,
+        "ttft_slo_ms": given.get("ttft_slo", slo["ttft"]),
+        "tpot_slo_ms": given.get("tpot_slo", slo["tpot"]),
+        "gpus": given.get("gpus", config.gpus),
+    }
+
+
+def _out(args: argparse.Namespace) -> Path:
+    """The run folder: ``--out``, the newest battery run with ``--resume``, or a new timestamped one."""
+    if args.out is None and args.resume:
+        runs = sorted(p.parent for p in RESULTS.glob("battery-*/state/context.json"))
+        if not runs:
+            raise BadInput("--resume: no stopped battery run under results/; name it with --out")
+        return runs[-1]
+    out: Path = args.out or RESULTS / f"battery-{time.strftime('%Y%m%d-%H%M%S')}"
+    stopped = (out / "state" / "context.json").is_file()
+    if stopped and not args.resume:
+        raise BadInput(
+            f"{out} holds a stopped battery run: add --resume to continue it, or pick another --out"
+        )
+    if args.resume and not stopped:
+        raise BadInput(f"--resume: {out} holds no stopped battery run")
+    return out
+
+
+async def _engine(
+    args: argparse.Namespace, arms: list[Any], stack: AsyncExitStack, out: Path
+) -> EngineHandle:
+    kind = args.engine or "sim"
+    if kind == "external":
         if not args.url:
-            raise SystemExit("--engine external needs --url")
-        if any(isinstance(target, EngineOverrides) for _, target in args.config):
-            raise SystemExit(
-                f"--config NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+            raise BadInput("--engine external needs --url")
+        if any(isinstance(target, EngineOverrides) for _, target in arms):
+            raise BadInput(
+                f"--arm NAME={ENGINE_PREFIX}... restarts the battery's engine; "
                 "engine-settings configurations need --engine vllm|sim"
             )
         return ExternalEngine(args.url)
     if args.url:
-        raise SystemExit("--url is only for --engine external")
-    if args.engine == "sim":
-        spec = resolve_spec(kind="sim", model="sim", extra_args=shlex.split(args.sim_args))
-    else:
-        spec = resolve_spec(args.preset, kind=args.engine)
-    process = await stack.enter_async_context(EngineProcess(spec, out / f"engine-{args.engine}.log"))
+        raise BadInput("--url is only for --engine external")
+    overrides = {**engine_overrides(args), "kind": kind}
+    if kind == "sim":
+        overrides["model"] = overrides["model"] or "sim"
+    try:
+        spec = resolve_spec(overrides.pop("preset") or DEFAULT_PRESET, **overrides)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    process = await stack.enter_async_context(EngineProcess(spec, out / f"engine-{kind}.log"))
     return LaunchedEngine(process)
 
 
-async def _run(args: argparse.Namespace) -> int:
-    out: Path = args.out or Path("results") / f"battery-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
-    names = [n.strip() for n in args.tests.split(",") if n.strip()] if args.tests else None
+def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
+    """Bad input (exit 2) is found before anything is written or started: the workload, the SLOs, the
+    accelerator count, the engine flags."""
+    if s["workload"] not in WORKLOADS:
+        try:
+            load_workload_spec(s["workload"])
+        except (WorkloadSpecError, OSError, ValueError) as exc:
+            raise BadInput(f"--workload: {exc}") from None
+    for flag, value in (("--ttft-slo", s["ttft_slo_ms"]), ("--tpot-slo", s["tpot_slo_ms"])):
+        if value is not None and value <= 0:
+            raise BadInput(f"{flag} must be > 0 (got {value:g} ms)")
+    if s["gpus"] < 0:
+        raise BadInput(f"--gpus must be ≥ 0 (got {s['gpus']})")
+    if args.engine == "external" and not args.url:
+        raise BadInput("--engine external needs --url URL of the running engine")
+    if args.engine != "external" and args.url:
+        raise BadInput("--url is only for --engine external (drop it, or add --engine external)")
+    if args.engine == "external" and any(isinstance(target, EngineOverrides) for _, target in s["arms"]):
+        raise BadInput(
+            f"--arm NAME={ENGINE_PREFIX}... restarts the battery's engine; "
+            "engine-settings configurations need --engine vllm|sim"
+        )
+
+
+async def _served(base_url: str) -> tuple[str, int | None]:
+    """The served model; an engine that does not answer is bad input (the URL) for an external one."""
+    try:
+        return await served_model(base_url)
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise BadInput(
+            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
+            "running, and is --url right?"
+        ) from None
+
+
+async def _run(args: argparse.Namespace, out: Path) -> int:
+    s = _settings(args)
+    names = s["tests"]
     try:
         ordered_tests(names)  # unknown names fail before an engine starts
-    except KeyError as exc:
-        raise SystemExit(f"--tests: {exc.args[0]}") from None
+        chosen = profile(s["profile"])
+    except (KeyError, ValueError) as exc:
+        raise BadInput(f"--tests/--profile: {exc.args[0]}") from None
+    _check_inputs(args, s)
+    if args.engine == "external":
+        await _served(args.url)  # a wrong URL is found before the output folder exists
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
     async with AsyncExitStack() as stack:
-        engine = await _engine(args, stack, out)
-        model, max_len = await served_model(engine.base_url)
+        engine = await _engine(args, s["arms"], stack, out)
+        model, max_len = await _served(engine.base_url)
         ctx = BatteryContext(
             engine=engine,
             model=model,
-            profile=profile(args.profile),
-            workload_name=args.workload,
-            seed=args.seed,
+            profile=chosen,
+            workload_name=s["workload"],
+            seed=s["seed"],
             out_dir=out,
             max_model_len=max_len,
-            guardrail_configs=dict(args.config),
-            ttft_slo_ms=args.ttft_slo_ms,
-            tpot_slo_ms=args.tpot_slo_ms,
-            accelerators=args.gpus,
+            guardrail_configs=dict(s["arms"]),
+            ttft_slo_ms=s["ttft_slo_ms"],
+            tpot_slo_ms=s["tpot_slo_ms"],
+            accelerators=s["gpus"],
             cpu_count=os.cpu_count() or 1,
         )
-        report = await run_battery(ctx, names, cold_start=args.cold_start, command=shlex.join(sys.argv))
+        if args.plan_only:
+            await warm_up(ctx, cold_start=s["cold_start"])
+            rows = await plan_battery(ctx, [t.name for t in ordered_tests(names)], _emit)
+            (out / "plan.json").write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
+            print(f"plan only: nothing else ran; plan in {out / 'plan.json'}")
+            return 0
+        report = await run_battery(
+            ctx, names, cold_start=s["cold_start"], command=shlex.join(sys.argv), emit=_emit
+        )
     write_report(report, out)
     for t in report.tests:
         print(
@@ -145,7 +290,14 @@ async def _run(args: argparse.Namespace) -> int:
             + (f"  ({t.reason})" if t.reason else "")
         )
     print(f"reports in {out}")
-    return 1 if any(t.status == "failed" for t in report.tests) else 0
+    gate = gate_lines(report)
+    for line in gate:
+        print(line, file=sys.stderr)
+    return 1 if gate or any(t.status == "failed" for t in report.tests) else 0
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,4 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         for t in ordered_tests():
             print(f"{t.section:>5}  {t.name:<16} {t.title}")
         return 0
-    return asyncio.run(_run(args))
+    where: list[Path] = []
+
+    def body() -> int:
+        where.append(_out(args))
+        return asyncio.run(_run(args, where[0]))
+
+    return run_cli(body, lambda: where[0] if where else None)

@@ -3,7 +3,7 @@
 ``BatteryContext.run(label, stages)`` runs load-generator stages, writes their trace under
 ``traces/<label>/`` (raw timestamps, so any statistic can be recomputed) and returns a ``Run`` with the
 trace frame, per-request latencies and each stage's window. Estimates one test produces and others need
-(capacity in requests/s from 5.2 or a preliminary probe; maximum concurrency from 5.5) are memoised here.
+(the capacity measurement and its ledger of every load level; maximum concurrency from 5.5) are memoised here.
 """
 
 from __future__ import annotations
@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-import numpy as np
 import pandas as pd
 
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.battery.engine import EngineHandle, EngineOverrides
 from microbench.battery.profiles import Profile
+from microbench.battery.saturation import SATURATION_RULE
 from microbench.battery.stats import request_latencies
+from microbench.battery.sustainable import Capacity, LedgerEntry, capacity_from
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
@@ -30,7 +32,6 @@ from microbench.loadgen.trace import StageHealth, stage_health, trace_frame, wri
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
-from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["BatteryContext", "Run", "StageWindow"]
@@ -88,6 +89,10 @@ class BatteryContext:
     accelerators: int = 0
     cpu_count: int = 1
     estimates: dict[str, float] = field(default_factory=dict)
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    search: Any = None  # capacity_search.CapacitySearch once measured
+    capacity_note: str | None = None
+    on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
     prompts: PromptFactory = field(default_factory=PromptFactory)
     _runs: int = 0
     _labels: set[str] = field(default_factory=set)
@@ -178,22 +183,27 @@ class BatteryContext:
             await asyncio.sleep(0.05)
 
     async def capacity_rps(self) -> float:
-        """Estimated capacity (requests/s of the battery workload): 5.2's result or a closed-loop probe.
+        """The battery's sustainable open-loop rate (req/s), from the one capacity measurement.
 
-        The probe keeps ``probe_concurrency`` requests in flight for ``probe_requests`` requests and takes
-        the completion rate (5.3.3 step 1: "a preliminary throughput test").
+        Measured the first time a test asks (``capacity_search.measure_capacity``: closed-loop ramp, then
+        an open-loop search, every level in ``ledger``). When no open-loop level was sustainable, half the
+        lowest rate probed stands in, and ``capacity_note`` says so.
         """
-        if "capacity_rps" not in self.estimates:
-            p = self.profile
-            scheduler = parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency})
-            requests = self.requests(self.workload_spec())
-            stage = Stage.scheduled("probe", scheduler, requests, max_requests=p.probe_requests)
-            run = await self.run("capacity-probe", [stage])
-            window = run.stage("probe")
-            done = window.latencies["done_s"].to_numpy()
-            ok = int(window.latencies["ok"].sum())
-            if ok == 0:
-                raise RuntimeError("the capacity probe completed no request; is the engine serving?")
-            span = float(np.nanmax(done)) - window.start_s
-            self.estimates["capacity_rps"] = ok / max(span, 1e-9)
-        return self.estimates["capacity_rps"]
+        if self.search is None:
+            from microbench.battery.capacity_search import measure_capacity
+
+            self.search = await measure_capacity(self)
+            if self.on_capacity is not None:
+                self.on_capacity()
+        if self.search.sustainable_rps is not None:
+            return self.search.sustainable_rps
+        lowest = min(s.value for s in self.search.search)
+        self.capacity_note = (
+            "no open-loop level was sustainable; loads scale by half the lowest probed rate "
+            f"({lowest:.2f} req/s)"
+        )
+        return lowest / 2
+
+    def capacity(self) -> Capacity:
+        """Max sustainable throughput, rate and peak over every level entered so far."""
+        return capacity_from(self.ledger, SATURATION_RULE)

@@ -5,7 +5,7 @@ settings); ``InProcessSim`` wraps a ``SimServer`` (tests); ``ExternalEngine`` is
 restarted, so tests that need a restart say so instead of pretending.
 
 ``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the battery launched the engine with
-(5.10's engine-settings configurations, ``--config NAME=engine:KEY=VALUE,...``); only a ``LaunchedEngine``
+(5.10's engine-settings configurations, ``--arm NAME=engine:KEY=VALUE,...``); only a ``LaunchedEngine``
 can be ``reconfigure``d with them.
 """
 

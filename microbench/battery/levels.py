@@ -1,32 +1,45 @@
 """One load level of an open- or closed-loop test, summarised the same way for 5.2, 5.3, 5.5 and 5.10.
 
-The steady window is the level's issuing window without its first 10% (ramp-up, 5.2.3.2). Throughputs
-count requests that *finished* inside that window; latency percentiles are over the successful requests
-sent inside it. Saturation and steady-state checks come from ``stats.steady_state``.
+The measured window is the level's *nominal* issuing window (the open loop now ends at its deadline, not
+at its last send, so a level's empty tail counts) without its ramp (``saturation.steady_state``: 10% or
+two E2E times, whichever is longer). Throughputs count requests that *finished* inside that window;
+latency percentiles are over the successful requests sent inside it. Every level carries its offered
+rate (what was asked), its sent rate (what the Poisson draw delivered) and its achieved rate.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from pydantic import Field
 
 from benchcore.schema import StrictModel
 from microbench.battery.context import StageWindow
-from microbench.battery.stats import Distribution, SteadyState, steady_state, summarize
+from microbench.battery.saturation import SteadyState, steady_state
+from microbench.battery.stats import Distribution, summarize
+from microbench.battery.sustainable import LedgerEntry
 
-__all__ = ["LevelRow", "level_row"]
+__all__ = ["LevelRow", "ledger_entry", "level_row"]
 
 
 class LevelRow(StrictModel):
     """Measurements of one load level."""
 
-    offered: float = Field(..., description="requests/s (open loop) or concurrency (closed loop)")
+    offered: float = Field(..., description="requests/s asked (open loop) or concurrency (closed loop)")
+    loop: str = Field(default="open", description="open (Poisson rate) or closed (concurrency)")
     requests: int
     succeeded: int
-    success_rate: float
-    output_tps: float = Field(..., description="output tokens/s finished in the steady window")
+    success_rate: float | None = Field(..., description="None: no request was sent")
+    window_s: float | None = Field(default=None, description="measured window (s): nominal, less the ramp")
+    sent_rps: float | None = Field(default=None, description="requests/s sent inside the window")
+    output_tps: float = Field(..., description="output tokens/s finished in the window")
+    output_tps_ci: float | None = Field(
+        default=None,
+        description="95% half-width from the Poisson count of completions (conservative for a closed loop)",
+    )
     input_tps: float
-    request_rps: float
+    request_rps: float = Field(..., description="achieved: completions/s inside the window")
     ttft: Distribution
     tpot: Distribution
     e2e: Distribution
@@ -34,31 +47,60 @@ class LevelRow(StrictModel):
     errors: list[str] = Field(default_factory=list, description="distinct error texts (first 5)")
     slo_met: bool | None = None
 
+    @property
+    def sustainable(self) -> bool:
+        """Not saturated, and meeting its test's criteria where it has some."""
+        return not self.steady.saturated and self.slo_met is not False
 
-def level_row(window: StageWindow, offered: float) -> LevelRow:
+
+def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:
     """Summarise ``window`` (one stage) as a load level offered at ``offered``."""
     lat = window.latencies
-    steady = steady_state(lat, window.start_s, window.issue_end_s)
-    begin = window.start_s + 0.1 * (window.issue_end_s - window.start_s)
+    steady = steady_state(lat, window.start_s, window.issue_end_s, closed=loop == "closed")
+    begin, end = window.issue_end_s - steady.window_s, window.issue_end_s
     done, send = lat["done_s"].to_numpy(), lat["send_s"].to_numpy()
     ok = lat["ok"].to_numpy()
-    finished = ok & (done >= begin) & (done <= window.issue_end_s)
-    span = max(window.issue_end_s - begin, 1e-9)
+    finished = ok & (done >= begin) & (done < end)
+    span = max(steady.window_s, 1e-9)
     measured = lat[ok & (send >= begin)]
     if measured.empty:  # a level too short for a ramp-up cut: use everything that succeeded
         measured = lat[ok]
     errors = list(dict.fromkeys(str(e) for e in lat.loc[~ok, "error"]))[:5]
+    out_tokens = lat["output_tokens"].to_numpy(dtype=float)[finished]
+    n_done = int(finished.sum())
+    per_request = float(np.nanmean(out_tokens)) if n_done else 0.0
     return LevelRow(
         offered=offered,
+        loop=loop,
         requests=len(lat),
         succeeded=int(ok.sum()),
-        success_rate=float(ok.mean()) if len(lat) else 0.0,
-        output_tps=float(np.nansum(lat["output_tokens"].to_numpy()[finished])) / span,
-        input_tps=float(np.nansum(lat["input_tokens"].to_numpy()[finished])) / span,
-        request_rps=float(finished.sum()) / span,
+        success_rate=float(ok.mean()) if len(lat) else None,
+        window_s=span,
+        sent_rps=float(np.sum((send >= begin) & (send < end))) / span,
+        output_tps=float(np.nansum(out_tokens)) / span,
+        output_tps_ci=1.96 * math.sqrt(n_done) * per_request / span,
+        input_tps=float(np.nansum(lat["input_tokens"].to_numpy(dtype=float)[finished])) / span,
+        request_rps=n_done / span,
         ttft=summarize(measured["ttft_s"]),
         tpot=summarize(measured["tpot_s"]),
         e2e=summarize(measured["e2e_s"]),
         steady=steady,
         errors=errors,
+    )
+
+
+def ledger_entry(test: str, label: str, row: LevelRow) -> LedgerEntry:
+    """``row`` as the capacity ledger's entry (``sustainable.capacity_from`` reads these)."""
+    why = "; ".join(row.steady.reasons) or ("criteria not met" if row.slo_met is False else "")
+    return LedgerEntry(
+        test=test,
+        label=label,
+        loop="closed" if row.loop == "closed" else "open",
+        offered=row.offered,
+        sent_rps=row.sent_rps,
+        achieved_rps=row.request_rps,
+        output_tps=row.output_tps,
+        output_tps_ci=row.output_tps_ci,
+        sustainable=row.sustainable,
+        why=why,
     )

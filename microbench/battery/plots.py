@@ -72,13 +72,19 @@ def ttft_cdf(data: TtftData) -> Figure:
 
 def throughput_search(data: ThroughputData) -> Figure:
     fig, (ax,) = _figure()
-    for row in data.levels:
-        ok = not row.steady.saturated and row.slo_met is not False
-        ax.scatter(row.offered, row.output_tps, color="C2" if ok else "C3", zorder=3)
+    for row in data.search.open_loop:
+        ax.errorbar(
+            row.offered,
+            row.output_tps,
+            yerr=row.output_tps_ci or 0,
+            fmt="o",
+            color="C2" if row.sustainable else "C3",
+            zorder=3,
+        )
     ax.scatter([], [], color="C2", label="sustainable")
     ax.scatter([], [], color="C3", label="saturated / SLO missed")
-    if data.sustainable_rps is not None:
-        ax.axvline(data.sustainable_rps, color="grey", ls="--", lw=1, label="max sustainable")
+    if data.search.sustainable_rps is not None:
+        ax.axvline(data.search.sustainable_rps, color="grey", ls="--", lw=1, label="max sustainable rate")
     ax.set(
         xlabel="offered load (req/s)", ylabel="output tokens/s (steady window)", title="5.2 throughput search"
     )
@@ -188,3 +194,22 @@ def figures_for(result: TestResult) -> list[tuple[str, Figure]]:
     if result.data is None or type(result.data) not in _PLOTTERS:
         return []
     return [(f"{result.name}.png", _PLOTTERS[type(result.data)](result.data))]
+
+
+CAPTIONS: dict[str, str] = {
+    "ttft": "Figure 5.1: cumulative distribution of TTFT (ms) over every request of the test, "
+    "with P50/P99 marks.",
+    "throughput": "Figure 5.2: open-loop levels of the capacity search: achieved output tokens/s (± 95% "
+    "Poisson half-width) against the offered rate (req/s); green sustainable, red saturated.",
+    "tradeoff": "Figure 5.3: achieved output tokens/s and TTFT P99 (ms) against the offered rate (req/s), "
+    "with the knee, saturation and optimal points.",
+    "itl": "Figure 5.4: distribution of inter-chunk gaps (ms, log scale) per load level.",
+    "capacity": "Figure 5.5: TTFT P99 (ms) per closed-loop concurrency, against the success criterion.",
+    "long_context": "Figure 5.9: TTFT (ms) against context length (tokens), log-log, "
+    "with the fitted power law.",
+}
+
+
+def caption_for(name: str) -> str:
+    """The caption of a test's figure (its file is ``<name>.png``)."""
+    return CAPTIONS.get(name, f"Figure: {name}")

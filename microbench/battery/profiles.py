@@ -23,7 +23,7 @@ class Profile(StrictModel):
     warmup_probes: int = Field(default=5, ge=2)
     probe_concurrency: int = Field(default=16, ge=1, description="preliminary capacity estimate")
     probe_requests: int = Field(default=200, ge=1)
-    ttft_requests: int = Field(default=1000, ge=1)
+    ttft_requests: int = Field(default=10_000, ge=1, description="5.1: 10,000 samples for P99.9 (5.1.2.1)")
     ttft_load: float = Field(default=0.5, gt=0, description="5.1 Poisson rate as a share of capacity")
     level_duration_s: float = Field(default=60.0, gt=0, description="5.2/5.3/5.4 per load level")
     search_probes: int = Field(default=6, ge=2, description="5.2 rate-search steps")
@@ -66,7 +66,7 @@ PROFILES: dict[str, Profile] = {
         probe_requests=16,
         ttft_requests=40,
         level_duration_s=4.0,
-        search_probes=3,
+        search_probes=4,
         tradeoff_levels=[0.2, 0.4, 0.6, 0.8, 1.0, 1.2],
         itl_requests=20,
         itl_levels=[0.5],

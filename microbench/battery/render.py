@@ -10,10 +10,12 @@ import base64
 import html
 from pathlib import Path
 
-from microbench.battery.report import BatteryReport, Table, TestResult, num
+from microbench.battery.gate import check_report
+from microbench.battery.plots import caption_for
+from microbench.battery.report import BatteryReport, Table, TestResult, capacity_rows, num
 from microbench.battery.sections.ttft import TtftData
 
-__all__ = ["html_report", "markdown_full", "markdown_minimum"]
+__all__ = ["gate_lines", "html_report", "markdown_full", "markdown_minimum"]
 
 
 def _load_model(report: BatteryReport) -> str:
@@ -30,13 +32,29 @@ def _key_results(report: BatteryReport) -> list[tuple[str, str]]:
         "TTFT P99": "not run (5.1)",
         "TPOT P50": "not run (5.1)",
         "TPOT P99": "not run (5.1)",
-        "Max Throughput": "not run (5.2)",
+        "Max Throughput": "not measured (no load level ran)",
         "Throughput at P99 TTFT < 500 ms": "not run (5.3)",
     }
+    cap = report.capacity
+    if cap is not None:
+        out["Max Throughput"] = capacity_rows(cap)[0][1] + " (sustainable; the report's one maximum)"
+        out["Max sustainable rate"] = capacity_rows(cap)[2][1]
     for t in report.tests:
         if t.data is not None:
             out.update(t.data.headline())
     return list(out.items())
+
+
+def gate_lines(report: BatteryReport) -> list[str]:
+    """The consistency gate's verdict as lines for the top of a report (empty when it passes)."""
+    problems = check_report(report)
+    if not problems:
+        return []
+    return [
+        f"CONSISTENCY GATE FAILED ({len(problems)}): this report contradicts itself; the figures below "
+        "are shown as measured, not corrected. Each line is a bug to fix:",
+        *(f"- {p}" for p in problems),
+    ]
 
 
 def _deviations(report: BatteryReport) -> list[str]:
@@ -60,12 +78,14 @@ def _requests_and_duration(report: BatteryReport) -> tuple[str, str]:
     return "per test", f"{sum(t.duration_s for t in report.tests):.1f} (whole battery)"
 
 
-def markdown_minimum(report: BatteryReport) -> str:
-    """Appendix C.1, the minimum viable report."""
+def markdown_minimum(report: BatteryReport, gate: bool = True) -> str:
+    """Appendix C.1, the minimum viable report (after the consistency gate's banner, if it failed)."""
     s = report.system
     count, duration = _requests_and_duration(report)
     hardware = f"{s.accelerators} × GPU" if s.accelerators else f"{s.hardware} (no GPU)"
+    banner = gate_lines(report) if gate else []
     lines = [
+        *([*banner, ""] if banner else []),
         "```",
         "=== LLM Benchmark Report (Minimum) ===",
         "",
@@ -200,6 +220,9 @@ def _sections(report: BatteryReport) -> list[tuple[str, list[Table], TestResult 
 def markdown_full(report: BatteryReport, figures_dir: str = "figures") -> str:
     """Appendix C.2, the full report (figures linked from ``figures_dir``)."""
     out = ["# LLM Benchmark Report (Full)", ""]
+    gate = gate_lines(report)
+    if gate:
+        out += ["> **" + gate[0] + "**", *(f"> {g}" for g in gate[1:]), ""]
     for heading, tables, test in _sections(report):
         out += [f"## {heading}", ""]
         if test is not None and test.status != "ran":
@@ -207,7 +230,10 @@ def markdown_full(report: BatteryReport, figures_dir: str = "figures") -> str:
         for table in tables:
             out += [_md_table(table)]
         if test is not None:
-            out += [f"![{test.name}]({figures_dir}/{f})" + "\n" for f in test.figures]
+            out += [
+                f"![{caption_for(test.name)}]({figures_dir}/{f})\n\n*{caption_for(test.name)}*\n"
+                for f in test.figures
+            ]
             out += [f"- {n}" for n in test.notes] + ([""] if test.notes else [])
     return "\n".join(out)
 
@@ -216,7 +242,10 @@ def _html_table(table: Table) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table.rows)
     note = f"<p class='note'>{html.escape(table.note)}</p>" if table.note else ""
-    return f"<h4>{html.escape(table.title)}</h4><table><tr>{head}</tr>{body}</table>{note}"
+    return (
+        f"<h4>{html.escape(table.title)}</h4><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+        f"{note}"
+    )
 
 
 _CSS = (
@@ -224,8 +253,19 @@ _CSS = (
     "table{border-collapse:collapse;margin:.5em 0}"
     "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
     "font-size:90%}th{background:#f3f3f3}.note{color:#555;font-size:90%}img{max-width:100%}"
-    "pre{background:#f7f7f7;padding:1em}"
+    "pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}"
+    ".scroll{overflow-x:auto;max-width:100%}"
+    ".gate{background:#fde2e2;border:3px solid #c00;color:#900;padding:.5em 1em;font-weight:bold}"
+    "figure{margin:1em 0}figcaption{color:#444;font-size:90%;margin-top:.3em}"
 )
+
+
+def _html_gate(report: BatteryReport) -> list[str]:
+    gate = gate_lines(report)
+    if not gate:
+        return []
+    items = "".join(f"<li>{html.escape(g.removeprefix('- '))}</li>" for g in gate[1:])
+    return [f"<div class='gate'><p>{html.escape(gate[0])}</p><ul>{items}</ul></div>"]
 
 
 def html_report(report: BatteryReport, figures_dir: Path | None) -> str:
@@ -233,8 +273,9 @@ def html_report(report: BatteryReport, figures_dir: Path | None) -> str:
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>LLM Benchmark Report</title>"
         f"<style>{_CSS}</style></head><body><h1>LLM Benchmark Report</h1>",
+        *_html_gate(report),
         "<h2>Minimum viable report (C.1)</h2>",
-        f"<pre>{html.escape(markdown_minimum(report).strip().strip('`').strip())}</pre>",
+        f"<pre>{html.escape(markdown_minimum(report, gate=False).strip().strip('`').strip())}</pre>",
     ]
     for heading, tables, test in _sections(report):
         parts.append(f"<h2>{html.escape(heading)}</h2>")
@@ -245,7 +286,11 @@ def html_report(report: BatteryReport, figures_dir: Path | None) -> str:
             for name in test.figures:
                 if figures_dir is not None and (figures_dir / name).is_file():
                     data = base64.b64encode((figures_dir / name).read_bytes()).decode()
-                    parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>")
+                    cap = html.escape(caption_for(test.name))
+                    parts.append(
+                        f"<figure><img alt='{cap}' src='data:image/png;base64,{data}'>"
+                        f"<figcaption>{cap}</figcaption></figure>"
+                    )
             if test.notes:
                 parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in test.notes) + "</ul>")
     parts.append("</body></html>")

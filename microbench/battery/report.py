@@ -7,13 +7,14 @@ read back from JSON gets the same typed objects. Each ``TestData`` lays itself o
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
 from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
+from microbench.battery.sustainable import Capacity
 
 __all__ = [
     "REPORT_VERSION",
@@ -25,6 +26,8 @@ __all__ = [
     "TestDataField",
     "TestResult",
     "WarmupResult",
+    "capacity_rows",
+    "level_rate_rows",
     "ms",
     "num",
     "parse_test_data",
@@ -47,7 +50,11 @@ class TestData(StrictModel):
     """Base of every test's measurements; ``test`` names the registered test."""
 
     __test__ = False  # not a pytest class
+    shows_capacity: ClassVar[bool] = False  # tables that print the battery's maximum
     test: str
+    battery_capacity: Capacity | None = Field(
+        default=None, description="the battery's one capacity, set by the runner once every test ran"
+    )
 
     def tables(self) -> list[Table]:
         raise NotImplementedError
@@ -133,6 +140,7 @@ class BatteryReport(StrictModel):
     tests: list[TestResult]
     git_commit: str | None = None
     notes: list[str] = Field(default_factory=list)
+    capacity: Capacity | None = Field(default=None, description="every maximum in the report comes from here")
 
     def result(self, name: str) -> TestResult | None:
         return next((t for t in self.tests if t.name == name), None)
@@ -149,3 +157,71 @@ def num(value: float | None, fmt: str = ".1f", unit: str = "") -> str:
 
 def pct(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
+
+
+def _pm(value: float | None, ci: float | None, unit: str) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f} ± {ci:.1f}{unit}" if ci is not None else f"{value:.1f}{unit}"
+
+
+def capacity_rows(cap: Capacity | None) -> list[list[str]]:
+    """The battery's maximum, as every test that names one shows it (Metric, Value)."""
+    if cap is None:
+        return [["Max Output Throughput", "not measured (the capacity measurement did not run)"]]
+    return [
+        [
+            "Max Output Throughput (sustainable)",
+            _pm(cap.max_output_tps, cap.max_output_tps_ci, " tok/s")
+            + (f" ({cap.max_source})" if cap.max_source else ""),
+        ],
+        ["Max Request Throughput (at that level)", num(cap.max_rps, ".2f", " req/s")],
+        [
+            "Max sustainable open-loop rate",
+            num(cap.sustainable_rate_rps, ".2f", " req/s")
+            + (f" ({cap.sustainable_rate_source})" if cap.sustainable_rate_source else ""),
+        ],
+        [
+            "Peak throughput, any level (saturated included)",
+            num(cap.peak_output_tps, ".1f", " tok/s") + (f" ({cap.peak_source})" if cap.peak_source else ""),
+        ],
+    ]
+
+
+def level_rate_rows(title: str, rows: list[Any]) -> Table:
+    """Load levels with offered, sent and achieved rates and the saturation verdict (LevelRow objects)."""
+    body = []
+    for r in rows:
+        closed = r.loop == "closed"
+        body.append(
+            [
+                f"c = {r.offered:.0f}" if closed else f"{r.offered:.2f} req/s",
+                "–" if closed else num(r.sent_rps, ".2f"),
+                f"{r.request_rps:.2f}",
+                _pm(r.output_tps, r.output_tps_ci, ""),
+                ms(r.e2e.p50),
+                ms(r.e2e.p99),
+                f"{r.steady.ramp_s:.2f}",
+                f"{r.steady.queue_growth:+.1f} (limit {r.steady.growth_limit:.1f})",
+                "yes" if r.sustainable else "no",
+                "; ".join(r.steady.reasons) or ("criteria not met" if r.slo_met is False else "–"),
+            ]
+        )
+    return Table(
+        title=title,
+        columns=[
+            "Offered",
+            "Sent (req/s)",
+            "Achieved (req/s)",
+            "Output (tok/s)",
+            "E2E P50",
+            "E2E P99",
+            "Ramp skipped (s)",
+            "In-flight growth (req)",
+            "Sustainable",
+            "Saturation signs",
+        ],
+        rows=body,
+        note="rates over the nominal issuing window less the ramp; ± is the 95% half-width from the Poisson "
+        "count of completions (conservative for a closed loop, which has no arrival noise)",
+    )

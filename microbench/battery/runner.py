@@ -13,6 +13,7 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -21,13 +22,17 @@ from benchcore.provenance import cpu_model, git_commit
 from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
+from microbench.battery.plan import RESTART_S, PlanRow, Probe, Progress, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
+from microbench.battery.state import RunState
 from microbench.battery.warmup import warm_up, warmup_requirement
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
 
-__all__ = ["ordered_tests", "run_battery", "write_report"]
+__all__ = ["ordered_tests", "plan_battery", "run_battery", "write_report"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,6 +70,32 @@ async def _run_one(ctx: BatteryContext, test: BatteryTest, warmup: WarmupResult)
     return result
 
 
+async def _probe(ctx: BatteryContext) -> Probe:
+    """A short closed-loop probe for the plan's estimates (not part of any test's figures)."""
+    p = ctx.profile
+    scheduler = parse_scheduler({"kind": "concurrency", "concurrency": p.probe_concurrency})
+    stage = Stage.scheduled(
+        "probe", scheduler, ctx.requests(ctx.workload_spec()), max_requests=min(p.probe_requests, 32)
+    )
+    w = (await ctx.run("plan-probe", [stage])).stage("probe")
+    ok = w.latencies[w.latencies["ok"]]
+    if ok.empty:
+        raise RuntimeError("the planning probe completed no request; is the engine serving?")
+    span = max(float(ok["done_s"].max()) - w.start_s, 1e-9)
+    return Probe(
+        rps=len(ok) / span, e2e_s=float(ok["e2e_s"].mean()), input_tokens=float(ok["input_tokens"].mean())
+    )
+
+
+async def plan_battery(ctx: BatteryContext, names: list[str], emit: Callable[[str], None]) -> list[PlanRow]:
+    """Probe briefly, then print (``emit``) and return the plan of the named tests."""
+    probe = await _probe(ctx)
+    restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
+    rows = estimate_plan(names, ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s)
+    emit(format_plan(rows, probe, ctx.profile.name))
+    return rows
+
+
 async def run_battery(
     ctx: BatteryContext,
     names: list[str] | None = None,
@@ -72,11 +103,43 @@ async def run_battery(
     cold_start: bool = False,
     command: str = "",
     engine_version: str | None = None,
+    emit: Callable[[str], None] | None = None,
 ) -> BatteryReport:
-    """Warm up (or declare a cold start), run the tests, and return the report (not yet written)."""
+    """Warm up (or declare a cold start), run the tests, and return the report (not yet written).
+
+    With ``ctx.out_dir`` each finished test is saved under ``state/`` with the capacity ledger, and a
+    later run into the same folder continues where this one stopped (finished tests are not rerun). With
+    ``emit`` the plan (from a short probe) is printed before the tests, and a progress line with ETA
+    after each.
+    """
     selected = ordered_tests(names)
-    warmup = await warm_up(ctx, cold_start=cold_start)
-    results = [await _run_one(ctx, test, warmup) for test in selected]
+    state = RunState(ctx.out_dir / "state") if ctx.out_dir is not None else None
+    done = state.load(ctx) if state is not None else {}
+    if done and emit:
+        finished = [t.name for t in selected if t.name in done]
+        emit(f"resuming: {', '.join(finished)} finished before; {len(selected) - len(finished)} to run")
+    todo = [t for t in selected if t.name not in done]
+    warmup = await warm_up(ctx, cold_start=cold_start) if todo else state.warmup()  # type: ignore[union-attr]
+    if state is not None:  # the capacity measurement is saved as soon as it is done, not with its test
+        ctx.on_capacity = lambda: state.save_context(ctx, warmup)
+    progress = None
+    if emit and todo:
+        progress = Progress(await plan_battery(ctx, [t.name for t in todo], emit), emit)
+    results = []
+    for test in selected:
+        if test.name in done:
+            results.append(done[test.name])
+            continue
+        result = await _run_one(ctx, test, warmup)
+        results.append(result)
+        if state is not None:
+            state.save(result, ctx, warmup)
+        if progress is not None:
+            progress.finished(test.name, f"{result.status} in {result.duration_s:.0f} s", len(todo))
+    capacity = ctx.capacity() if ctx.ledger else None
+    for result in results:
+        if result.data is not None and type(result.data).shows_capacity and capacity is not None:
+            result.data.battery_capacity = capacity.model_copy(update={"entries": []})
     system = SystemInfo(
         model=ctx.model,
         engine_kind=ctx.engine.kind,
@@ -102,6 +165,7 @@ async def run_battery(
         warmup=warmup,
         tests=results,
         git_commit=git_commit(REPO),
+        capacity=capacity,
     )
 
 

@@ -2,7 +2,7 @@
 
 Everything here takes arrays or trace frames and returns numbers, so each rule of the draft is unit-tested
 on synthetic data with a known answer: percentile summaries (5.1.4.1), input-length buckets (5.1.4.2),
-saturation and steady-state checks (5.2.3.1/5.2.3.2), knee / saturation / optimal points (5.3.4), the
+knee / saturation / optimal points (5.3.4), the
 capacity search (5.2.3, 5.5.3), ITL statistics with per-request jitter, pauses, tail ratio and modality
 (5.4.4), Jain's index and starvation (5.6.4), and the context-scaling fit with R² (5.9.4).
 """
@@ -20,24 +20,23 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 
 __all__ = [
+    "FIT_RULE",
     "LENGTH_BUCKETS",
     "Distribution",
     "ScalingFit",
     "SearchStep",
-    "SteadyState",
     "fit_scaling",
+    "fit_verdict",
     "inter_chunk_gaps",
     "jain_index",
     "knee_point",
     "length_bucket_label",
     "modality",
     "optimal_point",
-    "outstanding_series",
     "request_latencies",
     "saturation_point",
     "search_max",
     "starvation_rate",
-    "steady_state",
     "summarize",
 ]
 
@@ -172,11 +171,22 @@ def knee_point(levels: Sequence[float], p99: Sequence[float | None]) -> float | 
     return None
 
 
-def saturation_point(levels: Sequence[float], achieved: Sequence[float | None]) -> float | None:
-    """First load level whose achieved throughput is lower than the previous level's (5.3.4)."""
+def saturation_point(
+    levels: Sequence[float], achieved: Sequence[float | None], ci: Sequence[float | None] | None = None
+) -> float | None:
+    """First load level whose achieved throughput falls below the previous level's (5.3.4).
+
+    With ``ci`` (95% half-widths of each level's throughput) a fall counts only when it exceeds the two
+    half-widths combined in quadrature, so Poisson noise between two equal throughputs is not a "fall".
+    """
     for i in range(1, len(levels)):
         prev, cur = achieved[i - 1], achieved[i]
-        if prev is not None and cur is not None and cur < prev:
+        if prev is None or cur is None:
+            continue
+        margin = 0.0
+        if ci is not None and ci[i - 1] is not None and ci[i] is not None:
+            margin = math.hypot(ci[i - 1], ci[i])  # type: ignore[arg-type]
+        if cur < prev - margin:
             return levels[i]
     return None
 
@@ -210,21 +220,53 @@ def starvation_rate(waits: Sequence[float] | np.ndarray, factor: float = 5.0) ->
     return float(np.mean(w > factor * np.median(w)))
 
 
+FIT_RULE = "meaningful with ≥ 4 distinct lengths spanning ≥ 16× and power-law R² ≥ 0.9"
+
+
 class ScalingFit(StrictModel):
-    """TTFT ∝ length^k on log-log axes, and the linear fit TTFT = a + b·length, each with its R²."""
+    """TTFT ∝ length^k on log-log axes (k with its 95% CI), the linear fit, each with R², and a verdict."""
 
     exponent: float
+    exponent_ci: tuple[float, float] | None = Field(default=None, description="95% CI (OLS, t)")
     coefficient: float = Field(..., description="c in TTFT = c · length^k (seconds)")
     r2_power: float
     intercept_s: float
     slope_s_per_token: float
     r2_linear: float
     best: str
+    lengths: int = Field(default=0, description="distinct context lengths fitted")
+    span: float = Field(default=0.0, description="longest / shortest length")
+    meaningful: bool = False
+    verdict: str = ""
 
 
 def _r2(y: np.ndarray, fitted: np.ndarray) -> float:
     total = float(np.sum((y - y.mean()) ** 2))
     return 1.0 if total == 0 else 1.0 - float(np.sum((y - fitted) ** 2)) / total
+
+
+def fit_verdict(lengths: int, span: float, r2: float) -> tuple[bool, str]:
+    """Whether a scaling fit can support a headline exponent (``FIT_RULE``), and why not when it cannot."""
+    reasons = []
+    if lengths < 4:
+        reasons.append(f"{lengths} distinct lengths (< 4)")
+    if span < 16:
+        reasons.append(f"lengths span {span:.0f}× (< 16×)")
+    if r2 < 0.9:
+        reasons.append(f"R² {r2:.2f} (< 0.9)")
+    if reasons:
+        return False, "not meaningful: " + ", ".join(reasons)
+    return True, f"meaningful ({FIT_RULE})"
+
+
+def _slope_ci(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    if x.size < 3:
+        return None
+    import statsmodels.api as sm
+
+    fit = sm.OLS(y, sm.add_constant(x)).fit()
+    lo, hi = fit.conf_int(0.05)[1]
+    return (float(lo), float(hi)) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
 def fit_scaling(lengths: Sequence[float], ttft_s: Sequence[float]) -> ScalingFit:
@@ -238,14 +280,21 @@ def fit_scaling(lengths: Sequence[float], ttft_s: Sequence[float]) -> ScalingFit
     r2_power = _r2(np.log(y), k * np.log(x) + log_c)
     slope, intercept = np.polyfit(x, y, 1)
     r2_linear = _r2(y, slope * x + intercept)
+    distinct, span = int(np.unique(x).size), float(x.max() / x.min())
+    meaningful, verdict = fit_verdict(distinct, span, r2_power)
     return ScalingFit(
         exponent=float(k),
+        exponent_ci=_slope_ci(np.log(x), np.log(y)),
         coefficient=float(math.exp(log_c)),
         r2_power=r2_power,
         intercept_s=float(intercept),
         slope_s_per_token=float(slope),
         r2_linear=r2_linear,
         best="linear" if r2_linear >= r2_power else f"power law (k = {k:.2f})",
+        lengths=distinct,
+        span=span,
+        meaningful=meaningful,
+        verdict=verdict,
     )
 
 
@@ -311,68 +360,3 @@ async def search_max(
         else:
             bad = mid
     return good, steps
-
-
-def outstanding_series(send_s: np.ndarray, done_s: np.ndarray, times_s: np.ndarray) -> np.ndarray:
-    """Requests sent but not finished at each of ``times_s`` (client-side queue depth)."""
-    sent = np.searchsorted(np.sort(send_s[np.isfinite(send_s)]), times_s, side="right")
-    finished = np.searchsorted(np.sort(done_s[np.isfinite(done_s)]), times_s, side="right")
-    return (sent - finished).astype(float)
-
-
-class SteadyState(StrictModel):
-    """5.2.3.1/5.2.3.2 checks of one load level over its window after the first 10% (ramp-up)."""
-
-    window_s: float
-    arrival_rate: float
-    completion_rate: float
-    queue_start: float
-    queue_end: float
-    queue_growing: bool
-    throughput_first_half: float
-    throughput_second_half: float
-    throughput_stable: bool
-    saturated: bool
-    reasons: list[str]
-
-
-def steady_state(lat: pd.DataFrame, start_s: float, end_s: float) -> SteadyState:
-    """Saturation and steady-state checks over [start + 10%, end] of a level (``lat`` from request_latencies).
-
-    Queue growth: the outstanding count (sampled at 21 points) rises by more than max(2, 50% of its mean)
-    from the first to the last quarter of the window. Completion rate below 90% of the arrival rate in the
-    window saturates. Throughput (output tokens of requests finishing in each half) is stable when the
-    halves differ by less than 20%.
-    """
-    begin = start_s + 0.1 * (end_s - start_s)
-    window = max(end_s - begin, 1e-9)
-    times = np.linspace(begin, end_s, 21)
-    queue = outstanding_series(lat["send_s"].to_numpy(), lat["done_s"].to_numpy(), times)
-    q_start, q_end = float(queue[:5].mean()), float(queue[-5:].mean())
-    growing = q_end - q_start > max(2.0, 0.5 * float(queue.mean()))
-    send, done = lat["send_s"].to_numpy(), lat["done_s"].to_numpy()
-    arrivals = float(np.sum((send >= begin) & (send <= end_s))) / window
-    completions = float(np.sum((done >= begin) & (done <= end_s) & lat["ok"].to_numpy())) / window
-    mid = (begin + end_s) / 2
-    tokens = lat["output_tokens"].fillna(0).to_numpy()
-    first = float(tokens[(done >= begin) & (done < mid)].sum()) / (window / 2)
-    second = float(tokens[(done >= mid) & (done <= end_s)].sum()) / (window / 2)
-    stable = max(first, second) == 0 or abs(first - second) / max(first, second) < 0.2
-    reasons = []
-    if growing:
-        reasons.append(f"queue grows ({q_start:.1f} → {q_end:.1f} requests outstanding)")
-    if arrivals > 0 and completions < 0.9 * arrivals:
-        reasons.append(f"completion rate {completions:.2f}/s < 90% of arrival rate {arrivals:.2f}/s")
-    return SteadyState(
-        window_s=window,
-        arrival_rate=arrivals,
-        completion_rate=completions,
-        queue_start=q_start,
-        queue_end=q_end,
-        queue_growing=growing,
-        throughput_first_half=first,
-        throughput_second_half=second,
-        throughput_stable=stable,
-        saturated=bool(reasons),
-        reasons=reasons,
-    )

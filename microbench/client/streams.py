@@ -13,6 +13,8 @@ and SGLang payloads); ``parse_sse_line`` gives the whole JSON object, for tools 
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +27,7 @@ from msgspec import UNSET, UnsetType
 
 __all__ = [
     "DONE",
+    "ConnectFailed",
     "HTTPStatusError",
     "ServerStreamError",
     "StreamChunk",
@@ -33,6 +36,7 @@ __all__ = [
     "StreamRecord",
     "parse_chunk",
     "parse_sse_line",
+    "retry_after_s",
     "stream_request",
 ]
 
@@ -48,16 +52,42 @@ class StreamError(RuntimeError):
 
 
 class HTTPStatusError(StreamError):
-    """The server answered with a non-200 status (e.g. 429, 500); ``status`` and ``body`` say what."""
+    """The server answered with a non-200 status (e.g. 429, 500); ``status`` and ``body`` say what, and
+    ``retry_after`` the seconds its ``Retry-After`` header asked the client to wait (None: no header)."""
 
-    def __init__(self, status: int, body: str, record: StreamRecord) -> None:
+    def __init__(
+        self, status: int, body: str, record: StreamRecord, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"HTTP {status}: {body[:300]}", record)
         self.status = status
         self.body = body
+        self.retry_after = retry_after
 
 
 class StreamCut(StreamError):
     """The connection ended before ``data: [DONE]``."""
+
+
+class ConnectFailed(StreamCut):
+    """No connection at all (refused, unreachable, reset before any response): nothing was sent."""
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header (delta-seconds or an HTTP date) in seconds from now; None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max((when - dt.datetime.now(dt.UTC)).total_seconds(), 0.0)
 
 
 class ServerStreamError(StreamError):
@@ -228,7 +258,8 @@ async def stream_request(
             if resp.status != 200:
                 text = await resp.text()
                 record.error = f"HTTP {resp.status}: {text[:300]}"
-                raise HTTPStatusError(resp.status, text, record)
+                wait = retry_after_s(resp.headers.get("Retry-After"))
+                raise HTTPStatusError(resp.status, text, record, wait)
             pending = b""
             async for data in resp.content.iter_any():
                 t_ns = time.perf_counter_ns()
@@ -244,6 +275,8 @@ async def stream_request(
     except (aiohttp.ClientError, TimeoutError) as exc:
         where = "before any response" if record.status is None else f"after {len(record.chunk_t_ns)} chunks"
         record.error = f"connection to {url} failed {where}: {exc!r}"
+        if record.status is None and isinstance(exc, aiohttp.ClientConnectorError):
+            raise ConnectFailed(record.error, record) from exc  # refused or unreachable: nothing was sent
         raise StreamCut(record.error, record) from exc
     record.error = f"stream ended without [DONE] after {len(record.chunk_t_ns)} chunks"
     raise StreamCut(record.error, record)

@@ -15,10 +15,12 @@ import aiohttp
 
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.client.streams import (
+    ConnectFailed,
     HTTPStatusError,
     ServerStreamError,
     StreamCut,
     StreamRecord,
+    retry_after_s,
     stream_request,
 )
 
@@ -41,10 +43,14 @@ async def post_request(
             if resp.status != 200:
                 text = await resp.text()
                 record.error = f"HTTP {resp.status}: {text[:300]}"
-                raise HTTPStatusError(resp.status, text, record)
+                raise HTTPStatusError(
+                    resp.status, text, record, retry_after_s(resp.headers.get("Retry-After"))
+                )
             body = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         record.error = f"request failed: {exc!r}"
+        if record.status is None and isinstance(exc, aiohttp.ClientConnectorError):
+            raise ConnectFailed(record.error, record) from exc
         raise StreamCut(record.error, record) from exc
     t_ns = time.perf_counter_ns()
     if isinstance(body, dict) and "error" in body and not body.get("choices"):
@@ -82,6 +88,8 @@ def classify(exc: BaseException) -> str:
         return "http_error"
     if isinstance(exc, ServerStreamError):
         return "server_error"
+    if isinstance(exc, ConnectFailed):
+        return "refused"  # no connection: the engine is not there (a cut is a stream that broke mid-way)
     if isinstance(exc, StreamCut):
         return "cut"
     return "client_error"

@@ -139,6 +139,8 @@ class LoadSession:
                 return
             target = outcome.start_ns + offset_ns
             if deadline is not None and target >= deadline:
+                # the issuing window is the nominal one: its empty tail (no arrival drawn) belongs to it
+                await self._sleep_until(deadline)
                 return
             if not await self._sleep_until(target):
                 return

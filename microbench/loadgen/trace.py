@@ -10,7 +10,8 @@ header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` c
 The header carries the workload spec and seed, the prompt settings (token space, salt), the engine, and
 the load generator's health per stage: requested vs achieved rate, schedule-delay p50/p99/max, the most
 requests in flight, and a saturation warning when the generator fell behind (median schedule delay above
-10 ms, or an open loop whose sends spanned more than 1/0.9 of the time its schedule asked for).
+10 ms, p99 above 100 ms: a tail of late sends the median hides, or an open loop whose sends spanned more
+than 1/0.9 of the time its schedule asked for).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from microbench.loadgen.stages import RequestRecord, SessionResult, StageOutcome
 
 __all__ = [
     "SATURATION_DELAY_MS",
+    "SATURATION_DELAY_P99_MS",
     "TRACE_COLUMNS",
     "StageHealth",
     "TraceHeader",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 SATURATION_DELAY_MS = 10.0
+SATURATION_DELAY_P99_MS = 100.0
 SATURATION_RATE_FRACTION = 0.9
 LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
 TRACE_COLUMNS = (
@@ -182,6 +185,9 @@ def _health(outcome: StageOutcome, rows: pd.DataFrame) -> StageHealth:
     problems = []
     if p50 is not None and p50 > SATURATION_DELAY_MS:
         problems.append(f"median schedule delay {p50:.1f} ms > {SATURATION_DELAY_MS:g} ms")
+    p99 = _percentile_ms(delays, 99)
+    if p99 is not None and p99 > SATURATION_DELAY_P99_MS:
+        problems.append(f"schedule delay p99 {p99:.1f} ms > {SATURATION_DELAY_P99_MS:g} ms")
     if (
         outcome.in_flight_limit is None
         and achieved is not None
@@ -206,7 +212,7 @@ def _health(outcome: StageOutcome, rows: pd.DataFrame) -> StageHealth:
         issued=len(rows),
         status_counts={str(k): int(v) for k, v in rows["status"].value_counts().items()},
         schedule_delay_p50_ms=p50,
-        schedule_delay_p99_ms=_percentile_ms(delays, 99),
+        schedule_delay_p99_ms=p99,
         schedule_delay_max_ms=None if delays.size == 0 else float(delays.max() / 1e6),
         duration_s=(outcome.end_ns - outcome.start_ns) / 1e9,
         drain_cancelled=outcome.drain_cancelled,

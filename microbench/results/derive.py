@@ -31,7 +31,19 @@ from microbench.results.records import (
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
 from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
 
-__all__ = ["DeriveInputs", "derive", "stream_gaps"]
+__all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
+
+# The engine quantities (``MetricNames`` fields) ``derive`` reads from the scrapes: what a run stores.
+METRICS_READ = (
+    "iteration_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "preemptions",
+    "queue_time",
+    "prefill_time",
+    "requests_running",
+    "requests_waiting",
+)
 
 
 @dataclass(frozen=True)
@@ -192,7 +204,7 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 
 def derived_figures(
-    cut: WindowCut | None, steps: PrefillSteps, chunks: ChunkCount, d: int, has_log: bool
+    cut: WindowCut | None, steps: PrefillSteps, chunks: ChunkCount, d: int, has_log: bool, first_token: bool
 ) -> Derived:
     """Every derived figure against the local baseline; per-step penalties from the engine's record."""
     local_p50 = percentile_ms(cut.local, 50) if cut else None
@@ -201,7 +213,8 @@ def derived_figures(
         aggregate = sum(
             (g.end_ns - g.start_ns) / 1e6 - local_p50 * g.tokens for s in cut.per_stream_during for g in s
         )
-    identity = aggregate / (d * chunks.used) if aggregate is not None and d else None
+    # no first token, no prefill window: nothing to divide (the point is invalid anyway, and says why)
+    identity = aggregate / (d * chunks.used) if aggregate is not None and d and first_token else None
     penalty, source = (steps.penalty_full_ms(), "engine_steps") if has_log else (identity, "identity")
     if penalty is None:
         source = "none"
@@ -310,7 +323,7 @@ def derive(inp: DeriveInputs) -> RunRecord:
         baseline=inp.baseline,
         local_baseline=local,
         interference=_interference(inp, cut, steps, chunks, counts),
-        derived=derived_figures(cut, steps, chunks, d, bool(steps.prefill)),
+        derived=derived_figures(cut, steps, chunks, d, bool(steps.prefill), obs.t_first_token_ns is not None),
         validity=Validity(valid=not reasons, reasons=reasons, attempt=obs.attempt),
         t_inject_ns=t0,
         t_first_token_ns=t1,

@@ -21,14 +21,16 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
-from engine_harness.engines import engine_kind
+from engine_harness.engines import MetricNames, engine_kind
 from engine_harness.metrics import Snapshot
-from microbench.results.derive import DeriveInputs, derive
+from microbench.results.derive import METRICS_READ, DeriveInputs, derive
+from microbench.results.faults import infrastructure_reasons
 from microbench.results.records import (
     BaselineRecord,
     Manifest,
@@ -50,15 +52,23 @@ class _RunLock(filelock.FileLock):
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), timeout=0)
 
-    def __enter__(self) -> _RunLock:
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        """As filelock's, with ``RunFolderBusy`` (what to do) instead of ``Timeout`` (an ``OSError`` that
+        callers would report as an unwritable folder)."""
         try:
-            self.acquire()
+            return super().acquire(*args, **kwargs)
         except filelock.Timeout:
             raise RunFolderBusy(
                 f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
                 "the same run); wait for it to finish or stop it, then --resume"
             ) from None
-        return self
+
+
+def _readable(path: Path) -> RunRecord | None:
+    try:
+        return read_record(path, RunRecord)
+    except (OSError, ValueError):  # missing, truncated, not JSON, or not a record
+        return None
 
 
 def attempt_stem(d: int, p: int, rep: int, attempt: int) -> str:
@@ -117,12 +127,34 @@ class RunFolder:
     def telemetry_path(self, chunk: int) -> Path:
         return self.root / "telemetry" / f"{chunk}.parquet"
 
+    def stored_record(self, chunk: int, d: int, p: int, rep: int) -> RunRecord | None:
+        """The point's record under runs/; None when it is missing or unreadable (e.g. truncated)."""
+        return _readable(self.record_path(chunk, d, p, rep))
+
     def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
-        return self.record_path(chunk, d, p, rep).is_file()
+        """A readable record that is valid, or invalid for a final reason (``results.faults``): a point
+        missing, unreadable or invalid for an infrastructure reason is measured (again)."""
+        record = self.stored_record(chunk, d, p, rep)
+        return record is not None and (
+            record.validity.valid or not infrastructure_reasons(record.validity.reasons)
+        )
 
     def attempts(self, chunk: int, d: int, p: int, rep: int) -> int:
         """Attempts of a point observed so far (the next attempt's number)."""
         return len(list((self.root / "observed" / str(chunk)).glob(f"{point_name(d, p, rep)}_a*.json")))
+
+    def spent_attempts(self, chunk: int, d: int, p: int, rep: int) -> int:
+        """Invalid attempts of a point that count against ``max_attempts``: those invalid for a final
+        reason (an attempt spoiled by the infrastructure spends none)."""
+        paths = (self.root / "invalid" / str(chunk)).glob(f"{point_name(d, p, rep)}_a*.json")
+        records = (_readable(path) for path in paths)
+        return sum(1 for r in records if r is not None and not infrastructure_reasons(r.validity.reasons))
+
+    def add_note(self, note: str) -> None:
+        """Append one line to the manifest's notes (infrastructure faults, restarts): the run's log book."""
+        manifest = self.read_manifest()
+        manifest.notes.append(note)
+        self.write_manifest(manifest)
 
     def observations(self) -> Iterator[Path]:
         yield from sorted((self.root / "observed").glob("*/*.json"))
@@ -134,10 +166,12 @@ class RunFolder:
         frame.to_parquet(buf, index=False)
         atomic_write_bytes(self.root / rel, buf.getvalue())
 
-    def write_scrapes(self, rel: str, before: Snapshot | None, after: Snapshot | None) -> None:
-        """The engine's own metric families (``vllm:``, ``sglang:``) before and after an attempt."""
+    def write_scrapes(
+        self, rel: str, before: Snapshot | None, after: Snapshot | None, names: MetricNames
+    ) -> None:
+        """The families the engine's metric table names (what ``derive`` reads), before and after."""
         pair = (("before", before), ("after", after))
-        body = {k: s.engine_samples().to_json() if s else None for k, s in pair}
+        body = {k: s.only(names, METRICS_READ).to_json() if s else None for k, s in pair}
         atomic_write_bytes(self.root / rel, json.dumps(body).encode())
 
     def write_baseline(self, rel: str, record: BaselineRecord) -> None:

@@ -1,15 +1,13 @@
-"""Result schemas of the interference sweep (pydantic, strict, versioned) and atomic read/write.
+"""The stored objects of a sweep run (pydantic, strict, versioned) and how older versions are read.
 
-A run folder ``results/<run-id>/`` holds ``manifest.json`` (``Manifest``), one ``RunRecord`` per
-measured point at ``runs/<chunk>/D<d>_P<p>_r<rep>.json`` (the valid attempt, or the last invalid one
-once retries are spent), every invalid attempt under ``invalid/``, one ``BaselineRecord`` per (chunk, D)
-at ``baselines/<chunk>/D<d>.json``, raw stamps under ``raw/`` (Parquet) and metric scrapes under
-``metrics/``. The per-point record keeps seed 002's ``config``/``baseline``/``interference``/``derived``
-sections and field names, and extends them.
+The run-folder layout is ``microbench.results.layout``. Measured: ``Manifest``, ``Observation`` (one per
+attempt), ``BaselineRecord`` (one per decode batch), with the stamps and scrapes beside them. Derived:
+``RunRecord`` (seed 002's ``config``/``baseline``/``interference``/``derived`` sections and field names,
+extended), written by ``microbench.results.derive`` from the measured objects.
 
-Versioning: every record carries ``schema_version``. ``SCHEMA_VERSION`` is the one written; readers
-accept every version listed in ``READABLE_VERSIONS`` (update both on a breaking change, and add the
-upgrade step to ``_upgrade``).
+Versioning: every object carries ``schema_version``. ``SCHEMA_VERSION`` is the one written; readers
+accept every version listed in ``READABLE_VERSIONS`` and ``_upgrade`` brings an older one to the current
+schema (version 1's derived fields are kept under names that say what they were).
 """
 
 from __future__ import annotations

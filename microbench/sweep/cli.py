@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,11 @@ from typing import Any
 import filelock
 
 from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
-from benchcore.flags import add_config, add_out
+from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
+from benchcore.redact import REDACTED, redact_argv, redact_env
 from engine_harness.flags import add_engine_flags, engine_overrides
-from engine_harness.launch import EngineError
+from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
 from microbench.results.layout import RunFolder, RunFolderBusy
@@ -98,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     eng = p.add_argument_group("engine")
     add_engine_flags(eng)
     eng.add_argument(
+        "--start-timeout",
+        type=duration,
+        metavar="DURATION",
+        help="how long an engine may take to answer /health at start (default 10m; --engine external: 30s)",
+    )
+    eng.add_argument(
         "--enforce-eager", action="store_true", default=None, help="disable CUDA graphs (seed 002's ablation)"
     )
     out = p.add_argument_group("output")
@@ -150,19 +158,58 @@ def _resolve_run(args: argparse.Namespace) -> tuple[RunFolder, SweepConfig, bool
                 f"--resume continues the stored sweep; drop {', '.join(given)} (or start a new run)"
             )
         try:
-            return folder, SweepConfig.model_validate(folder.read_manifest().sweep), True
-        except ValueError as exc:
-            raise BadInput(f"--resume: the manifest of {folder.root} cannot be read ({exc})") from None
+            stored = folder.read_manifest().sweep
+        except (OSError, ValueError) as exc:
+            raise BadInput(
+                f"--resume: the manifest of {folder.root} cannot be read ({exc}); it is written before the "
+                "first point, so a run without a readable manifest cannot be continued: start a new run "
+                "with another --out (the points measured so far stay where they are)"
+            ) from None
+        sweep = SweepConfig.model_validate(_unredact(stored))
+        _check_model(sweep)
+        return folder, sweep, True
     try:
         sweep = load_sweep(args.config, overrides)
     except SweepConfigError as exc:
         raise BadInput(str(exc)) from None
+    _check_model(sweep)
     folder = RunFolder(args.out or RESULTS / new_run_id(sweep.name))
     if folder.exists():
         raise BadInput(
             f"run {folder.root} already exists: pass --resume to continue it, or choose another --out"
         )
     return folder, sweep, False
+
+
+def _check_model(sweep: SweepConfig) -> None:
+    """A model folder that is not there is bad input, found before an engine start of a minute."""
+    for chunk in sweep.chunks:
+        if (problem := model_problem(sweep.engine_spec(chunk))) is not None:
+            raise BadInput(problem)
+
+
+def _redacted(sweep: SweepConfig) -> dict[str, Any]:
+    """The sweep as stored: secret-looking engine env values and flag values replaced (benchcore.redact)."""
+    data = sweep.model_dump(mode="json")
+    engine = data["engine"]
+    if isinstance(engine.get("env"), dict):
+        engine["env"] = redact_env(engine["env"])
+    if isinstance(engine.get("extra_args"), list):
+        engine["extra_args"] = redact_argv(engine["extra_args"])
+    return data
+
+
+def _unredact(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored sweep with its redacted engine env values taken from this shell's environment again."""
+    env = (stored.get("engine") or {}).get("env") or {}
+    missing = [k for k, v in env.items() if v == REDACTED and k not in os.environ]
+    if missing:
+        raise BadInput(
+            f"--resume: the run's engine environment {', '.join(missing)} was not stored (secrets never "
+            f"are); export {' '.join(f'{k}=…' for k in missing)} in this shell and --resume again"
+        )
+    restored = {k: os.environ[k] if v == REDACTED else v for k, v in env.items()}
+    return stored | {"engine": stored["engine"] | {"env": restored}} if env else stored
 
 
 def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
@@ -173,8 +220,9 @@ def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
         Manifest(
             run_id=folder.root.name,
             created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            sweep=sweep.model_dump(mode="json"),
-            engine_spec=spec.model_dump(mode="json", exclude={"env"}),
+            sweep=_redacted(sweep),
+            engine_spec=spec.model_dump(mode="json", exclude={"env"})
+            | {"extra_args": redact_argv(spec.extra_args)},
             engine_version=None,
             hardware=hardware_info(NvmlSource.gpu_names()),
             packages=package_versions(),
@@ -182,6 +230,16 @@ def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
             seed=sweep.seed,
         )
     )
+
+
+def _problem(exc: Exception) -> str:
+    """One line naming what went wrong; a file-system error names the file and the fix."""
+    if isinstance(exc, OSError) and exc.filename:
+        return (
+            f"cannot write {exc.filename}: {exc.strerror or exc}; free some space or make the folder "
+            "writable (the file was not half-written)"
+        )
+    return str(exc)
 
 
 def _lock(folder: RunFolder) -> filelock.BaseFileLock:
@@ -208,7 +266,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 raise BadInput(
                     f"cannot write the run folder {folder.root}: {exc}; choose another --out"
                 ) from None
-        runner = SweepRunner(folder, sweep)
+        runner = SweepRunner(folder, sweep, args.start_timeout)
         try:
             aio.run(runner.run())
         except (KeyboardInterrupt, Stopped):
@@ -218,7 +276,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
             )  # one line: survives copy and paste
             raise
         except (SweepAborted, EngineError, MetricsError, OSError) as exc:
-            runner.console.print(f"[red]error: {exc}", soft_wrap=True)
+            runner.console.print(f"[red]error: {_problem(exc)}", soft_wrap=True)
             runner.console.print(
                 f"measured points are kept in {folder.root}; continue with: {resume}", soft_wrap=True
             )

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
 from engine_harness.engines import EngineSpec, resolve_spec
+from microbench.client.prompts import TokenSpace
 from microbench.results.records import ProtocolRules
 
 __all__ = ["SweepConfig", "SweepConfigError", "load_sweep"]
@@ -55,6 +56,13 @@ class SweepConfig(StrictModel):
         if any(x < 0 for x in v):
             raise ValueError(f"values must be ≥ 0, got {v}")
         return sorted(set(v))
+
+    @field_validator("token_range")
+    @classmethod
+    def _token_range(cls, v: str | None) -> str | None:
+        if v is not None:
+            TokenSpace.parse(v)  # checked before the run exists, not after its manifest is written
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> SweepConfig:

@@ -14,18 +14,31 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
+from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
 from engine_harness.telemetry import TelemetrySampler, default_source
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
+from microbench.client.retry import with_retry
 from microbench.results.layout import RunFolder
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.protocol import EngineClient, warm_up
 
-__all__ = ["MAX_ENGINE_RESTARTS", "EngineLifecycle", "SweepAborted", "Timing"]
+__all__ = ["MAX_ENGINE_RESTARTS", "EngineLifecycle", "SweepAborted", "Timing", "progress_bar"]
 
 MAX_ENGINE_RESTARTS = 3
+START_TIMEOUT_S = 600.0  # a launched engine's start-up (vLLM on CPU: about 60 s)
+EXTERNAL_TIMEOUT_S = 30.0  # an external engine is already running: a closed port is known soon
+PROBE_S = 30.0  # after a fault, how long an engine may take to answer /health before it counts as gone
 
 
 class SweepAborted(RuntimeError):
@@ -51,15 +64,36 @@ class Timing:
         )
 
 
+def progress_bar(console: Console) -> Progress:
+    """The sweep's one progress line: what it does, points done of all, elapsed time and ETA."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=console, transient=False)
+
+
 class EngineLifecycle:
     """One engine per chunk size, as the sweep needs it."""
 
-    def __init__(self, folder: RunFolder, sweep: SweepConfig, console: Console, timing: Timing) -> None:
+    def __init__(
+        self,
+        folder: RunFolder,
+        sweep: SweepConfig,
+        console: Console,
+        timing: Timing,
+        start_timeout_s: float | None = None,
+    ) -> None:
         self.folder = folder
         self.sweep = sweep
         self.console = console
         self.timing = timing
         self.restarts = 0
+        self.start_timeout_s = start_timeout_s
 
     @contextlib.asynccontextmanager
     async def running(self, chunk: int) -> AsyncIterator[EngineProcess]:
@@ -68,7 +102,10 @@ class EngineLifecycle:
         kind_settings = EngineProcess.kind_of(spec).step_settings
         if kind_settings:
             spec = spec.model_copy(update=kind_settings)
-        engine = EngineProcess(spec, self.folder.engine_log(chunk))
+        kind = EngineProcess.kind_of(spec)
+        timeout = self.start_timeout_s or (START_TIMEOUT_S if kind.launched else EXTERNAL_TIMEOUT_S)
+        log = self.folder.engine_log(chunk) if kind.launched else None  # an external engine logs elsewhere
+        engine = EngineProcess(spec, log, startup_timeout_s=timeout)
         t = time.perf_counter()
         await engine.start()
         self.timing.engine_start_s += time.perf_counter() - t
@@ -86,7 +123,7 @@ class EngineLifecycle:
     def _record(self, chunk: int, engine: EngineProcess) -> None:
         manifest = self.folder.read_manifest()
         manifest.engine_version = engine.version
-        manifest.engine_argv[str(chunk)] = engine.argv
+        manifest.engine_argv[str(chunk)] = redact_argv(engine.argv)  # no --api-key value in the manifest
         self.folder.write_manifest(manifest)
         self.console.print(
             f"chunk {chunk}: {engine.spec.kind} {engine.version or ''} at {engine.base_url} "
@@ -100,7 +137,7 @@ class EngineLifecycle:
         steps = engine.kind.step_source(session, engine.base_url, engine.log_path)
         headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
         return EngineClient(
-            session, engine.base_url, engine.spec.model_name, engine.kind.metrics, steps, headers
+            session, engine.base_url, engine.spec.model_name, engine.kind.metrics, steps, headers, lag
         )
 
     async def warm(self, client: EngineClient, space: TokenSpace, chunk: int) -> None:
@@ -120,19 +157,37 @@ class EngineLifecycle:
                 soft_wrap=True,
             )
 
+    async def prime(self, client: EngineClient, prefix: list[int]) -> None:
+        """Put the shared decode prefix in the prefix cache (retried if the engine turns it away)."""
+        await with_retry(lambda: client.complete(prefix, 1))
+
+    def log_hint(self, engine: EngineProcess) -> str:
+        return f"its log: {engine.log_path}" if engine.log_path else f"it should answer at {engine.base_url}"
+
     async def recover(self, engine: EngineProcess, why: str) -> bool:
-        """After a failure: False if the engine lives; restart it (True) if it died and we own it."""
-        if engine.alive():
+        """After an infrastructure fault: False if the engine still answers /health; True once an engine
+        that died (or stopped answering) was restarted. An external engine that stopped answering, or an
+        engine that keeps dying, ends the sweep (``SweepAborted``) with what to do."""
+        probe_s = min(engine.startup_timeout_s, PROBE_S)
+        if await engine.responsive(probe_s):
             return False
         if not engine.kind.launched:
-            raise SweepAborted(f"the external engine at {engine.base_url} stopped answering ({why})")
+            raise SweepAborted(
+                f"the external engine at {engine.base_url} stopped answering (/health failed for "
+                f"{probe_s:.0f} s after: {why}); once it answers again, continue with --resume"
+            )
         self.restarts += 1
         if self.restarts > MAX_ENGINE_RESTARTS:
             raise SweepAborted(
-                f"engine died {self.restarts} times in this chunk; last: {why}; see {engine.log_path}"
+                f"the engine died {self.restarts} times in this chunk; the last time: {why}. Look at "
+                f"{engine.log_path} for its reason"
             )
-        self.console.print(f"[yellow]engine died ({why}); restarting it (restart {self.restarts})")
+        code = engine.proc.returncode if engine.proc is not None else None
+        self.console.print(
+            f"[yellow]engine died (exit code {code}); restarting it (restart {self.restarts})", soft_wrap=True
+        )
+        self.folder.add_note(f"engine restarted (restart {self.restarts}, exit code {code}) after: {why}")
         t = time.perf_counter()
-        await engine.restart()
+        await engine.restart()  # stops the whole process group first (a hung engine included)
         self.timing.engine_start_s += time.perf_counter() - t
         return True

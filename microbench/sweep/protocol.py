@@ -1,12 +1,12 @@
-"""One interference measurement: hold D decodes steady, inject one cold prefill, cut the windows.
+"""One interference measurement, live: hold D decodes steady, inject one cold prefill, watch it through.
 
-``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source).
-``DecodeBatch`` runs D streaming completions on one shared warm prefix and watches their gaps live.
-``measure_baseline`` is seed 002's Phase 1; ``inject`` is Phase 2 for one (P, repetition): it stamps
-the send and first token of a unique cold prompt, waits through a recovery window, scrapes /metrics
-before and after, reads the engine's own step log, and returns a ``RunRecord`` whose ``validity``
-says whether the point may be used. The checks (zero prefix-cache hits, decodes spanning the window,
-steady state held, no preemption, no stream ending early) are made here, on what was measured.
+``EngineClient`` is what the protocol talks to (base URL, model name, metric names, step source, the
+client's loop-lag monitor). ``DecodeBatch`` runs D streaming completions on one shared warm prefix and
+keeps seed 002's steady rule per stream as chunks arrive. ``measure_baseline`` is seed 002's Phase 1;
+``inject`` is Phase 2 for one (P, repetition): it stamps the send and first token of a unique cold
+prompt, waits through a recovery window, scrapes /metrics before and after and reads the engine's own
+steps. It measures and nothing else: the runner stores what it saw (``microbench.results.layout``) and
+``microbench.results.derive`` computes every figure and the validity from what was stored.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import gc
 import itertools
 import time
@@ -24,10 +25,11 @@ import aiohttp
 import pandas as pd
 
 from engine_harness.engines import MetricNames
-from engine_harness.metrics import MetricsError, Snapshot, scrape
+from engine_harness.metrics import Snapshot, scrape
 from engine_harness.steps import EngineStep, StepSource
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace, cold_prompt
+from microbench.client.retry import is_transient, with_retry
 from microbench.client.streams import StreamError, StreamRecord, stream_request
 from microbench.results.records import Baseline, ProtocolRules
 from microbench.results.windows import Gap, SteadyTracker, gaps_of, percentile_ms
@@ -252,17 +254,20 @@ class WarmUp:
     verified: bool
 
 
+async def _probe(client: EngineClient, space: TokenSpace) -> StreamRecord:
+    """One warm-up probe: a fresh 64-token cold prompt, 16 tokens out."""
+    payload = client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16)
+    return await stream_request(client.session, client.completions_url, payload, headers=client.headers)
+
+
 async def warm_up(client: EngineClient, space: TokenSpace, chunk: int, max_probes: int = 20) -> WarmUp:
     """One full-budget cold prefill, then identical-shape probes until three agree within 10%."""
-    await client.complete(cold_prompt(min(chunk, 4096), space), 1)
+    # Warm-up requests are not measurements: one an engine turns away for a moment (HTTP 429 with its
+    # Retry-After, a 5xx, no connection) is sent again instead of ending the run (client.retry).
+    await with_retry(lambda: client.complete(cold_prompt(min(chunk, 4096), space), 1))
     probes: list[float] = []
     for _ in range(max_probes):
-        rec = await stream_request(
-            client.session,
-            client.completions_url,
-            client.payload(cold_prompt(64, space), 16, ignore_eos=True, min_tokens=16),
-            headers=client.headers,
-        )
+        rec = await with_retry(functools.partial(_probe, client, space))
         probes.append(((rec.t_done_ns or time.perf_counter_ns()) - rec.t_send_ns) / 1e6)
         last = probes[-3:]
         if len(last) == 3 and max(last) <= 1.1 * min(last):
@@ -309,6 +314,8 @@ async def inject(
     try:
         prefill = await asyncio.wait_for(client.complete(prompt, 1), s.injection_timeout_s)
     except StreamError as exc:
+        if is_transient(exc):
+            raise  # the engine turned it away or went away (429, 5xx, no connection): not a measurement
         prefill = exc.record
         reasons.append(f"the injected request failed: {exc}")
     except TimeoutError:
@@ -325,11 +332,9 @@ async def inject(
         except ProtocolError as exc:
             reasons.append(f"decodes did not span the window: {exc}")
     # After the recovery window, for the same reason as above.
-    after: Snapshot | None = None
-    try:
-        after = await client.scrape()
-    except MetricsError as exc:
-        reasons.append(f"/metrics after the injection failed: {exc}")
+    # /metrics after the window failing means the engine went away (or stalled): an infrastructure fault
+    # (MetricsError, raised to the runner), not a verdict on the point.
+    after: Snapshot | None = await client.scrape()
     steps: list[EngineStep] = []
     if client.steps is not None:
         steps = await client.steps.since(mark)

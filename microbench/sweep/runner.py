@@ -13,34 +13,24 @@ import time
 
 import aiohttp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress, TaskID
 
 from engine_harness.engines import engine_kind
-from engine_harness.launch import EngineError, EngineProcess
-from engine_harness.metrics import MetricsError
+from engine_harness.launch import EngineProcess
 from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
-from microbench.client.streams import StreamError
+from microbench.results.faults import infrastructure_reasons
 from microbench.results.layout import RunFolder, attempt_stem
 from microbench.results.records import (
     BaselineRecord,
     Observation,
     RunConfig,
-    RunRecord,
     point_name,
-    read_record,
 )
 from microbench.results.windows import expected_chunks
 from microbench.sweep.config import SweepConfig
-from microbench.sweep.lifecycle import EngineLifecycle, Timing
+from microbench.sweep.faults import FaultBudget, InfrastructureFault, batch_fault, infrastructure_error
+from microbench.sweep.lifecycle import EngineLifecycle, SweepAborted, Timing, progress_bar
 from microbench.sweep.protocol import (
     DecodeBatch,
     EngineClient,
@@ -58,20 +48,17 @@ __all__ = ["SweepRunner"]
 Point = tuple[int, int, int, int]  # chunk, D, P, repetition
 
 
-class SweepAborted(RuntimeError):
-    """The sweep cannot go on (e.g. an external engine stopped answering)."""
-
-
 class SweepRunner:
-    def __init__(self, folder: RunFolder, sweep: SweepConfig) -> None:
+    def __init__(self, folder: RunFolder, sweep: SweepConfig, start_timeout_s: float | None = None) -> None:
         self.folder = folder
         self.sweep = sweep
         self.rules = sweep.protocol
         self.console = Console()
         self.timing = Timing()
-        self.engines = EngineLifecycle(folder, sweep, self.console, self.timing)
+        self.engines = EngineLifecycle(folder, sweep, self.console, self.timing, start_timeout_s)
         self.lag = LagMonitor()
         self.invalid_attempts = 0
+        self.faults = FaultBudget()
         self.last_ratio: float | None = None
         self.progress: Progress | None = None
         self.task_id: TaskID | None = None
@@ -87,15 +74,7 @@ class SweepRunner:
         done = sum(self.folder.is_done(c, d, p, r) for c, d, p, r in self._grid())
         if done:
             self.console.print(f"resuming {self.folder.root.name}: {done}/{total} points already measured")
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        with progress_bar(self.console) as progress:
             self.progress = progress
             self.task_id = progress.add_task("starting", total=total, completed=done)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -113,12 +92,8 @@ class SweepRunner:
 
     def invalid_points(self) -> int:
         """Points of this run recorded as finally invalid (their attempts spent)."""
-        return sum(
-            1
-            for c, d, p, r in self._grid()
-            if self.folder.is_done(c, d, p, r)
-            and not read_record(self.folder.record_path(c, d, p, r), RunRecord).validity.valid
-        )
+        records = (self.folder.stored_record(*point) for point in self._grid())
+        return sum(1 for record in records if record is not None and not record.validity.valid)
 
     def finish(self) -> None:
         """Write the table and print the summary from whatever is on disk."""
@@ -151,17 +126,40 @@ class SweepRunner:
     # -- one chunk -----------------------------------------------------------------------------------
 
     async def _run_chunk(self, session: aiohttp.ClientSession, engine: EngineProcess, chunk: int) -> None:
-        client = self.engines.client(session, engine, self.lag)
-        self._describe(f"chunk {chunk}: warming up")
-        await self.engines.warm(client, self.space, chunk)
-        # Prime the shared decode prefix once so every decode stream starts as a cache hit.
-        await client.complete(self.prefix, 1)
-        with no_full_collections():
-            await self._run_cells(session, engine, client, chunk)
+        """Warm up, prime the shared prefix, measure every point left; ride out infrastructure faults."""
+        cold = True
+        while True:
+            client = self.engines.client(session, engine, self.lag)
+            try:
+                if cold:
+                    self._describe(f"chunk {chunk}: warming up")
+                    await self.engines.warm(client, self.space, chunk)
+                    cold = False
+                # Prime the shared decode prefix once so every decode stream starts as a cache hit.
+                await self.engines.prime(client, self.prefix)
+                with no_full_collections():
+                    await self._run_cells(client, chunk)
+                return
+            except Exception as exc:
+                if (fault := infrastructure_error(exc)) is None:
+                    raise
+                cold = await self._ride_out(engine, chunk, fault) or cold
 
-    async def _run_cells(
-        self, session: aiohttp.ClientSession, engine: EngineProcess, client: EngineClient, chunk: int
-    ) -> None:
+    async def _ride_out(self, engine: EngineProcess, chunk: int, fault: InfrastructureFault) -> bool:
+        """Note the fault, restart the engine if it is gone (True), else back off; stop when too many."""
+        if not self.faults.spend():
+            raise SweepAborted(
+                f"{self.faults.limit} infrastructure faults in a row in chunk {chunk} and no point "
+                f"finished; the last: {fault}. Check the engine ({self.engines.log_hint(engine)})"
+            )
+        self.folder.add_note(f"chunk {chunk}: {fault} (no attempt spent)")
+        self.console.print(f"[yellow]chunk {chunk}: {fault}; no attempt spent", soft_wrap=True)
+        restarted = await self.engines.recover(engine, str(fault))
+        if not restarted:
+            await self.faults.back_off(fault)
+        return restarted
+
+    async def _run_cells(self, client: EngineClient, chunk: int) -> None:
         for d in self.sweep.decode_batch_sizes:
             todo = [
                 (p, r)
@@ -174,19 +172,13 @@ class SweepRunner:
                         await self._bare_points(client, chunk, todo)
                     else:
                         await self._batched_points(client, chunk, d, todo)
-                except (StreamError, aiohttp.ClientError, MetricsError, EngineError, ProtocolError) as exc:
-                    # Something outside one point's checks failed: count an attempt for the point in
-                    # flight, bring the engine back if it died, and go on with a fresh batch.
+                except ProtocolError as exc:
+                    # The engine answered but could not be brought into the state a measurement needs
+                    # (e.g. never idle): an attempt of the point in hand. Infrastructure faults go up.
                     p, r = todo[0]
                     self._fail_point(chunk, d, p, r, f"{type(exc).__name__}: {exc}")
                     if self.folder.is_done(chunk, d, p, r):
                         todo.pop(0)
-                    client = self.engines.client(session, engine, self.lag)
-                    if await self.engines.recover(engine, str(exc)):
-                        # a restarted engine is cold: warm it up again before it measures
-                        client = self.engines.client(session, engine, self.lag)
-                        await self.engines.warm(client, self.space, chunk)
-                    await client.complete(self.prefix, 1)
 
     def _config(self, chunk: int, d: int, p: int, r: int, budget: int) -> RunConfig:
         if self._hardware is None:
@@ -209,11 +201,10 @@ class SweepRunner:
 
     def _fail_point(self, chunk: int, d: int, p: int, r: int, why: str) -> None:
         """An attempt that failed outside the protocol's own checks: stored with why, derived like any."""
-        attempt = self.folder.attempts(chunk, d, p, r)
         obs = Observation(
             run_id=self.folder.root.name,
             config=self._config(chunk, d, p, r, 0),
-            attempt=attempt,
+            attempt=self.folder.attempts(chunk, d, p, r),
             t_inject_ns=time.perf_counter_ns(),
             t_first_token_ns=None,
             prompt_tokens=None,
@@ -224,25 +215,35 @@ class SweepRunner:
             raw_file=None,
             metrics_file=None,
         )
-        self._finish_point(obs, final=attempt + 1 >= self.sweep.max_attempts)
+        self._finish_point(obs)
 
-    def _finish_point(self, obs: Observation, final: bool) -> bool:
-        """Store the observation, derive the record from what the folder now holds, store the record."""
+    def _finish_point(self, obs: Observation) -> bool:
+        """Store the observation, derive the record from what the folder now holds, store the record.
+        An attempt spoiled by the infrastructure (``results.faults``) spends none of ``max_attempts``."""
+        c = obs.config
+        key = (c.chunk_size, c.decode_batch_size, c.new_prefill_tokens, c.repetition)
+        spent = self.folder.spent_attempts(*key)
         record = self.folder.derive_attempt(self.folder.write_observation(obs))
+        blamed = infrastructure_reasons(record.validity.reasons) if not record.validity.valid else []
+        final = not blamed and spent + 1 >= self.sweep.max_attempts
         self.folder.write_point(record, final)
-        c = record.config
         if not record.validity.valid:
             self.invalid_attempts += 1
             self.console.print(
                 f"[yellow]invalid: chunk {c.chunk_size} "
                 f"{point_name(c.decode_batch_size, c.new_prefill_tokens, c.repetition)} "
                 f"attempt {record.validity.attempt}: {'; '.join(record.validity.reasons)}"
+                + (" (infrastructure: not counted)" if blamed else "")
             )
         else:
             self.last_ratio = record.derived.penalty_ratio
         done = record.validity.valid or final
-        if done and self.progress is not None and self.task_id is not None:
-            self.progress.advance(self.task_id)
+        if blamed and not self.faults.spend():
+            raise SweepAborted(f"{self.faults.limit} infrastructure faults in a row; the last: {blamed[0]}")
+        if done:
+            self.faults.progress()
+            if self.progress is not None and self.task_id is not None:
+                self.progress.advance(self.task_id)
         return done
 
     async def _point(
@@ -259,7 +260,7 @@ class SweepRunner:
         raw, scrapes = self.folder.raw_name(chunk, stem), self.folder.metrics_name(chunk, stem)
         t_lo = inj.t_inject_ns - int(5e9)
         self.folder.write_raw(raw, raw_frame(batch, inj.prefill, t_lo, time.perf_counter_ns()))
-        self.folder.write_scrapes(scrapes, inj.before, inj.after)
+        self.folder.write_scrapes(scrapes, inj.before, inj.after, client.metrics)
         obs = Observation(
             run_id=self.folder.root.name,
             config=self._config(chunk, d, p, r, budget),
@@ -276,7 +277,7 @@ class SweepRunner:
             raw_file=raw,
             metrics_file=scrapes,
         )
-        return self._finish_point(obs, final=attempt + 1 >= self.sweep.max_attempts)
+        return self._finish_point(obs)
 
     async def _bare_points(self, client: EngineClient, chunk: int, todo: list[tuple[int, int]]) -> None:
         while todo:
@@ -326,6 +327,8 @@ class SweepRunner:
                     used = max(used, left - batch.tokens_left())
                     unsteady, injected = 0, True
                 except NotSteady as exc:
+                    if batch is not None and (fault := batch_fault(batch.tasks)) is not None:
+                        raise fault from exc  # a stream the engine refused or dropped: not unsteady
                     # Nothing was injected: the batch ran out of tokens or never settled. A fresh batch
                     # gets another chance; three in a row that never got one injection in make this
                     # point an invalid attempt (a batch that did measure simply used up its tokens).
@@ -360,6 +363,8 @@ class SweepRunner:
             self.timing.measure_s += time.perf_counter() - t
         except ProtocolError as exc:
             await batch.close()
+            if (fault := batch_fault(batch.tasks)) is not None:
+                raise fault from exc  # e.g. HTTP 500 or a refused connection at a stream's start
             raise NotSteady(f"decode batch {index}: {exc}") from exc
         except BaseException:
             await batch.close()

@@ -38,6 +38,9 @@ def print_summary(run_dir: Path, console: Console) -> None:
     except ValueError as exc:  # no valid point yet
         console.print(f"no table written: {exc}")
         return
+    except OSError as exc:  # a full disk or read-only folder: the records on disk are intact
+        console.print(f"[red]no table written: {exc}", soft_wrap=True)
+        return
     table = pd.read_csv(csv)
     view = Table(title=f"interference table ({csv}); against each point's local baseline", show_lines=False)
     cols = [*SEED_COLUMNS, "repetitions", "invalid", "outliers", "cv_penalty_ratio"]

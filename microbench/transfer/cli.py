@@ -10,7 +10,9 @@ Examples::
     python -m microbench.transfer                                   # NIXL between two CPU engines
     python -m microbench.transfer --config sweeps/transfer-smoke.yaml
     python -m microbench.transfer --P 1024 4096 --reps 1 --connector example-storage
+    python -m microbench.transfer --connector nixl-push-cpu --out results/push   # NIXL push mode
     python -m microbench.transfer --resume                          # continue the newest transfer run
+                                                                    # (failed and invalid points again)
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
+from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
 from engine_harness.engines import engine_kind
+from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError
+from microbench.results.layout import RunFolderBusy
 from microbench.results.records import Manifest
 from microbench.transfer.config import (
     TransferConfig,
@@ -42,7 +49,8 @@ __all__ = ["build_parser", "main", "manifest_notes"]
 
 REPO = Path(__file__).resolve().parents[2]
 _KEYS = ("prefill_tokens", "repetitions", "connector", "decode_tokens", "producer_chunk", "consumer_chunk",
-         "producer_cores", "consumer_cores", "token_range", "colocated")  # fmt: skip
+         "producer_cores", "consumer_cores", "token_range", "colocated", "alone", "phase_timeout_s",
+         "stall_timeout_s", "spinners")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     a = p.add_argument
-    a("--config", type=Path, help="a transfer definition, e.g. sweeps/transfer-smoke.yaml")
+    add_config(p, "sweeps/transfer-smoke.yaml")
     a(
         "--P",
         type=int,
@@ -74,11 +82,39 @@ def build_parser() -> argparse.ArgumentParser:
     a("--consumer-cores", help="VLLM_CPU_OMP_THREADS_BIND of the consumer (default 1)")
     a("--token-range", help="LO:HI token ids for prompts (default: read from the model)")
     a("--no-colocated", dest="colocated", action="store_false", default=None, help="skip the colocated TTFT")
-    a("--engine", choices=["vllm", "sim"], dest="kind", help="engine kind of both roles (default vllm)")
-    a("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
-    a("--out", type=Path, default=REPO / "results", help="results folder (default results/)")
-    a("--run-id", help="name of the run folder (default: UTC time + 'transfer-' + name)")
-    a("--resume", action="store_true", help="continue a stopped run (--run-id, or the newest transfer run)")
+    a(
+        "--no-alone",
+        dest="alone",
+        action="store_false",
+        default=None,
+        help="skip the lone-engine baseline (no connector, no peer; an extra engine start)",
+    )
+    a(
+        "--spinners",
+        choices=["leave", "sched-idle"],
+        help="threads spinning while their engine idles (NIXL's UCX progress thread): leave them (default) "
+        "or move them to SCHED_IDLE",
+    )
+    a(
+        "--phase-timeout",
+        type=duration,
+        dest="phase_timeout_s",
+        help="per phase of a request, e.g. 10m (default 600s)",
+    )
+    a(
+        "--stall-timeout",
+        type=duration,
+        dest="stall_timeout_s",
+        help="no progress this long and an engine counts as hung: the run stops (default 60s)",
+    )
+    add_engine_flags(p, kinds=["vllm", "sim"], default_text="vllm: both roles, the embedded CPU default")
+    add_out(p, "results/<UTC time>-transfer-<name>")
+    a(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (default: the newest transfer run under results/); failed and "
+        "invalid points are measured again",
+    )
     return p
 
 
@@ -88,17 +124,20 @@ def manifest_notes(cfg: TransferConfig) -> list[str]:
     producer, consumer = cfg.producer_spec(), cfg.consumer_spec()
     notes = [
         f"connector {preset.name}: {preset.description}",
-        "colocated TTFT is measured on the producer engine (same settings, no kv_transfer_params) while the "
-        "consumer engine idles beside it",
+        "colocated TTFT is measured on the producer engine (same settings, no kv_transfer_params) while "
+        "the consumer engine idles beside it; alone TTFT on the same engine started with no connector and "
+        "no peer",
         "phases are client/proxy perf_counter_ns stamps in one process; engine-side times are /metrics "
         "histogram-sum deltas around each request",
     ]
-    if engine_kind(producer.kind).cpu_thread_binding:
-        notes.append(
-            f"CPU contention: both engines share one host ({producer.cpu_threads_bind=}, "
-            f"{consumer.cpu_threads_bind=}); idle NIXL engines were seen to keep ~half a core busy each, so "
-            "absolute times include interference between the two engines"
-        )
+    cores = f"cores: producer {producer.cpu_threads_bind or 'unpinned'}, consumer "
+    cores += f"{consumer.cpu_threads_bind or 'unpinned'} on one host; "
+    notes.append(
+        cores + "contention is measured, not assumed: idle CPU of each engine per stage in "
+        "idle_cpu.json, and the lone engine (no connector, no peer) as the uncontended baseline (mode alone)"
+        if cfg.alone
+        else cores + "no lone-engine baseline in this run (--no-alone): the contention is not measured"
+    )
     if engine_kind(producer.kind).cpu_thread_binding and cfg.pin_engine_threads:
         notes.append(
             "every thread of each engine's processes (API server, engine core, worker) was pinned to that "
@@ -114,78 +153,107 @@ def manifest_notes(cfg: TransferConfig) -> list[str]:
     return notes
 
 
+def _newest_run(results: Path) -> Path | None:
+    runs = sorted(results.glob("*transfer*/manifest.json")) if results.is_dir() else []
+    return max(runs, key=lambda p: p.stat().st_mtime).parent if runs else None
+
+
+def _resume(
+    args: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[TransferFolder, TransferConfig, bool]:
+    root = args.out or _newest_run(REPO / "results")
+    if root is None:
+        raise TransferConfigError("--resume: no transfer run under results/; name one with --out DIR")
+    folder = TransferFolder(root)
+    if not folder.exists():
+        raise TransferConfigError(f"--resume: {folder.root} has no manifest.json (not a transfer run folder)")
+    given = [k for k, v in overrides.items() if k != "engine" and v is not None]
+    given += [k for k, v in overrides["engine"].items() if v is not None] + (
+        ["--config"] if args.config else []
+    )
+    if given:
+        raise TransferConfigError(f"--resume continues the stored definition; drop {', '.join(given)}")
+    return folder, TransferConfig.model_validate(folder.read_manifest().sweep), True
+
+
 def _resolve(args: argparse.Namespace) -> tuple[TransferFolder, TransferConfig, bool]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in _KEYS}
-    overrides["engine"] = {"kind": args.kind, "model": args.model}
+    overrides["engine"] = {k: v for k, v in engine_overrides(args).items() if v is not None}
     if args.resume:
-        runs = sorted(args.out.glob("*transfer*/manifest.json")) if args.out.is_dir() else []
-        run_id = args.run_id or (max(runs, key=lambda p: p.stat().st_mtime).parent.name if runs else None)
-        if run_id is None:
-            raise TransferConfigError(f"--resume: no transfer run with a manifest in {args.out}")
-        folder = TransferFolder(args.out / run_id)
-        if not folder.exists():
-            raise TransferConfigError(f"--resume: {folder.root} has no manifest.json")
-        given = [k for k, v in overrides.items() if k != "engine" and v is not None]
-        given += [k for k, v in overrides["engine"].items() if v is not None] + (
-            ["--config"] if args.config else []
-        )
-        if given:
-            raise TransferConfigError(f"--resume continues the stored definition; drop {', '.join(given)}")
-        return folder, TransferConfig.model_validate(folder.read_manifest().sweep), True
+        return _resume(args, overrides)
     cfg = load_transfer_config(args.config, overrides)
-    folder = TransferFolder(args.out / (args.run_id or new_run_id(f"transfer-{cfg.name}")))
+    folder = TransferFolder(args.out or REPO / "results" / new_run_id(f"transfer-{cfg.name}"))
     if folder.exists():
-        raise TransferConfigError(f"run {folder.root} exists: pass --resume, or choose another --run-id")
+        raise TransferConfigError(f"run {folder.root} exists: pass --resume to continue it, or another --out")
     return folder, cfg, False
+
+
+def _write_manifest(folder: TransferFolder, cfg: TransferConfig) -> None:
+    from engine_harness.telemetry import NvmlSource
+
+    folder.write_manifest(
+        Manifest(
+            run_id=folder.root.name,
+            created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            sweep=cfg.model_dump(mode="json"),
+            engine_spec={
+                "producer": cfg.producer_spec().model_dump(mode="json"),
+                "consumer": cfg.consumer_spec().model_dump(mode="json"),
+                "connector": cfg.connector_preset().model_dump(mode="json"),
+            },
+            engine_version=None,
+            hardware=hardware_info(NvmlSource.gpu_names()),
+            packages=package_versions() | _connector_packages(),
+            git_commit=git_commit(REPO),
+            seed=0,
+            notes=manifest_notes(cfg),
+        )
+    )
+
+
+def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
+    try:
+        folder, cfg, resumed = _resolve(args)
+    except TransferConfigError as exc:
+        raise BadInput(str(exc)) from None
+    state["out"] = folder.root
+    try:
+        with folder.lock():
+            return _measure(folder, cfg, resumed)
+    except RunFolderBusy as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:
+    console = Console()
+    if not resumed:
+        try:
+            _write_manifest(folder, cfg)
+        except OSError as exc:
+            raise BadInput(
+                f"cannot write the run folder {folder.root}: {exc}; choose another --out"
+            ) from None
+    console.print(f"run folder: {folder.root}", soft_wrap=True)
+    resume = f"python -m microbench.transfer --resume --out {folder.root}"
+    runner = TransferRunner(folder, cfg, console)
+    try:
+        asyncio.run(runner.run())
+    except (KeyboardInterrupt, Stopped):
+        console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
+        raise
+    except (TransferAborted, EngineError, OSError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        console.print(f"measured points are kept; continue with: {escape(resume)}", soft_wrap=True)
+        return EXIT_FAILURES
+    finally:
+        finish_run(folder, cfg, console)
+    return EXIT_FAILURES if runner.failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
-    try:
-        folder, cfg, resumed = _resolve(args)
-    except TransferConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not resumed:
-        from engine_harness.telemetry import NvmlSource
-
-        folder.write_manifest(
-            Manifest(
-                run_id=folder.root.name,
-                created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                sweep=cfg.model_dump(mode="json"),
-                engine_spec={
-                    "producer": cfg.producer_spec().model_dump(mode="json"),
-                    "consumer": cfg.consumer_spec().model_dump(mode="json"),
-                    "connector": cfg.connector_preset().model_dump(mode="json"),
-                },
-                engine_version=None,
-                hardware=hardware_info(NvmlSource.gpu_names()),
-                packages=package_versions() | _connector_packages(),
-                git_commit=git_commit(REPO),
-                seed=0,
-                notes=manifest_notes(cfg),
-            )
-        )
-    console.print(f"run folder: {folder.root}")
-    runner = TransferRunner(folder, cfg, console)
-    code = 0
-    try:
-        asyncio.run(runner.run())
-    except KeyboardInterrupt:
-        console.print(
-            "[yellow]stopped; continue with: python -m microbench.transfer --resume --run-id "
-            + folder.root.name
-        )
-        code = 130
-    except (TransferAborted, EngineError, OSError) as exc:
-        console.print(f"[red]error: {exc}")
-        code = 1
-    finish_run(folder, cfg, console)
-    if runner.failures and code == 0:
-        code = 1
-    return code
+    state: dict[str, Path] = {}
+    return run_cli(lambda: _run(args, state), lambda: state.get("out"))
 
 
 def _connector_packages() -> dict[str, str]:

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
 from engine_harness.engines import EngineSpec, engine_kind, resolve_spec
-from microbench.transfer.records import Mode
+from microbench.results.transfer import Mode
 
 __all__ = [
     "CONNECTORS_DIR",
@@ -57,6 +57,7 @@ class ConnectorPreset(StrictModel):
         False, description="the producer's token budget must cover the largest P (ExampleConnector)"
     )
     expects_kv_transfer: bool = Field(True, description="the consumer must report external KV tokens")
+    sim_args: list[str] = Field(default_factory=list, description="argv of a sim engine for this connector")
     transfer_time_metric: str | None = Field(None, description="consumer histogram of KV transfer times")
     transfer_post_metric: str | None = None
     transfer_bytes_metric: str | None = None
@@ -116,7 +117,14 @@ class TransferConfig(StrictModel):
         default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1, description="P grid"
     )
     repetitions: int = Field(3, ge=1, le=1000)
-    colocated: bool = Field(True, description="also measure the same P on one engine (the producer)")
+    colocated: bool = Field(
+        True, description="also measure the same P on the producer alone while its connector peer idles"
+    )
+    alone: bool = Field(
+        True,
+        description="also measure the same P on the producer's engine started alone (no connector, no peer, "
+        "same cores): the uncontended baseline the contention factor divides by",
+    )
     connector: str = Field("nixl-cpu", description="a preset in engine_harness/connectors/")
     decode_tokens: int = Field(4, ge=1, description="max_tokens of the request (consumer decodes them)")
     warmup_tokens: int = Field(256, ge=1, description="P of the unrecorded warm-up hand-off")
@@ -146,7 +154,23 @@ class TransferConfig(StrictModel):
     pause_s: float = Field(
         0.5, ge=0, description="idle time before each point, so the previous hand-off's bookkeeping is done"
     )
-    request_timeout_s: float = Field(600, gt=0, description="per phase of one request")
+    phase_timeout_s: float = Field(
+        600,
+        gt=0,
+        description="per phase of one request (producer leg, consumer leg); the client waits longer",
+    )
+    stall_timeout_s: float = Field(
+        60,
+        gt=0,
+        description="an engine making no progress (no /metrics answer, no counter moving, no byte "
+        "streamed) this long is hung: the point fails blaming it and the run stops",
+    )
+    idle_sample_s: float = Field(5, ge=0, description="idle CPU of each engine is sampled this long (0: not)")
+    spinners: Literal["leave", "sched-idle"] = Field(
+        "leave",
+        description="threads that burn over half a core while their engine is idle (NIXL's UCX progress "
+        "thread polls with a zero timeout): leave them, or move them to SCHED_IDLE after the idle sample",
+    )
     startup_timeout_s: float = Field(900, gt=0)
 
     @field_validator("prefill_tokens")
@@ -159,6 +183,7 @@ class TransferConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> TransferConfig:
         preset = self.connector_preset()
+        _check_model_length(self)
         chunk = self.producer_spec().chunk_size
         if preset.producer_must_not_chunk and chunk is not None and chunk < max(self.prefill_tokens):
             raise ValueError(
@@ -195,10 +220,41 @@ class TransferConfig(StrictModel):
         spec = self._spec(self.consumer_chunk, self.consumer_cores)
         return spec.model_copy(update={"extra_args": [*spec.extra_args, *self.consumer_args]})
 
+    def pair_modes(self) -> list[Mode]:
+        return ["disaggregated", "colocated"] if self.colocated else ["disaggregated"]
+
     def points(self) -> list[tuple[Mode, int, int]]:
-        """(mode, P, repetition) in measuring order: per repetition, per P, disaggregated then colocated."""
-        modes: list[Mode] = ["disaggregated", "colocated"] if self.colocated else ["disaggregated"]
-        return [(m, p, r) for r in range(self.repetitions) for p in self.prefill_tokens for m in modes]
+        """(mode, P, repetition) in measuring order: the engine pair's points (per repetition, per P,
+        disaggregated then colocated), then the lone engine's."""
+        grid = [(r, p) for r in range(self.repetitions) for p in self.prefill_tokens]
+        pair = [(m, p, r) for r, p in grid for m in self.pair_modes()]
+        return pair + ([("alone", p, r) for r, p in grid] if self.alone else [])
+
+
+def model_max_len(spec: EngineSpec) -> tuple[int | None, str]:
+    """The longest prompt + completion the engine serves (the smaller of its ``max_model_len`` and the
+    model's ``max_position_embeddings``), and where that number comes from."""
+    limits: list[tuple[int, str]] = []
+    if spec.max_model_len is not None:
+        limits.append((spec.max_model_len, "the engine's max_model_len"))
+    cfg_path = Path(spec.model) / "config.json"
+    if spec.kind == "vllm" and cfg_path.is_file():
+        positions = json.loads(cfg_path.read_text()).get("max_position_embeddings")
+        if isinstance(positions, int):
+            limits.append((positions, f"max_position_embeddings of {cfg_path}"))
+    return min(limits) if limits else (None, "unknown")
+
+
+def _check_model_length(cfg: TransferConfig) -> None:
+    """Refuse a P the model cannot take, before any engine starts (not 75 s later)."""
+    limit, source = model_max_len(cfg.producer_spec())
+    need = max(cfg.prefill_tokens) + cfg.decode_tokens
+    if limit is not None and need > limit:
+        too_long = [p for p in cfg.prefill_tokens if p + cfg.decode_tokens > limit]
+        raise ValueError(
+            f"P {too_long} + {cfg.decode_tokens} decode tokens exceed the model's maximum length {limit} "
+            f"({source}): drop those P or raise engine.max_model_len"
+        )
 
 
 def load_transfer_config(path: Path | None, overrides: dict[str, Any]) -> TransferConfig:

@@ -3,8 +3,9 @@
 Layout: ``manifest.json``; ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the final attempt);
 ``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons); ``raw/<mode>/…parquet``
 (every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
-``engine-producer.log`` / ``engine-consumer.log``; ``kv-storage/`` (storage connectors only);
-``transfer_table.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
+``engine-producer.log`` / ``engine-consumer.log`` / ``engine-alone.log``; ``idle_cpu.json`` (each
+engine's idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table.csv``,
+``breakdown.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from benchcore.atomic import atomic_write_bytes
 from benchcore.atomic import write_model as write_record
 from engine_harness.metrics import Snapshot
 from microbench.results.layout import RunFolder
 from microbench.results.records import read_record
-from microbench.transfer.records import Mode, TransferRecord
+from microbench.results.transfer import Mode, TransferRecord
+from microbench.transfer.idle import IdleCpu
 
-__all__ = ["TransferFolder", "point_stem", "records_frame"]
+__all__ = ["TransferFolder", "point_stem"]
 
 
 def point_stem(prefill_tokens: int, repetition: int) -> str:
@@ -47,7 +47,19 @@ class TransferFolder(RunFolder):
         return self.root / "runs" / mode / f"{point_stem(prefill_tokens, repetition)}.json"
 
     def is_point_done(self, mode: Mode, prefill_tokens: int, repetition: int) -> bool:
-        return self.point_path(mode, prefill_tokens, repetition).is_file()
+        """A valid record is on disk; a failed or invalid one is measured again on --resume."""
+        path = self.point_path(mode, prefill_tokens, repetition)
+        return path.is_file() and read_record(path, TransferRecord).valid
+
+    def write_idle(self, stage: str, idle: dict[str, IdleCpu]) -> None:
+        """Idle CPU of the stage's engines, kept beside earlier stages' (``idle_cpu.json``)."""
+        body = self.read_idle()
+        body[stage] = {role: s.model_dump(mode="json") for role, s in idle.items()}
+        atomic_write_bytes(self.root / "idle_cpu.json", (json.dumps(body, indent=2) + "\n").encode())
+
+    def read_idle(self) -> dict[str, dict[str, dict[str, object]]]:
+        path = self.root / "idle_cpu.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def role_log(self, role: str) -> Path:
         return self.root / f"engine-{role}.log"
@@ -66,31 +78,3 @@ class TransferFolder(RunFolder):
 
     def records(self) -> list[TransferRecord]:
         return [read_record(p, TransferRecord) for p in sorted((self.root / "runs").glob("*/P*_r*.json"))]
-
-
-def records_frame(records: list[TransferRecord]) -> pd.DataFrame:
-    """One row per record: the phases, both engines' sides (prefixed) and the KV-reuse evidence."""
-    rows = []
-    for r in records:
-        row: dict[str, object] = {
-            "mode": r.mode,
-            "prefill_tokens": r.prefill_tokens,
-            "repetition": r.repetition,
-            "connector": r.connector,
-            "valid": r.valid,
-            **r.phases.model_dump(),
-            "cached_tokens_consumer": r.cached_tokens_consumer,
-            "cached_tokens_producer": r.cached_tokens_producer,
-            "completion_tokens": r.completion_tokens,
-            "reasons": "; ".join(r.reasons),
-        }
-        for side in ("producer", "consumer"):
-            values = getattr(r, side)
-            for key, value in (values.model_dump() if values is not None else {}).items():
-                # the engine's own TTFT must not overwrite the client-side phase consumer_ttft_ms
-                row[f"{side}_engine_ttft_ms" if key == "ttft_ms" else f"{side}_{key}"] = value
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    if not frame.empty:
-        frame = frame.sort_values(["mode", "prefill_tokens", "repetition"], kind="stable")
-    return frame.reset_index(drop=True)

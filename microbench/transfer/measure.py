@@ -22,9 +22,10 @@ import pandas as pd
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.client.prompts import TokenSpace, cold_prompt
 from microbench.client.streams import StreamError, StreamRecord, stream_request
+from microbench.results.transfer import EngineSide, Mode, Phases, TransferRecord
 from microbench.transfer.config import ConnectorPreset
 from microbench.transfer.proxy import PhaseStamps, TransferProxy
-from microbench.transfer.records import EngineSide, Mode, Phases, TransferRecord
+from microbench.transfer.watchdog import EngineWatch, Hung, watch_request
 
 __all__ = ["Measured", "PointContext", "engine_side", "measure_point", "phases_from"]
 
@@ -37,14 +38,27 @@ class PointContext:
 
     session: aiohttp.ClientSession
     producer_url: str
-    consumer_url: str
-    proxy: TransferProxy
+    consumer_url: str | None
+    proxy: TransferProxy | None
     model_name: str
     space: TokenSpace
     connector: ConnectorPreset
     decode_tokens: int
     run_id: str
-    timeout_s: float
+    phase_timeout_s: float
+    stall_s: float
+    producer_pgid: int | None = None
+    consumer_pgid: int | None = None
+
+    @property
+    def client_timeout_s(self) -> float:
+        """Longer than both proxy phases together, so a phase's own timeout fires first and is blamed."""
+        return 2 * self.phase_timeout_s + 30
+
+    def watch(self, role: str) -> EngineWatch:
+        if role == "consumer" and self.consumer_url is not None:
+            return EngineWatch("consumer", self.consumer_url, self.consumer_pgid)
+        return EngineWatch("producer", self.producer_url, self.producer_pgid)
 
 
 @dataclass
@@ -123,17 +137,34 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> Snapshot | None:
         return None
 
 
-async def _settle(ctx: PointContext, before: Snapshot | None) -> Snapshot | None:
-    """The consumer's after-scrape; the connector's transfer stats arrive a step late, so wait ≤ 3 s."""
-    after = await _scrape(ctx.session, ctx.consumer_url)
+def _xfer_seen(metric: str, before: Snapshot | None, after: Snapshot | None) -> bool:
+    return before is not None and after is not None and (after.delta(before, [f"{metric}_count"]) or 0) > 0
+
+
+async def _settle(
+    ctx: PointContext, p_before: Snapshot | None, c_before: Snapshot | None, skip: str | None
+) -> tuple[Snapshot | None, Snapshot | None]:
+    """Both engines' after-scrapes of a hand-off. The connector's transfer stats arrive a step late, on
+    the engine that ran the transfer (pull: the consumer; push: the producer), so wait ≤ 3 s for
+    either to count it; a hung engine (``skip``) is not asked."""
+
+    async def both() -> tuple[Snapshot | None, Snapshot | None]:
+        return await asyncio.gather(
+            _scrape(ctx.session, ctx.producer_url) if skip != "producer" else asyncio.sleep(0, None),
+            _scrape(ctx.session, ctx.consumer_url)
+            if skip != "consumer" and ctx.consumer_url
+            else asyncio.sleep(0, None),
+        )
+
+    p_after, c_after = await both()
     metric = ctx.connector.transfer_time_metric
     deadline = time.perf_counter_ns() + 3_000_000_000
-    while metric and before is not None and after is not None and time.perf_counter_ns() < deadline:
-        if (after.delta(before, [f"{metric}_count"]) or 0) > 0:
+    while metric and skip is None and time.perf_counter_ns() < deadline:
+        if _xfer_seen(metric, p_before, p_after) or _xfer_seen(metric, c_before, c_after):
             break
         await asyncio.sleep(0.2)
-        after = await _scrape(ctx.session, ctx.consumer_url)
-    return after
+        p_after, c_after = await both()
+    return p_after, c_after
 
 
 def _raw(stamps: dict[str, int | None], rec: StreamRecord) -> pd.DataFrame:
@@ -157,35 +188,80 @@ def _payload(ctx: PointContext, prompt: list[int]) -> dict[str, Any]:
     }
 
 
+def _active_role(ctx: PointContext, disagg: bool, rid: str) -> str:
+    """The engine whose phase is running: the producer until it answered, then the consumer."""
+    if not disagg or ctx.proxy is None:
+        return "producer"
+    stamps = ctx.proxy.stamps.get(rid)
+    return "producer" if stamps is None or stamps.t_producer_done_ns is None else "consumer"
+
+
+async def _send(
+    ctx: PointContext, url: str, payload: dict[str, Any], rec: StreamRecord, rid: str, disagg: bool
+) -> Hung | None:
+    """The request, watched: ``None`` when it ended by itself (``StreamError``/``TimeoutError`` raised
+    as they come), a ``Hung`` when the active engine stalled and the request was cancelled."""
+    request = asyncio.ensure_future(
+        asyncio.wait_for(
+            stream_request(ctx.session, url, payload, rec, headers={"X-Request-Id": rid}),
+            timeout=ctx.client_timeout_s,
+        )
+    )
+    watchdog = asyncio.ensure_future(
+        watch_request(
+            ctx.session,
+            lambda: ctx.watch(_active_role(ctx, disagg, rid)),
+            lambda: len(rec.chunk_t_ns),
+            ctx.stall_s,
+        )
+    )
+    try:
+        await asyncio.wait({request, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (request, watchdog):
+            task.cancel()
+        await asyncio.gather(request, watchdog, return_exceptions=True)
+    if not request.cancelled() and request.done() and request.exception() is None:
+        return None
+    if watchdog.done() and not watchdog.cancelled() and watchdog.exception() is None:
+        return watchdog.result()
+    exc = request.exception() if request.done() and not request.cancelled() else None
+    if exc is not None:
+        raise exc
+    return None
+
+
 async def measure_point(ctx: PointContext, mode: Mode, prefill_tokens: int, repetition: int) -> Measured:
     """Send one cold request of ``prefill_tokens`` and account for it; failures are recorded, not raised."""
     prompt = cold_prompt(prefill_tokens, ctx.space)
     disagg = mode == "disaggregated"
     p_before, c_before = await asyncio.gather(
         _scrape(ctx.session, ctx.producer_url),
-        _scrape(ctx.session, ctx.consumer_url) if disagg else asyncio.sleep(0, None),
+        _scrape(ctx.session, ctx.consumer_url) if disagg and ctx.consumer_url else asyncio.sleep(0, None),
     )
     rid = uuid.uuid4().hex
-    url = f"{ctx.proxy.base_url if disagg else ctx.producer_url}/v1/completions"
+    url = f"{ctx.proxy.base_url if disagg and ctx.proxy else ctx.producer_url}/v1/completions"
     rec = StreamRecord()
     reasons: list[str] = []
     failed: str | None = None
+    hung: Hung | None = None
     try:
-        await asyncio.wait_for(
-            stream_request(ctx.session, url, _payload(ctx, prompt), rec, headers={"X-Request-Id": rid}),
-            timeout=2 * ctx.timeout_s + 30,
-        )
+        hung = await _send(ctx, url, _payload(ctx, prompt), rec, rid, disagg)
     except (StreamError, TimeoutError) as exc:
         failed = "client"
         reasons.append(f"request failed: {rec.error or type(exc).__name__}")
-    pstamps = ctx.proxy.stamps.pop(rid, None) if disagg else None
-    if pstamps is not None and pstamps.failed_phase is not None:
+    if hung is not None:
+        failed = hung.role
+        reasons.append(f"hung: {hung.reason()}")
+    pstamps = ctx.proxy.stamps.pop(rid, None) if disagg and ctx.proxy else None
+    if hung is None and pstamps is not None and pstamps.failed_phase is not None:
         failed = pstamps.failed_phase
         reasons.append(f"{pstamps.failed_phase} failed: {pstamps.error}")
-    p_after, c_after = await asyncio.gather(
-        _scrape(ctx.session, ctx.producer_url),
-        _settle(ctx, c_before) if disagg else asyncio.sleep(0, None),
-    )
+    skip = hung.role if hung is not None else None  # a hung engine's /metrics would only time out
+    if disagg:
+        p_after, c_after = await _settle(ctx, p_before, c_before, skip)
+    else:
+        p_after, c_after = (await _scrape(ctx.session, ctx.producer_url) if skip is None else None), None
     producer = engine_side(p_before, p_after, ctx.connector)
     consumer = engine_side(c_before, c_after, ctx.connector) if disagg else None
     cached_consumer = rec.cached_prompt_tokens if disagg else None
@@ -212,6 +288,7 @@ async def measure_point(ctx: PointContext, mode: Mode, prefill_tokens: int, repe
         valid=not reasons,
         reasons=reasons,
         failed_phase=failed,
+        hung=hung is not None,
         phases=phases_from(rec.t_send_ns, rec.first_token_ns, pstamps),
         producer=producer,
         consumer=consumer,

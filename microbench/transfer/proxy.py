@@ -6,7 +6,9 @@ and the connector's ``kv_transfer_params`` (e.g. ``do_remote_decode``); the prod
 ``kv_transfer_params`` go unchanged into the original request, which is then streamed from the
 consumer back to the client. Every phase is stamped with ``time.perf_counter_ns()`` into a
 ``PhaseStamps`` kept under the request's ``X-Request-Id`` (``proxy.stamps`` in-process, or
-``GET /stamps/<id>``). Every upstream await has a timeout; a producer or consumer that fails, dies or
+``GET /stamps/<id>``); both engines get that id as their ``X-Request-Id``, as vLLM's toy proxy does (NIXL's
+push mode pairs the consumer's block registration with the producer's finished request by request id).
+Every upstream await has a timeout; a producer or consumer that fails, dies or
 stalls makes the proxy answer HTTP 502 (before the stream started) or an SSE error event (after),
 with ``failed_phase`` and the error in the stamps — never a hang.
 """
@@ -151,6 +153,7 @@ class TransferProxy:
             async with self._session.post(
                 f"{self.producer_url}/v1/completions",
                 json=prefill,
+                headers={"X-Request-Id": stamps.request_id},
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10),
             ) as resp:
                 stamps.producer_status = resp.status
@@ -182,6 +185,7 @@ class TransferProxy:
             async with self._session.post(
                 f"{self.consumer_url}/v1/completions",
                 json=body,
+                headers={"X-Request-Id": stamps.request_id},
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.timeout_s),
             ) as resp:
                 stamps.t_consumer_headers_ns = time.perf_counter_ns()

@@ -1,10 +1,12 @@
 """Runs a ``TransferConfig`` into a ``TransferFolder``: the engine pair, the proxy, warm-up, every point.
 
-The producer and the consumer start together (each pinned to its own core on the CPU default, with
-the connector's ``--kv-transfer-config`` and environment); the proxy joins them. One unrecorded
-warm-up request per mode, then every (mode, P, repetition) not yet on disk; an invalid point is
-retried once. A failed request whose engine died is recorded with that engine's log tail and stops
-the run (``TransferAborted``) — every wait has a timeout, so a dead consumer is reported, never hung on.
+Two stages. The pair: producer and consumer start together (each pinned to its own core on the CPU
+default, with the connector's ``--kv-transfer-config`` and environment), the proxy joins them; the
+disaggregated and colocated points. Then the lone engine: the producer's settings with no connector
+and no peer, the uncontended baseline (``alone``). Each stage: one unrecorded warm-up per mode, the
+idle CPU of every engine sampled (``idle``), then every point without a valid record on disk; an
+invalid point is retried once. A point whose engine died or hung (no progress for the stall timeout,
+``watchdog``) is recorded with that engine's log tail and stops the run (``TransferAborted``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -21,18 +24,30 @@ from collections.abc import AsyncIterator
 import aiohttp
 import psutil
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess, free_port, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
-from microbench.transfer.config import ConnectorPreset, TransferConfig
+from microbench.results.transfer import Mode, TransferRecord
+from microbench.transfer.config import ConnectorPreset, TransferConfig, load_connector
 from microbench.transfer.folder import TransferFolder, point_stem
+from microbench.transfer.idle import deprioritize_spinners, sample_idle_cpu
 from microbench.transfer.measure import Measured, PointContext, measure_point
 from microbench.transfer.proxy import TransferProxy
-from microbench.transfer.records import Mode
 
-__all__ = ["MAX_ATTEMPTS", "TransferAborted", "TransferRunner", "parse_cores", "pin_group", "role_spec"]
+Point = tuple[Mode, int, int]
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "TransferAborted",
+    "TransferRunner",
+    "parse_cores",
+    "pin_group",
+    "point_line",
+    "role_spec",
+]
 
 MAX_ATTEMPTS = 2
 
@@ -73,6 +88,8 @@ def role_spec(base: EngineSpec, preset: ConnectorPreset, role: str, storage: str
     extra = list(base.extra_args) + (
         ["--kv-transfer-config", json.dumps(cfg)] if cfg and engine_kind(base.kind).kv_connectors else []
     )
+    if not engine_kind(base.kind).kv_connectors:
+        extra += preset.sim_args  # the sim's own connector switch (engine_harness/sim/kv_transfer.py)
     return base.model_copy(update={"extra_args": extra, "env": base.env | preset.role_env(values)})
 
 
@@ -131,12 +148,7 @@ class TransferRunner:
                 f"{(time.perf_counter_ns() - t0) / 1e9:.1f} s "
                 f"({producer.spec.kind} {producer.version or ''}, connector {self.preset.name})"
             )
-            if self.cfg.pin_engine_threads and sys.platform == "linux":
-                for role, engine in (("producer", producer), ("consumer", consumer)):
-                    bind = engine.spec.cpu_threads_bind
-                    if engine.pid is not None and bind and bind != "auto":
-                        n = pin_group(engine.pid, parse_cores(bind))
-                        self.console.print(f"pinned {n} threads of the {role}'s processes to core(s) {bind}")
+            self._pin({"producer": producer, "consumer": consumer})
             manifest = self.folder.read_manifest()
             manifest.engine_version = producer.version
             manifest.engine_argv = {"producer": producer.argv, "consumer": consumer.argv}
@@ -144,6 +156,32 @@ class TransferRunner:
             yield producer, consumer
         finally:
             await asyncio.gather(producer.stop(), consumer.stop())
+
+    @contextlib.asynccontextmanager
+    async def alone_engine(self) -> AsyncIterator[EngineProcess]:
+        """The producer's engine started alone: same settings and cores, no connector, no peer."""
+        spec = role_spec(self.cfg.producer_spec(), load_connector("none"), "producer", "")
+        engine = EngineProcess(
+            spec, self.folder.role_log("alone"), startup_timeout_s=self.cfg.startup_timeout_s
+        )
+        try:
+            await engine.start()
+            self.console.print(
+                f"lone engine {engine.base_url} up in {engine.startup_s or 0:.1f} s (no connector)"
+            )
+            self._pin({"alone": engine})
+            yield engine
+        finally:
+            await engine.stop()
+
+    def _pin(self, engines: dict[str, EngineProcess]) -> None:
+        if not self.cfg.pin_engine_threads or sys.platform != "linux":
+            return
+        for role, engine in engines.items():
+            bind = engine.spec.cpu_threads_bind
+            if engine.pid is not None and bind and bind != "auto":
+                n = pin_group(engine.pid, parse_cores(bind))
+                self.console.print(f"pinned {n} threads of the {role}'s processes to core(s) {bind}")
 
     async def run(self) -> None:
         self.check_runnable()
@@ -154,101 +192,144 @@ class TransferRunner:
             return
         if total - len(todo):
             self.console.print(
-                f"resuming {self.folder.root.name}: {total - len(todo)}/{total} points on disk"
+                f"resuming {self.folder.root.name}: {total - len(todo)}/{total} valid points on disk, "
+                f"{len(todo)} to measure (failed and invalid ones again)"
             )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.cfg.request_timeout_s)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            self.engines() as (producer, consumer),
-        ):
-            connectors = producer.kind.kv_connectors
-            prefill_params = self.preset.prefill_kv_transfer_params if connectors else None
-            async with TransferProxy(
-                producer.base_url, consumer.base_url, prefill_params, self.cfg.request_timeout_s
-            ) as proxy:
-                ctx = PointContext(
-                    session=session,
-                    producer_url=producer.base_url,
-                    consumer_url=consumer.base_url,
-                    proxy=proxy,
-                    model_name=producer.spec.model_name,
-                    space=self.space,
-                    connector=self.preset,
-                    decode_tokens=self.cfg.decode_tokens,
-                    run_id=self.folder.root.name,
-                    timeout_s=self.cfg.request_timeout_s,
-                )
-                await self._warm_up(ctx, producer, consumer)
-                await self._points(ctx, producer, consumer, todo, total)
+        # no socket-read timeout on the client: the proxy's per-phase timeouts must fire first
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with Progress(*columns, console=self.console) as progress:
+                task = progress.add_task("measuring", total=total, completed=total - len(todo))
+                pair = [pt for pt in todo if pt[0] != "alone"]
+                alone = [pt for pt in todo if pt[0] == "alone"]
+                if pair:
+                    await self._pair_stage(session, pair, progress, task)
+                if alone:
+                    await self._alone_stage(session, alone, progress, task)
 
-    async def _warm_up(self, ctx: PointContext, producer: EngineProcess, consumer: EngineProcess) -> None:
-        modes: list[Mode] = ["disaggregated", "colocated"] if self.cfg.colocated else ["disaggregated"]
-        for mode in modes:
-            m = await measure_point(ctx, mode, self.cfg.warmup_tokens, 0)
-            if m.record.failed_phase is not None:
-                self._abort_if_dead(m, producer, consumer, f"warm-up ({mode})")
-                raise TransferAborted(f"warm-up ({mode}) failed: {'; '.join(m.record.reasons)}")
-            if not m.record.valid:
-                raise TransferAborted(
-                    f"warm-up ({mode}) is not a valid hand-off: {'; '.join(m.record.reasons)}; check the "
-                    f"connector set-up in {self.folder.role_log('consumer')}"
-                )
+    def _context(
+        self,
+        session: aiohttp.ClientSession,
+        producer: EngineProcess,
+        consumer: EngineProcess | None,
+        proxy: TransferProxy | None,
+    ) -> PointContext:
+        return PointContext(
+            session=session,
+            producer_url=producer.base_url,
+            consumer_url=consumer.base_url if consumer is not None else None,
+            proxy=proxy,
+            model_name=producer.spec.model_name,
+            space=self.space,
+            connector=self.preset if consumer is not None else load_connector("none"),
+            decode_tokens=self.cfg.decode_tokens,
+            run_id=self.folder.root.name,
+            phase_timeout_s=self.cfg.phase_timeout_s,
+            stall_s=self.cfg.stall_timeout_s,
+            producer_pgid=producer.pid,
+            consumer_pgid=consumer.pid if consumer is not None else None,
+        )
+
+    async def _pair_stage(
+        self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
+    ) -> None:
+        async with self.engines() as (producer, consumer):
+            prefill_params = self.preset.prefill_kv_transfer_params
+            async with TransferProxy(
+                producer.base_url, consumer.base_url, prefill_params, self.cfg.phase_timeout_s
+            ) as proxy:
+                ctx = self._context(session, producer, consumer, proxy)
+                engines = {"producer": producer, "consumer": consumer}
+                for mode in self.cfg.pair_modes():
+                    await self._warm_up(ctx, mode, engines)
+                await self._sample_idle("pair", engines)
+                await self._points(ctx, engines, todo, progress, task)
+
+    async def _alone_stage(
+        self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
+    ) -> None:
+        async with self.alone_engine() as engine:
+            ctx = self._context(session, engine, None, None)
+            engines = {"producer": engine}
+            await self._warm_up(ctx, "alone", engines)
+            await self._sample_idle("alone", {"alone": engine})
+            await self._points(ctx, engines, todo, progress, task)
+
+    async def _sample_idle(self, stage: str, engines: dict[str, EngineProcess]) -> None:
+        """Idle CPU of each engine of this stage (after warm-up, nothing in flight), kept in the folder."""
+        if self.cfg.idle_sample_s <= 0:
+            return
+        groups = {role: e.pid for role, e in engines.items() if e.pid is not None and e.kind.launched}
+        if not groups:
+            return
+        await asyncio.sleep(self.cfg.pause_s)
+        idle = await sample_idle_cpu(groups, self.cfg.idle_sample_s)
+        if self.cfg.spinners == "sched-idle":
+            idle = {
+                role: s.model_copy(update={"deprioritized": deprioritize_spinners(s)})
+                for role, s in idle.items()
+            }
+        self.folder.write_idle(stage, idle)
+        self.console.print(
+            f"idle CPU ({stage}, {self.cfg.idle_sample_s:g} s): "
+            + ", ".join(f"{role} {s.total_pct:.0f}% of a core" for role, s in idle.items())
+            + "".join(
+                f"; {role}: {', '.join(s.deprioritized)} moved to SCHED_IDLE"
+                for role, s in idle.items()
+                if s.deprioritized
+            )
+        )
+
+    async def _warm_up(self, ctx: PointContext, mode: Mode, engines: dict[str, EngineProcess]) -> None:
+        m = await measure_point(ctx, mode, self.cfg.warmup_tokens, 0)
+        if m.record.failed_phase is not None:
+            self._abort_if_stuck(m, engines, f"warm-up ({mode})")
+            raise TransferAborted(f"warm-up ({mode}) failed: {'; '.join(m.record.reasons)}")
+        if not m.record.valid:
+            log = self.folder.role_log("consumer" if mode == "disaggregated" else "producer")
+            raise TransferAborted(
+                f"warm-up ({mode}) is not a valid hand-off: {'; '.join(m.record.reasons)}; check the "
+                f"connector set-up in {log}"
+            )
 
     async def _points(
         self,
         ctx: PointContext,
-        producer: EngineProcess,
-        consumer: EngineProcess,
-        todo: list[tuple[Mode, int, int]],
-        total: int,
+        engines: dict[str, EngineProcess],
+        todo: list[Point],
+        progress: Progress,
+        task: TaskID,
     ) -> None:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=self.console) as progress:
-            task = progress.add_task("measuring", total=total, completed=total - len(todo))
-            for mode, p, rep in todo:
-                progress.update(task, description=f"{mode} P={p} r{rep}")
-                for attempt in range(MAX_ATTEMPTS):
-                    await asyncio.sleep(self.cfg.pause_s)
-                    m = await measure_point(ctx, mode, p, rep)
-                    final = m.record.valid or attempt == MAX_ATTEMPTS - 1 or m.record.failed_phase is not None
-                    if m.record.failed_phase is not None:
-                        m.record.engine_log_tail = self._failed_tail(m, producer, consumer)
-                    self.folder.write_raw(m.record.raw_file, m.raw)
-                    self.folder.write_metrics(mode, point_stem(p, rep), m.scrapes)
-                    self.folder.write_transfer(m.record, attempt, final)
-                    if m.record.failed_phase is not None:
-                        self.failures += 1
-                        self._abort_if_dead(m, producer, consumer, f"{mode} P={p} r{rep}")
-                    if final:
-                        break
-                progress.advance(task)
-                ph = m.record.phases
-                self.console.print(
-                    f"{mode:>13} P={p:<6} r{rep}: TTFT {_f(ph.total_ttft_ms)} ms"
-                    + (
-                        f" = producer {_f(ph.producer_ms)} + hand-off {_f(ph.handoff_ms)} + client "
-                        f"{_f(ph.client_overhead_ms)}; KV xfer {_f(m.record.consumer.kv_xfer_ms)} ms, "
-                        f"external tokens {m.record.consumer.tokens_external}"
-                        if mode == "disaggregated" and m.record.consumer is not None
-                        else ""
-                    )
-                    + ("" if m.record.valid else f" [invalid: {'; '.join(m.record.reasons)}]")
-                )
+        for mode, p, rep in todo:
+            progress.update(task, description=f"{mode} P={p} r{rep}")
+            for attempt in range(MAX_ATTEMPTS):
+                await asyncio.sleep(self.cfg.pause_s)
+                m = await measure_point(ctx, mode, p, rep)
+                final = m.record.valid or attempt == MAX_ATTEMPTS - 1 or m.record.failed_phase is not None
+                if m.record.failed_phase is not None:
+                    m.record.engine_log_tail = self._failed_tail(m, engines)
+                self.folder.write_raw(m.record.raw_file, m.raw)
+                self.folder.write_metrics(mode, point_stem(p, rep), m.scrapes)
+                self.folder.write_transfer(m.record, attempt, final)
+                if m.record.failed_phase is not None:
+                    self.failures += 1
+                    self._abort_if_stuck(m, engines, f"{mode} P={p} r{rep}")
+                if final:
+                    break
+            progress.advance(task)
+            self.console.print(point_line(m.record))
 
-    def _failed_tail(self, m: Measured, producer: EngineProcess, consumer: EngineProcess) -> str:
-        """The log tail of the engine to blame: a dead one first, else the phase that failed."""
-        if not consumer.alive():
-            engine = consumer
-        elif not producer.alive() or m.record.failed_phase == "producer":
-            engine = producer
-        else:
-            engine = consumer if m.record.mode == "disaggregated" else producer
+    def _failed_tail(self, m: Measured, engines: dict[str, EngineProcess]) -> str:
+        """The log tail of the engine to blame: a dead one first, else the one of the failed phase."""
+        dead = [e for e in engines.values() if not e.alive()]
+        role = m.record.failed_phase if m.record.failed_phase in engines else "producer"
+        engine = dead[0] if dead else engines[role]
         return log_tail(engine.log_path, 30) if engine.log_path else ""
 
-    def _abort_if_dead(
-        self, m: Measured, producer: EngineProcess, consumer: EngineProcess, what: str
-    ) -> None:
-        for role, engine in (("consumer", consumer), ("producer", producer)):
+    def _abort_if_stuck(self, m: Measured, engines: dict[str, EngineProcess], what: str) -> None:
+        """Stop the run when an engine died or hung: what follows could only fail or wait."""
+        for role, engine in engines.items():
             if not engine.alive():
                 code = engine.proc.returncode if engine.proc is not None else None
                 raise TransferAborted(
@@ -256,7 +337,40 @@ class TransferRunner:
                     f"{'; '.join(m.record.reasons)}; last lines of {engine.log_path}:\n"
                     f"{log_tail(engine.log_path, 15) if engine.log_path else ''}"
                 )
+        if m.record.hung:
+            role = m.record.failed_phase or "producer"
+            hung = engines.get(role)
+            if hung is not None and hung.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(hung.pid, signal.SIGCONT)  # a stopped engine cannot act on SIGTERM
+            raise TransferAborted(
+                f"{what}: {'; '.join(m.record.reasons)}. The run stops (every later point would wait on it); "
+                f"see {self.folder.role_log(role)}, then continue with --resume"
+            )
 
 
-def _f(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f}"
+def point_line(r: TransferRecord) -> str:
+    """One console line per point; reasons escaped so rich does not take them for markup."""
+    ph = r.phases
+    line = f"{r.mode:>13} P={r.prefill_tokens:<6} r{r.repetition}: TTFT {_f(ph.total_ttft_ms)} ms"
+    if r.mode == "disaggregated" and r.consumer is not None:
+        line += (
+            f" = producer {_f(ph.producer_ms)} + hand-off {_f(ph.handoff_ms)} + client "
+            f"{_f(ph.client_overhead_ms)}; KV xfer {_f(_xfer_ms(r))} ms, "
+            f"external tokens {_f(r.consumer.tokens_external, 0)}"
+        )
+    if not r.valid:
+        line += " " + escape(f"[invalid: {'; '.join(r.reasons)}]")
+    return line
+
+
+def _xfer_ms(r: TransferRecord) -> float | None:
+    """The transfer time of the engine that counted the transfer (pull: consumer, push: producer)."""
+    for side in (r.consumer, r.producer):
+        if side is not None and side.kv_xfer_count:
+            return side.kv_xfer_ms
+    return None
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"

@@ -14,6 +14,7 @@ import pytest
 
 from microbench.battery.context import BatteryContext
 from microbench.battery.engine import ExternalEngine, served_model
+from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
 from microbench.battery.runner import run_battery, write_report
@@ -55,6 +56,9 @@ async def test_quick_battery_subset_produces_both_reports(vllm_engine: Any, tmp_
     assert "TTFT P99:" in minimum and "not run" in minimum  # 5.2/5.3 were not part of this subset
     assert "Methodology Compliance" in (tmp_path / "report.md").read_text()
     assert BatteryReport.model_validate_json((tmp_path / "report.json").read_text()) == report
+    # one capacity, measured before 5.1 scaled its load by it; the first page does not contradict itself
+    assert report.capacity is not None and report.capacity.max_output_tps is not None
+    assert check_report(report) == [] and "CONSISTENCY GATE FAILED" not in minimum
     ttft = report.result("ttft")
     assert ttft is not None and isinstance(ttft.data, TtftData)
     assert ttft.data.queue_mean_s is not None and ttft.data.prefill_mean_s is not None  # vLLM's histograms

@@ -1,5 +1,7 @@
 """The transfer benchmark on the real CPU vLLM pair (NIXL): both engines up once, two P values, one
-repetition each plus colocated; every phase stamped, KV really reused on the consumer, no crash."""
+repetition each plus colocated, then the lone engine (no connector, no peer); every phase stamped, KV
+really reused on the consumer (NIXL's byte counter = P × the model's KV bytes per token), idle CPU
+sampled, no crash."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from analysis.transfer.fit import kv_bytes_per_token
 from microbench.results.records import read_record
+from microbench.results.transfer import TransferRecord
 from microbench.transfer.cli import main
-from microbench.transfer.records import TransferRecord
 
 pytestmark = [
     pytest.mark.e2e,
@@ -32,9 +36,7 @@ P_VALUES = (1024, 4096)
 @pytest.fixture(scope="module")
 def nixl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("transfer-e2e")
-    code = main(
-        ["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp), "--run-id", "e2e"]
-    )
+    code = main(["--config", str(REPO / "sweeps" / "transfer-smoke.yaml"), "--out", str(tmp / "e2e")])
     run = tmp / "e2e"
     if code != 0:
         tails = {n: (run / f"engine-{n}.log").read_text()[-3000:] for n in ("producer", "consumer")}
@@ -55,7 +57,12 @@ def test_both_engines_ran_with_the_connector_pinned_to_separate_cores(nixl_run: 
         assert cfg["kv_connector"] == "NixlConnector"
     assert manifest["engine_spec"]["producer"]["cpu_threads_bind"] == "0"
     assert manifest["engine_spec"]["consumer"]["cpu_threads_bind"] == "1"
-    assert any("CPU contention" in n for n in manifest["notes"])
+    assert any("contention is measured, not assumed" in n for n in manifest["notes"])
+    idle = json.loads((nixl_run / "idle_cpu.json").read_text())
+    assert set(idle) == {"pair", "alone"} and set(idle["pair"]) == {"producer", "consumer"}
+    assert all(s["total_pct"] >= 0 and s["top_threads_pct"] for st in idle.values() for s in st.values())
+    alone_argv = (nixl_run / "engine-alone.log").read_text().split("starting: ")[1].splitlines()[0]
+    assert "--kv-transfer-config" not in alone_argv
     for role in ("producer", "consumer"):
         # no crash while measuring; vLLM logs a harmless EngineDeadError once our SIGTERM stops it
         running = (nixl_run / f"engine-{role}.log").read_text().split("trigger received signal=SIGTERM")[0]
@@ -66,7 +73,8 @@ def test_every_phase_is_stamped_and_the_consumer_loaded_the_kv_instead_of_comput
     nixl_run: Path,
 ) -> None:
     records = _records(nixl_run)
-    assert set(records) == {(m, p) for m in ("disaggregated", "colocated") for p in P_VALUES}
+    assert set(records) == {(m, p) for m in ("disaggregated", "colocated", "alone") for p in P_VALUES}
+    kv_per_token = kv_bytes_per_token(str(REPO / "engine_harness" / "models" / "qwen3-moe-tiny"), "float32")
     assert all(r.valid for r in records.values()), {k: r.reasons for k, r in records.items()}
     for p in P_VALUES:
         r = records[("disaggregated", p)]
@@ -80,7 +88,7 @@ def test_every_phase_is_stamped_and_the_consumer_loaded_the_kv_instead_of_comput
         assert r.consumer.tokens_external is not None and r.consumer.tokens_external >= 0.9 * p
         assert (r.consumer.tokens_local_compute or 0) <= 0.1 * p
         assert r.consumer.kv_xfer_count and r.consumer.kv_xfer_ms and r.consumer.kv_xfer_ms > 0
-        assert r.consumer.kv_bytes and r.consumer.kv_bytes > 0
+        assert r.consumer.kv_bytes == p * kv_per_token  # NIXL moved the whole prompt's KV, exactly
         ph = r.phases
         assert ph.producer_ms and ph.handoff_ms and ph.total_ttft_ms
         assert ph.producer_ms + ph.handoff_ms <= ph.total_ttft_ms + 1e-6
@@ -89,3 +97,6 @@ def test_every_phase_is_stamped_and_the_consumer_loaded_the_kv_instead_of_comput
     big, small = records[("disaggregated", 4096)], records[("disaggregated", 1024)]
     assert big.phases.producer_ms > small.phases.producer_ms  # type: ignore[operator]
     assert (nixl_run / "transfer_table.csv").is_file() and (nixl_run / "transfer_breakdown.png").is_file()
+    breakdown = pd.read_csv(nixl_run / "breakdown.csv", index_col=0)
+    assert breakdown["contention_factor"].notna().all() and breakdown["kv_xfer_ms"].notna().all()
+    assert ((breakdown["stack_sum_ms"] - breakdown["total_ttft_ms"]).abs() < 1e-6).all()

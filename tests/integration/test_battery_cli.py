@@ -31,11 +31,19 @@ def test_list_names_every_test(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
-def test_bad_arguments_fail_clearly(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="unknown battery test 'nope'"):
-        main(["run", "--tests", "ttft,nope", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="needs --url"):
-        main(["run", "--engine", "external", "--out", str(tmp_path)])
+def test_bad_arguments_fail_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--tests", "ttft", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown battery test 'nope'" in capsys.readouterr().err
+    assert main(["run", "--engine", "external", "--out", str(tmp_path)]) == 2
+    assert "needs --url" in capsys.readouterr().err
+    assert main(["run", "--resume", "--out", str(tmp_path)]) == 2
+    assert "holds no stopped battery run" in capsys.readouterr().err
+
+
+def test_slo_flags_want_a_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--ttft-slo", "500"])
+    assert exc.value.code == 2 and "give a number with a unit" in capsys.readouterr().err
 
 
 def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -> None:
@@ -46,10 +54,11 @@ def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -
         "run",
         "--engine",
         "sim",
-        "--sim-args",
+        "--engine-args",
         "--alpha-ms 4 --time-scale 0.5",
         "--tests",
-        "prefix_cache,guardrail",
+        "prefix_cache",
+        "guardrail",
         "--profile",
         "quick",
         "--cold-start",

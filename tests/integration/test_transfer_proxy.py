@@ -40,9 +40,11 @@ def _body(sim: SimServer) -> dict[str, Any]:
 
 async def test_a_stalled_consumer_gets_a_502_after_the_proxy_timeout(producer: SimServer) -> None:
     seen: list[dict[str, Any]] = []
+    ids: list[str | None] = []
 
     async def stall(request: web.Request) -> web.Response:
         seen.append(await request.json())
+        ids.append(request.headers.get("X-Request-Id"))
         await asyncio.sleep(3600)
         return web.Response()
 
@@ -68,6 +70,8 @@ async def test_a_stalled_consumer_gets_a_502_after_the_proxy_timeout(producer: S
     assert stamps.t_consumer_first_token_ns is None
     # the consumer got the original request, streaming, with max_tokens intact
     assert seen and seen[0]["stream"] is True and seen[0]["max_tokens"] == 3
+    # the engines see the client's request id (NIXL push pairs producer and consumer requests by it)
+    assert ids == ["r1"]
 
 
 async def test_a_consumer_that_is_gone_fails_fast_and_the_producer_got_max_tokens_1(

@@ -31,12 +31,13 @@ def test_kv_bytes_per_token() -> None:
 def test_links_load_and_validate(tmp_path: Path) -> None:
     assert {"measured-local", "roce-4x200g", "ib-8x400g", "seed-layerwise-50ms"} <= set(list_links())
     measured = load_link("measured-local")  # written by the transfer benchmark, no longer a guess
-    assert not measured.placeholder and "microbench.transfer" in measured.source
+    assert measured.basis == "measured" and "microbench.transfer" in measured.source
+    assert all(load_link(n).basis == "assumed" for n in ("roce-4x200g", "ib-8x400g", "seed-layerwise-50ms"))
     assert load_link("seed-layerwise-50ms").fixed_ms == 50.0
     with pytest.raises(ValueError, match="unknown link profile"):
         load_link("nope")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nbandwidth_gbit_s: 10\nfixed_ms: 5\n")
+    bad.write_text("name: bad\nbasis: assumed\nassumption: x\nbandwidth_gbit_s: 10\nfixed_ms: 5\n")
     with pytest.raises(ValidationError, match="exactly one"):
         load_link(bad)
     bad.write_text("name: bad\nbandwith_gbit_s: 10\n")  # misspelt key
@@ -81,7 +82,9 @@ def test_transfer_arithmetic_by_hand() -> None:
 
 def test_layerwise_uses_the_bare_prefill_time() -> None:
     model = load_model_kv("Qwen3-Coder-30B-A3B-Instruct")
-    slow = LinkProfile(name="slow", setup_latency_ms=1.0, bandwidth_gbit_s=8.0)  # 1e6 bytes/ms
+    slow = LinkProfile(  # 1e6 bytes/ms
+        name="slow", basis="assumed", assumption="by hand", setup_latency_ms=1.0, bandwidth_gbit_s=8.0
+    )
     table = pd.DataFrame(
         {
             "chunk_size": [8192, 8192],

@@ -35,7 +35,7 @@ def test_step_model_recovers_parameters(records: list[RunRecord]) -> None:
     assert fit.data == "steps"
     # the truth has intra-chunk attention c·(ctx + c/2) and no decode-context term: chosen from the data
     assert fit.model == "c·(ctx + c/2)"
-    assert fit.selection.set_index("model").loc["c·ctx", "loo_p_median_ape_pct"] > 2 * fit.loo_step_mape
+    assert fit.selection.set_index("model").loc["c·ctx", "loo_p_median_ape_pct"] > 1.3 * fit.loo_step_mape
     for name, true in _truth(TRUTH).items():
         assert fit.params[name] == pytest.approx(true, rel=0.10), name
         low, high = fit.ci[name]

@@ -1,4 +1,4 @@
-"""5.10's ``--config``: endpoints and engine-settings configurations, and the clear errors of both."""
+"""5.10's ``--arm``: endpoints and engine-settings configurations, and the clear errors of both."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from benchcore.cli import BadInput
 from microbench.battery.cli import build_parser, main
 from microbench.battery.engine import EngineOverrides
 
@@ -13,8 +14,8 @@ from microbench.battery.engine import EngineOverrides
 def _configs(*values: str) -> list[tuple[str, str | EngineOverrides]]:
     argv = ["run"]
     for value in values:
-        argv += ["--config", value]
-    configs: list[tuple[str, str | EngineOverrides]] = build_parser().parse_args(argv).config
+        argv += ["--arm", value]
+    configs: list[tuple[str, str | EngineOverrides]] = build_parser().parse_args(argv).arm
     return configs
 
 
@@ -48,12 +49,11 @@ def test_endpoints_and_engine_settings_mix_in_order() -> None:
 
 
 def test_bad_configurations_fail_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--config wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'bare'" in _error("bare", capsys)
+    assert "--arm wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'bare'" in _error("bare", capsys)
     unknown = _error("small=engine:max_seqs=4", capsys)
     assert (
-        "argument --config: small: unknown engine setting 'max_seqs'; "
-        "allowed: api_key_env, attention_backend, block_size"
-        in unknown
+        "argument --arm: small: unknown engine setting 'max_seqs'; "
+        "allowed: api_key_env, attention_backend, block_size" in unknown
     )
     assert "max_num_seqs" in unknown
     # the model and the kind are not settings of this engine: another model is another configuration
@@ -67,10 +67,10 @@ def test_bad_configurations_fail_at_parse_time(capsys: pytest.CaptureFixture[str
     assert "'max_num_seqs' is not KEY=VALUE" in _error("small=engine:max_num_seqs", capsys)
 
 
-def test_engine_settings_need_a_launched_engine(tmp_path: Path) -> None:
+def test_engine_settings_need_a_launched_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", "--engine", "external", "--url", "http://127.0.0.1:9", "--out", str(tmp_path)]
-    with pytest.raises(SystemExit, match=r"engine-settings configurations need --engine vllm\|sim"):
-        main([*argv, "--config", "bare=engine:", "--config", "small=engine:max_num_seqs=4"])
+    assert main([*argv, "--arm", "bare=engine:", "--arm", "small=engine:max_num_seqs=4"]) == 2
+    assert "engine-settings configurations need --engine vllm|sim" in capsys.readouterr().err
 
 
 def test_help_explains_both_forms(
@@ -81,4 +81,21 @@ def test_help_explains_both_forms(
         build_parser().parse_args(["run", "--help"])
     text = capsys.readouterr().out
     assert "NAME=URL, an endpoint" in text
-    assert "--config bare=engine: --config small-batch=engine:max_num_seqs=4" in text
+    assert "--arm bare=engine: --arm small-batch=engine:max_num_seqs=4" in text
+
+
+def test_a_definition_file_sets_the_run_and_flags_override_it(tmp_path: Path) -> None:
+    from microbench.battery.cli import _settings
+
+    config = tmp_path / "battery.yaml"
+    config.write_text(
+        "tests: [ttft, itl]\nprofile: quick\nttft_slo: 500ms\n"
+        "arms: {bare: 'engine:', small: 'engine:max_num_seqs=4'}\n"
+    )
+    s = _settings(build_parser().parse_args(["run", "--config", str(config), "--profile", "conformant"]))
+    assert s["tests"] == ["ttft", "itl"] and s["profile"] == "conformant" and s["ttft_slo_ms"] == 500.0
+    assert [name for name, _ in s["arms"]] == ["bare", "small"]
+    assert s["arms"][1][1] == EngineOverrides({"max_num_seqs": 4})
+    config.write_text("tests: [ttft]\nprofil: quick\n")
+    with pytest.raises(BadInput, match="profil"):
+        _settings(build_parser().parse_args(["run", "--config", str(config)]))

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from microbench.battery.saturation import steady_state
 from microbench.battery.sections.itl import itl_level
 from microbench.battery.stats import (
     fit_scaling,
@@ -19,7 +20,6 @@ from microbench.battery.stats import (
     saturation_point,
     search_max,
     starvation_rate,
-    steady_state,
     summarize,
 )
 from microbench.battery.warmup import probe_variation
@@ -114,18 +114,20 @@ def test_modality_tells_one_peak_from_two() -> None:
 
 
 def _level(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
-    return pd.DataFrame({"send_s": send, "done_s": done, "ok": True, "output_tokens": tokens})
+    return pd.DataFrame(
+        {"send_s": send, "done_s": done, "e2e_s": done - send, "ok": True, "output_tokens": tokens}
+    )
 
 
 def test_steady_state_flags_a_growing_queue_and_passes_a_stable_one() -> None:
     send = np.arange(0, 60, 0.1)  # 10 req/s for 60 s
     stable = steady_state(_level(send, send + 0.5), 0.0, 60.0)
-    assert not stable.saturated and stable.throughput_stable
+    assert not stable.saturated and stable.throughput_stable and stable.conclusive
     assert stable.arrival_rate == pytest.approx(10, rel=0.05)
     served = np.arange(send.size) / 5.0 + 0.5  # the server finishes 5 req/s: the queue grows
     growing = steady_state(_level(send, served), 0.0, 60.0)
     assert growing.saturated and growing.queue_growing
-    assert any("completion rate" in r for r in growing.reasons)
+    assert any("completions" in r for r in growing.reasons)
 
 
 def test_itl_level_statistics_on_known_chunks() -> None:

@@ -206,3 +206,23 @@ def test_without_a_step_log_the_penalty_is_the_identitys_and_a_disagreeing_histo
     assert d.penalty_source == "identity"
     # gaps 100→130 and 130→150 against the local 10 ms: (30 − 10) + (20 − 10) = 30 ms over 1 × 2 steps
     assert d.tpot_penalty_ms == pytest.approx(15.0) and d.penalty_ratio == pytest.approx(2.5)
+
+
+def test_a_transcribed_vllm_step_log_with_a_partial_last_chunk() -> None:
+    # vLLM 0.32 CPU, chunk 2048, D = 4, P = 2048: a full chunk of 2044 prompt tokens (+ 4 decode tokens),
+    # then a last chunk of 4 (tests/fixtures/vllm_cpu_iteration_log.txt, from the reference run's log)
+    from pathlib import Path
+
+    from engine_harness.steps import parse_iteration_lines
+    from microbench.results.steps import count_chunks, prefill_steps
+
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm_cpu_iteration_log.txt").read_text()
+    steps = parse_iteration_lines(text)
+    assert [s.prefill_tokens for s in steps] == [0, 0, 2044, 4, 0, 0, 0]
+    ps = prefill_steps(steps, chunk=2048, d=4)
+    assert [s.elapsed_ms for s in ps.full] == [119.31] and ps.last_partial.elapsed_ms == 7.73
+    assert ps.decode_step_ms == pytest.approx((0.47 + 3.38) / 2)  # the two decode-only steps before it
+    assert ps.penalty_full_ms() == pytest.approx(119.31 - 1.925)
+    assert ps.penalty_last_ms() == pytest.approx(7.73 - 1.925)
+    assert ps.total_penalty_ms() == pytest.approx(119.31 + 7.73 - 2 * 1.925)
+    assert count_chunks(len(ps.prefill), None, 2).used == 2

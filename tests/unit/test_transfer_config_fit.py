@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from analysis.breakeven import LinkProfile
+from analysis.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
 from microbench.transfer.config import (
     TransferConfig,
     TransferConfigError,
@@ -19,7 +20,6 @@ from microbench.transfer.config import (
     load_connector,
     load_transfer_config,
 )
-from microbench.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
 from microbench.transfer.measure import phases_from
 from microbench.transfer.proxy import PhaseStamps
 from microbench.transfer.runner import role_spec
@@ -69,7 +69,24 @@ def test_config_errors_name_the_field_and_unknown_connectors_list_the_known_ones
         load_transfer_config(None, {"connector": "rdma-magic"})
     cfg = load_transfer_config(REPO / "sweeps" / "transfer-smoke.yaml", {"repetitions": 2})
     assert cfg.prefill_tokens == [1024, 4096] and cfg.repetitions == 2 and cfg.name == "transfer-smoke"
-    assert len(cfg.points()) == 2 * 2 * 2
+    # per repetition and P: disaggregated and colocated on the pair, then the lone engine's points
+    points = cfg.points()
+    assert len(points) == 2 * 2 * 3 and points[-4:] == [("alone", p, r) for r in (0, 1) for p in (1024, 4096)]
+    assert len(load_transfer_config(None, {"alone": False, "colocated": False}).points()) == 5 * 3
+
+
+def test_a_p_longer_than_the_model_is_refused_with_the_length_and_its_source(tmp_path: Path) -> None:
+    with pytest.raises(TransferConfigError, match=r"P \[32768\] \+ 4 decode tokens exceed .* 20480"):
+        load_transfer_config(REPO / "sweeps" / "transfer-cpu.yaml", {"prefill_tokens": [1024, 32768]})
+    # the model's own config.json limits too (whatever the engine's max_model_len)
+    model = tmp_path / "m"
+    model.mkdir()
+    cfg = json.loads((REPO / "engine_harness" / "models" / "qwen3-moe-tiny" / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 2048}))
+    with pytest.raises(TransferConfigError, match="max_position_embeddings"):
+        load_transfer_config(
+            None, {"prefill_tokens": [4096], "engine": {"preset": "cpu", "model": str(model)}}
+        )
 
 
 def test_phases_add_up_to_the_client_ttft() -> None:
@@ -105,12 +122,19 @@ def _synthetic(setup_ms: float, gbit_s: float, kv: int, noise_ms: float, seed: i
                     "repetition": rep,
                     "valid": True,
                     "handoff_ms": setup_ms + wire + rng.normal(0, noise_ms),
-                    "consumer_kv_xfer_ms": wire,
-                    "consumer_kv_bytes": float(p * kv),
+                    "kv_xfer_ms": wire,
+                    "kv_bytes": float(p * kv),
                 }
             )
     rows.append(
-        {"mode": "colocated", "prefill_tokens": 1024, "repetition": 0, "valid": True, "handoff_ms": 1e6}
+        {
+            "mode": "colocated",
+            "prefill_tokens": 1024,
+            "repetition": 0,
+            "valid": True,
+            "handoff_ms": 1e6,
+            "kv_bytes": 1.0,
+        }
     )
     rows.append(
         {"mode": "disaggregated", "prefill_tokens": 1024, "repetition": 9, "valid": False, "handoff_ms": 1e6}
@@ -131,21 +155,76 @@ def test_fit_recovers_setup_and_bandwidth_and_writes_a_link_profile_the_analysis
     assert lo < 10.0 < hi
     assert fit.kv_bytes_per_token_measured == pytest.approx(kv)
     path = tmp_path / "measured-local.yaml"
-    write_link(path, link_profile(fit, "run-1", "nixl-cpu"))
+    write_link(path, link_profile(fit, "results/run-1", "nixl-cpu"))
     link = LinkProfile.model_validate(yaml.safe_load(path.read_text()))
-    assert link.name == "measured-local" and not link.placeholder
+    assert link.name == "measured-local" and link.basis == "measured" and link.run == "results/run-1"
+    assert link.describe() == "measured-local: measured (run results/run-1)"
     assert link.transfer_ms(8192 * kv) == pytest.approx(5.0 + 8192 * kv * 8 / 10e9 * 1e3, rel=0.03)
 
 
-def test_fit_without_a_positive_slope_writes_a_flat_profile_and_too_few_points_give_none() -> None:
+def test_a_slope_whose_interval_spans_zero_is_not_resolvable_and_gives_a_flat_profile() -> None:
     kv = 1024
-    flat = _synthetic(3.0, 1e9, kv, 0.2, seed=3)
+    flat = _synthetic(3.0, 1e9, kv, 0.2, seed=3)  # 1 Pbit/s: the size term is far below the noise
     fit = fit_transfer(flat, kv, "handoff")
-    assert fit is not None
-    profile = link_profile(fit.model_copy(update={"bandwidth_gbit_s": None}), "r", "nixl-cpu")
-    assert "fixed_ms" in profile and "bandwidth_gbit_s" not in profile
-    LinkProfile.model_validate(profile)
+    assert fit is not None and not fit.resolvable
+    lo, hi = fit.ms_per_mib_ci
+    assert lo < 0 < hi and "not resolvable at these sizes" in fit.verdict
+    profile = link_profile(fit, "results/r", "nixl-cpu")
+    assert profile["fixed_ms"] == pytest.approx(fit.mean_ms, abs=1e-3) and "bandwidth_gbit_s" not in profile
+    assert "not resolvable" in LinkProfile.model_validate(profile).description
     assert fit_transfer(flat[flat["prefill_tokens"] == 1024], kv, "handoff") is None
+
+
+def test_the_bytes_axis_is_the_connectors_counter_when_present_else_the_model_config() -> None:
+    kv = 4096
+    table = _synthetic(2.0, 20.0, kv, 0.01)
+    counted = fit_transfer(table, None, "kv_xfer")  # no model config needed: NIXL counted the bytes
+    assert counted is not None and counted.x_source.startswith("connector bytes counter")
+    assert counted.bandwidth_gbit_s == pytest.approx(20.0, rel=1e-6) and counted.resolvable
+    no_bytes = table.drop(columns="kv_bytes")
+    assert fit_transfer(no_bytes, None, "kv_xfer") is None
+    modelled = fit_transfer(no_bytes, kv, "kv_xfer")
+    assert modelled is not None and modelled.x_source.startswith("P × kv_bytes_per_token")
+
+
+def test_link_profiles_say_measured_with_their_run_or_assumed_with_the_assumption() -> None:
+    from analysis.breakeven import list_links, load_link
+
+    for name in list_links():
+        link = load_link(name)
+        assert link.describe().startswith(f"{name}: {link.basis}")
+        if link.basis == "measured":
+            assert link.run and (REPO / link.run / "manifest.json").is_file(), "the cited run is committed"
+        else:
+            assert link.assumption
+    assert load_link("roce-4x200g").basis == "assumed" and "0.8" in (
+        load_link("roce-4x200g").assumption or ""
+    )
+    with pytest.raises(ValueError, match="needs the assumption"):
+        LinkProfile(name="x", basis="assumed", fixed_ms=1.0)
+    with pytest.raises(ValueError, match="needs run"):
+        LinkProfile(name="x", basis="measured", fixed_ms=1.0)
+
+
+def test_idle_cpu_shares_and_progress_keys_from_hand_built_readings() -> None:
+    from microbench.transfer.idle import idle_cpu_between
+    from microbench.transfer.watchdog import progress_key
+
+    before = {(1, 1): ("VLLM::Worker", "nixl_prog", 10.0), (1, 2): ("VLLM::Worker", "python", 5.0)}
+    after = {
+        (1, 1): ("VLLM::Worker", "nixl_prog", 13.5),
+        (1, 2): ("VLLM::Worker", "python", 5.5),
+        (1, 3): ("VLLM::Worker", "new", 9.0),
+    }
+    idle = idle_cpu_between("consumer", before, after, 5.0)
+    assert idle.total_pct == pytest.approx(80.0) and idle.per_process_pct == {"VLLM::Worker": 80.0}
+    assert next(iter(idle.top_threads_pct.items())) == ("VLLM::Worker/nixl_prog#1", 70.0)
+    snap = {
+        ("vllm:iteration_tokens_total_count", frozenset()): 7.0,
+        ("vllm:prompt_tokens_total", frozenset({("engine", "0")})): 100.0,
+        ("vllm:kv_cache_usage_perc", frozenset()): 0.5,
+    }
+    assert progress_key(snap) == (7.0, 100.0, 0.0, 0.0)
 
 
 def test_kv_bytes_per_token_of_the_bundled_model_follows_the_engine_dtype() -> None:
@@ -162,3 +241,44 @@ def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:
     assert (
         parse_cores("1") == {1} and parse_cores("0-3") == {0, 1, 2, 3} and parse_cores("0,2-3") == {0, 2, 3}
     )
+
+
+def test_cli_durations_carry_units_and_out_is_the_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from microbench.transfer.cli import build_parser, duration, main
+
+    assert duration("500ms") == 0.5 and duration("2m") == 120 and duration("30s") == 30
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--stall-timeout", "60"])  # no unit: refused, not read as seconds
+    assert "not a duration" in capsys.readouterr().err
+    args = build_parser().parse_args(["--out", str(tmp_path / "run"), "--phase-timeout", "10m"])
+    assert args.out == tmp_path / "run" and args.phase_timeout_s == 600
+    assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
+    assert "has no manifest.json" in capsys.readouterr().err
+
+
+def test_spinning_threads_are_moved_to_sched_idle_and_quiet_ones_left_alone() -> None:
+    import os
+    import threading
+
+    from microbench.transfer.idle import IdleCpu, deprioritize_spinners
+
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: stop.wait())
+    spinner.start()
+    try:
+        tid = spinner.native_id
+        idle = IdleCpu(
+            role="consumer",
+            seconds=5,
+            total_pct=91.0,
+            per_process_pct={"VLLM::Worker": 91.0},
+            top_threads_pct={f"VLLM::Worker/VLLM::Worker#{tid}": 90.0, f"python/python#{os.getpid()}": 1.0},
+        )
+        assert deprioritize_spinners(idle) == [f"VLLM::Worker/VLLM::Worker#{tid}"]
+        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(os.getpid()) != os.SCHED_IDLE  # the quiet one stays as it was
+    finally:
+        stop.set()
+        spinner.join()

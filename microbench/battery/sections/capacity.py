@@ -8,13 +8,14 @@ out-of-memory error. ``find_max_concurrency`` is shared with 5.8, which needs th
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
+from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, level_row
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, register_test
-from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
+from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct
 from microbench.battery.stats import SearchStep, search_max
 from microbench.loadgen.stages import Stage
 from microbench.workloads.schedulers import parse_scheduler
@@ -32,6 +33,7 @@ def is_oom(error: object) -> bool:
 
 @TEST_DATA.register("capacity")
 class CapacityData(TestData):
+    shows_capacity: ClassVar[bool] = True
     test: Literal["capacity"] = "capacity"
     workload: str
     output_tokens: int
@@ -46,6 +48,8 @@ class CapacityData(TestData):
         rows = [
             [
                 f"{r.offered:.0f}",
+                f"{r.request_rps:.2f}",
+                f"{r.output_tps:.1f}",
                 pct(r.success_rate),
                 ms(r.ttft.p99),
                 ms(r.tpot.p99),
@@ -57,13 +61,23 @@ class CapacityData(TestData):
         note = f"Maximum concurrent requests meeting criteria: {num(self.max_concurrency, '.0f')}"
         summary = [
             ["Maximum concurrent requests", num(self.max_concurrency, ".0f")],
-            ["Output throughput at maximum", num(self.throughput_at_max, ".1f", " tok/s")],
+            ["Output throughput at that concurrency", num(self.throughput_at_max, ".1f", " tok/s")],
             ["Tokens in flight at maximum (approx.)", num(self.tokens_in_flight, ".0f")],
+            *capacity_rows(self.battery_capacity),
         ]
         return [
             Table(
                 title="Capacity Search Results (Table 7)",
-                columns=["Concurrency", "Completion", "TTFT P99", "TPOT P99", "Errors", "Status"],
+                columns=[
+                    "Concurrency",
+                    "Achieved (req/s)",
+                    "Output (tok/s)",
+                    "Completion",
+                    "TTFT P99",
+                    "TPOT P99",
+                    "Errors",
+                    "Status",
+                ],
                 rows=rows,
                 note=note,
             ),
@@ -86,15 +100,11 @@ async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
         scheduler = parse_scheduler({"kind": "concurrency", "concurrency": c})
         stage = Stage.scheduled("level", scheduler, requests, duration_s=p.capacity_duration_s)
         run = await ctx.run(f"capacity/c{c}", [stage])
-        row = level_row(run.stage("level"), c)
+        row = level_row(run.stage("level"), c, loop="closed")
         oom = any(is_oom(e) for e in run.latencies.loc[~run.latencies["ok"], "error"])
-        row.slo_met = (
-            row.success_rate >= 0.99
-            and row.ttft.p99 is not None
-            and row.ttft.p99 * 1e3 <= p.capacity_ttft_p99_ms
-            and not oom
-        )
+        row.slo_met = closed_criteria(row, p.capacity_ttft_p99_ms) and not oom
         rows[c] = row
+        ctx.ledger.append(ledger_entry("5.5", f"concurrency {c}", row))
         return row.slo_met
 
     best, steps = await search_max(

@@ -99,7 +99,13 @@ class ItlData(TestData):
         tables = []
         for lv in self.levels:
             t = distribution_table(
-                f"ITL Results at {lv.load_fraction:.0%} of capacity (Table 6)", "ITL", lv.gaps, lv.requests
+                (
+                    f"ITL Results at {lv.load_fraction:.0%} of the sustainable rate, "
+                    f"{lv.rate:.2f} req/s offered (Table 6)"
+                ),
+                "ITL",
+                lv.gaps,
+                lv.requests,
             )
             t.rows.append(["P99/P50 Ratio", num(lv.tail_ratio, ".2f")])
             t.rows.append(["Modality", lv.modality])

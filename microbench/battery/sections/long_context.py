@@ -62,8 +62,8 @@ class LongContextData(TestData):
             "no fit (fewer than two lengths)"
             if f is None
             else (
-                f"Scaling exponent k = {f.exponent:.3f} (R² = {f.r2_power:.4f}); "
-                f"linear fit R² = {f.r2_linear:.4f}, "
+                f"Scaling exponent k = {f.exponent:.3f}{_ci(f.exponent_ci)} (R² = {f.r2_power:.4f}), "
+                f"{f.verdict}; linear fit R² = {f.r2_linear:.4f}, "
                 f"{f.slope_s_per_token * 1e6:.1f} µs per input token; best fit: {f.best}"
             )
         )
@@ -85,7 +85,16 @@ class LongContextData(TestData):
         ]
 
     def headline(self) -> dict[str, str]:
-        return {"Scaling exponent": "–" if self.fit is None else f"{self.fit.exponent:.2f}"}
+        f = self.fit
+        if f is None:
+            return {"Scaling exponent (5.9)": "no fit (fewer than two lengths)"}
+        if not f.meaningful:
+            return {"Scaling exponent (5.9)": f.verdict}
+        return {"Scaling exponent (5.9)": f"{f.exponent:.2f}{_ci(f.exponent_ci)}, R² {f.r2_power:.2f}"}
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" (95% CI {ci[0]:.2f} to {ci[1]:.2f})"
 
 
 @register_test("long_context", "5.9", "Long Context Scaling")

@@ -1,36 +1,35 @@
-"""5.2 Output Token Throughput: search for the maximum sustainable open-loop rate, then report it.
+"""5.2 Output Token Throughput: the battery's one capacity measurement, reported.
 
-Each probe is a Poisson stage of ``level_duration_s``. A level is sustainable when none of 5.2.3.1's
-saturation signs shows over its steady window (queue growing, completions < 90% of arrivals, end-to-end
-P99 above 10× the P50 of a lower level probed before) and, when SLOs are set, its TTFT/TPOT P99 meet
-them. ``stats.search_max`` brackets and bisects the rate starting from half the preliminary estimate.
+``capacity_search.measure_capacity`` runs once per battery (whichever test needs the capacity first): a
+closed-loop ramp, then an open-loop search for the highest sustainable Poisson rate, each level judged by
+``saturation.SATURATION_RULE`` (after the ramp, over several E2E times). Every level goes into the capacity
+ledger; the maximum this test shows is the ledger's (``sustainable.capacity_from``), the same figure
+C.1, 5.3, 5.5 and 5.10 show.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
+from pydantic import Field
+
+from microbench.battery.capacity_search import RESOLUTION, CapacitySearch
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, level_row
+from microbench.battery.levels import LevelRow
 from microbench.battery.registry import Outcome, duration_requirement, register_test
-from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
-from microbench.battery.stats import SearchStep, search_max
-from microbench.loadgen.stages import Stage
-from microbench.workloads.schedulers import parse_scheduler
+from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, level_rate_rows, ms, num
 
 __all__ = ["ThroughputData", "run_throughput"]
 
 
 @TEST_DATA.register("throughput")
 class ThroughputData(TestData):
+    shows_capacity: ClassVar[bool] = True
     test: Literal["throughput"] = "throughput"
     workload: str
-    estimate_rps: float
-    levels: list[LevelRow]
-    search: list[SearchStep]
-    sustainable_rps: float | None
-    at_max: LevelRow | None
+    search: CapacitySearch
+    at_max: LevelRow | None = Field(default=None, description="the open-loop level at the sustainable rate")
     per_device: str
     device_count: int
     ttft_slo_ms: float | None = None
@@ -38,12 +37,18 @@ class ThroughputData(TestData):
 
     def tables(self) -> list[Table]:
         m = self.at_max
-        per = None if m is None else m.output_tps / max(self.device_count, 1)
+        cap = self.battery_capacity
+        per = (
+            None
+            if cap is None or cap.max_output_tps is None
+            else cap.max_output_tps / max(self.device_count, 1)
+        )
         summary = [
-            ["Max Output Throughput", num(None if m is None else m.output_tps, ".1f", " tok/s")],
-            ["Max Request Throughput", num(None if m is None else m.request_rps, ".2f", " req/s")],
-            ["Max Input Throughput", num(None if m is None else m.input_tps, ".1f", " tok/s")],
-            ["Sustainable Load", num(self.sustainable_rps, ".2f", " req/s")],
+            *capacity_rows(cap),
+            [
+                "Max Input Throughput (at the sustainable rate)",
+                num(None if m is None else m.input_tps, ".1f", " tok/s"),
+            ],
             [f"Tokens per {self.per_device}-second", num(per, ".1f", f" tok/s/{self.per_device}")],
             ["Batch utilization", "not measured"],
         ]
@@ -55,102 +60,40 @@ class ThroughputData(TestData):
             ]
             tables.append(
                 Table(
-                    title="Latency at Maximum Throughput (Table 4)",
+                    title=f"Latency at the maximum sustainable rate, {m.offered:.2f} req/s (Table 4)",
                     columns=["Metric", "P50", "P95", "P99"],
                     rows=rows,
                 )
             )
-        probes = [
-            [
-                f"{r.offered:.2f}",
-                f"{r.output_tps:.1f}",
-                f"{r.steady.completion_rate:.2f}",
-                ms(r.e2e.p99),
-                "no" if r.steady.saturated else "yes",
-                "–" if r.slo_met is None else ("yes" if r.slo_met else "no"),
-                "; ".join(r.steady.reasons) or "–",
-            ]
-            for r in self.levels
-        ]
         tables.append(
-            Table(
-                title="Search probes (in the order run)",
-                columns=[
-                    "Rate (r/s)",
-                    "Output tok/s",
-                    "Completions/s",
-                    "E2E P99",
-                    "Sustainable",
-                    "SLO met",
-                    "Saturation signs",
-                ],
-                rows=probes,
+            level_rate_rows(
+                "Capacity phase 1: closed-loop ramp (concurrency doubled until two levels gained ≤ 10%)",
+                self.search.closed_loop,
             )
         )
+        tables.append(
+            level_rate_rows("Capacity phase 2: open-loop search (in the order run)", self.search.open_loop)
+        )
         return tables
-
-    def headline(self) -> dict[str, str]:
-        return {
-            "Max Throughput": num(None if self.at_max is None else self.at_max.output_tps, ".1f", " tok/s")
-        }
-
-
-def _sustainable(
-    row: LevelRow, lower_p50: float | None, ttft_slo_ms: float | None, tpot_slo_ms: float | None
-) -> bool:
-    if lower_p50 is not None and row.e2e.p99 is not None and row.e2e.p99 > 10 * lower_p50:
-        row.steady.reasons.append(f"E2E P99 {row.e2e.p99:.3f} s > 10× P50 {lower_p50:.3f} s at a lower load")
-        row.steady.saturated = True
-    slo = True
-    if ttft_slo_ms is not None:
-        slo = slo and row.ttft.p99 is not None and row.ttft.p99 * 1e3 <= ttft_slo_ms
-    if tpot_slo_ms is not None:
-        slo = slo and row.tpot.p99 is not None and row.tpot.p99 * 1e3 <= tpot_slo_ms
-    row.slo_met = slo if (ttft_slo_ms or tpot_slo_ms) else None
-    return not row.steady.saturated and slo
 
 
 @register_test("throughput", "5.2", "Output Token Throughput")
 async def run_throughput(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
-    estimate = await ctx.capacity_rps()
-    spec = ctx.workload_spec()
-    requests = ctx.requests(spec)
-    rows: dict[float, LevelRow] = {}
-
-    async def passes(rate: float) -> bool:
-        scheduler = parse_scheduler({"kind": "poisson", "rate": rate, "seed": ctx.seed + len(rows)})
-        stage = Stage.scheduled("level", scheduler, requests, duration_s=p.level_duration_s)
-        run = await ctx.run(f"throughput/rate-{rate:.3f}", [stage])
-        row = level_row(run.stage("level"), rate)
-        lower = [r.e2e.p50 for k, r in sorted(rows.items()) if k < rate and r.e2e.p50 is not None]
-        rows[rate] = row
-        return _sustainable(row, lower[0] if lower else None, ctx.ttft_slo_ms, ctx.tpot_slo_ms)
-
-    best, steps = await search_max(
-        passes,
-        initial=0.5 * estimate,
-        maximum=2.0 * estimate,
-        minimum=0.05 * estimate,
-        resolution=0.1 * estimate,
-        max_probes=p.search_probes,
-    )
-    at_max = rows.get(best) if best is not None else None
-    if best is not None:
-        ctx.estimates["capacity_rps"] = best
-    per_device = "GPU" if ctx.accelerators else "CPU core"
+    await ctx.capacity_rps()
+    search: CapacitySearch = ctx.search
+    best = search.sustainable_rps
+    at_max = next((r for r in search.open_loop if best is not None and r.offered == best), None)
     data = ThroughputData(
-        workload=spec.name,
-        estimate_rps=estimate,
-        levels=list(rows.values()),
-        search=steps,
-        sustainable_rps=best,
+        workload=ctx.workload_spec().name,
+        search=search,
         at_max=at_max,
-        per_device=per_device,
+        per_device="GPU" if ctx.accelerators else "CPU core",
         device_count=ctx.accelerators or ctx.cpu_count,
         ttft_slo_ms=ctx.ttft_slo_ms,
         tpot_slo_ms=ctx.tpot_slo_ms,
     )
+    steps = search.search
     bracketed = any(s.passed for s in steps) and any(not s.passed for s in steps)
     reqs = [
         duration_requirement("5.2.2.1", p.level_duration_s, 60.0),
@@ -163,9 +106,9 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
         ),
         should(
             "5.2.3",
-            "the search bracketed the maximum (a sustainable and a saturated level)",
+            f"the search bracketed the maximum within {RESOLUTION:.0%} of the closed-loop rate",
             bracketed,
-            f"{len(steps)} probes",
+            f"{len(steps)} open-loop probes",
         ),
         must(
             "5.2.3.2",
@@ -181,9 +124,24 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
             else f"{at_max.steady.throughput_first_half:.1f} vs "
             f"{at_max.steady.throughput_second_half:.1f} tok/s",
         ),
-        must("5.2.3.2", "the first 10% of each level is excluded (ramp-up)", True),
+        must(
+            "5.2.3.2",
+            "the ramp-up is excluded (first 10% or two E2E times, whichever is longer)",
+            True,
+        ),
+        should(
+            "5.2.3.2",
+            "the judged window spans at least three E2E times at the reported level",
+            at_max is not None and at_max.steady.conclusive,
+        ),
     ]
-    notes = [f"preliminary estimate {estimate:.2f} req/s from a closed-loop probe"]
+    notes = [
+        f"closed-loop service rate X = {search.closed_rps:.2f} req/s; open-loop levels at fractions of X",
+        "Max Output Throughput is the highest achieved throughput among the levels judged sustainable "
+        "anywhere in this battery (one ledger, one rule); its ± is the 95% Poisson half-width",
+    ]
+    if ctx.capacity_note:
+        notes.append(ctx.capacity_note)
     if not ctx.accelerators:
         notes.append("no GPU: tokens per CPU-core-second stand in for tokens per GPU-second (5.2.4.2)")
     return Outcome(data, reqs, notes)

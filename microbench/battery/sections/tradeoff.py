@@ -1,9 +1,12 @@
-"""5.3 Throughput–Latency Trade-off: open-loop Poisson levels from 10% to 120% of estimated capacity.
+"""5.3 Throughput–Latency Trade-off: open-loop Poisson levels from 10% to 120% of the battery's capacity.
 
-One session runs the levels in ascending order (each drained before the next). Derived points (5.3.4):
-knee = first level whose TTFT P99 exceeds 2× the smallest TTFT P99; saturation = first level whose
-achieved output throughput falls below the previous level's; optimal = the level with the highest
-throughput whose TTFT P99 meets the SLO (``ttft_slo_ms``, 500 ms by default, as in Appendix C.1).
+The levels are fractions of the sustainable rate the capacity measurement found (5.2). One session runs
+them in ascending order (each drained before the next); every level goes into the capacity ledger.
+Derived points (5.3.4), each rule printed under the table (``stats``): knee = first level whose TTFT
+P99 exceeds 2× the smallest TTFT P99; saturation = first level whose achieved output throughput falls
+below the previous level's by more than their combined 95% Poisson half-widths; optimal = the
+sustainable level with the highest throughput whose TTFT P99 meets the SLO (``ttft_slo_ms``, 500 ms by
+default, as in Appendix C.1).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Literal
 
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, level_row
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, num, pct
 from microbench.battery.stats import knee_point, optimal_point, saturation_point
@@ -39,15 +42,21 @@ class TradeoffData(TestData):
     optimal_rps: float | None
 
     @property
+    def optimal_row(self) -> LevelRow | None:
+        return next((r for r in self.levels if r.offered == self.optimal_rps), None)
+
+    @property
     def throughput_within_slo(self) -> float | None:
         """Achieved output tok/s at the optimal point (C.1's "Throughput at P99 TTFT < SLO")."""
-        row = next((r for r in self.levels if r.offered == self.optimal_rps), None)
+        row = self.optimal_row
         return None if row is None else row.output_tps
 
     def tables(self) -> list[Table]:
         rows = [
             [
                 f"{r.offered:.2f}",
+                num(r.sent_rps, ".2f"),
+                f"{r.request_rps:.2f}",
                 f"{r.output_tps:.1f}",
                 _ms(r.ttft.p50),
                 _ms(r.ttft.p99),
@@ -56,13 +65,16 @@ class TradeoffData(TestData):
                 _ms(r.e2e.p99),
                 pct(r.success_rate),
                 "growing" if r.steady.queue_growing else "stable",
+                "yes" if r.sustainable else "no",
             ]
             for r in self.levels
         ]
         table = Table(
             title="Throughput-Latency Table (Table 5), latencies in ms",
             columns=[
-                "Offered (r/s)",
+                "Offered (req/s)",
+                "Sent (req/s)",
+                "Achieved (req/s)",
                 "Achieved (tok/s)",
                 "TTFT P50",
                 "TTFT P99",
@@ -71,13 +83,17 @@ class TradeoffData(TestData):
                 "E2E P99",
                 "Success",
                 "Queue",
+                "Sustainable",
             ],
             rows=rows,
             note=(
-                f"Knee point: {num(self.knee_rps, '.2f', ' req/s')} (TTFT P99 > 2× minimum); "
-                f"saturation point: {num(self.saturation_rps, '.2f', ' req/s')} (throughput falls); "
-                f"optimal operating point: {num(self.optimal_rps, '.2f', ' req/s')} "
-                f"(highest throughput with TTFT P99 ≤ {self.ttft_slo_ms:g} ms)"
+                f"Levels are fractions of the sustainable rate {self.capacity_rps:.2f} req/s (5.2). "
+                f"Knee point: {num(self.knee_rps, '.2f', ' req/s')} (first level whose TTFT P99 > 2× the "
+                f"smallest TTFT P99); saturation point: {num(self.saturation_rps, '.2f', ' req/s')} (first "
+                "level whose achieved tok/s falls below the previous level's by more than their combined "
+                "95% Poisson half-widths); optimal operating point: "
+                f"{num(self.optimal_rps, '.2f', ' req/s')} (the sustainable level with the highest "
+                f"achieved tok/s whose TTFT P99 ≤ {self.ttft_slo_ms:g} ms)"
             ),
         )
         return [table]
@@ -109,10 +125,13 @@ async def run_tradeoff(ctx: BatteryContext) -> Outcome:
     run = await ctx.run("tradeoff", stages)
     rows = [level_row(run.stage(f"load-{f:g}"), f * capacity) for f in fractions]
     slo = ctx.ttft_slo_ms or p.ttft_slo_ms
-    for r in rows:
-        r.slo_met = r.ttft.p99 is not None and r.ttft.p99 * 1e3 <= slo
+    for f, r in zip(fractions, rows, strict=True):
+        ctx.ledger.append(ledger_entry("5.3", f"{f:.0%} level, {r.offered:.2f} req/s offered", r))
     offered = [r.offered for r in rows]
     achieved: list[float | None] = [r.output_tps for r in rows]
+    meets = [r.sustainable and r.ttft.p99 is not None and r.ttft.p99 * 1e3 <= slo for r in rows]
+    for r in rows:  # after the ledger saw the saturation verdict alone
+        r.slo_met = r.ttft.p99 is not None and r.ttft.p99 * 1e3 <= slo
     data = TradeoffData(
         workload=spec.name,
         capacity_rps=capacity,
@@ -120,8 +139,8 @@ async def run_tradeoff(ctx: BatteryContext) -> Outcome:
         levels=rows,
         ttft_slo_ms=slo,
         knee_rps=knee_point(offered, [r.ttft.p99 for r in rows]),
-        saturation_rps=saturation_point(offered, achieved),
-        optimal_rps=optimal_point(offered, achieved, [bool(r.slo_met) for r in rows]),
+        saturation_rps=saturation_point(offered, achieved, [r.output_tps_ci for r in rows]),
+        optimal_rps=optimal_point(offered, achieved, meets),
     )
     reqs = [
         must("5.3.2", "at least 10 load levels", len(fractions) >= 10, f"{len(fractions)} levels"),
@@ -134,4 +153,7 @@ async def run_tradeoff(ctx: BatteryContext) -> Outcome:
         must("5.3.2", "open-loop load", True, "Poisson"),
         duration_requirement("5.3.2", p.level_duration_s, 60.0),
     ]
-    return Outcome(data, reqs, [f"estimated capacity {capacity:.2f} req/s", *run.generator_warnings])
+    notes = [f"levels scale by the battery's sustainable rate {capacity:.2f} req/s (5.2)"]
+    if ctx.capacity_note:
+        notes.append(ctx.capacity_note)
+    return Outcome(data, reqs, [*notes, *run.generator_warnings])

@@ -2,8 +2,8 @@
 
 TTFT is the first content chunk (a chunk carrying at least one token by the server's running usage; the
 chat role announcement is not one) minus the actual send time. Load: Poisson at ``ttft_load`` of the
-estimated capacity. Queue and prefill components come from the engine's /metrics histograms (their mean
-over the test) where the engine's metric table names them.
+battery's sustainable rate (5.2). Queue and prefill components come from the engine's /metrics histograms
+(their mean over the test) where the engine's metric table names them.
 """
 
 from __future__ import annotations
@@ -130,7 +130,10 @@ async def run_ttft(ctx: BatteryContext) -> Outcome:
 
     data = TtftData(
         workload=spec.name,
-        load=f"open loop, Poisson {rate:.2f} req/s ({p.ttft_load:.0%} of estimated capacity {capacity:.2f})",
+        load=(
+            f"open loop, Poisson {rate:.2f} req/s "
+            f"({p.ttft_load:.0%} of the sustainable rate {capacity:.2f} req/s, 5.2)"
+        ),
         rate=rate,
         requests=len(lat),
         succeeded=len(ok),

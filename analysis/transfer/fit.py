@@ -1,0 +1,181 @@
+"""The link model ``t(bytes) = setup + bytes / bandwidth``, fitted by OLS with 95 % intervals.
+
+Targets, on the valid disaggregated records:
+
+* ``kv_xfer`` — the link: the transfer-time histogram of the engine that ran the transfer (pull: the
+  consumer, push: the producer; NIXL's ``nixl_xfer_time_seconds``: the KV blocks moved and nothing
+  else). This one becomes the ``measured-local`` link profile.
+* ``handoff`` — what a request pays after its prefill (producer's answer → first token at the proxy):
+  the proxy gap, the transfer and the consumer's first step (which grows with context); reported as
+  that, never as a link's bandwidth.
+
+The size axis is the bytes the connector reports it moved (``nixl_bytes_transferred``) where every
+row has them, else ``P × kv_bytes_per_token`` from the served model's ``config.json`` (said in
+``x_source``). Every slope carries its 95 % interval; when the interval spans zero the size term is
+not resolvable at these sizes: the fit says so (``resolvable``, ``verdict``) and the link profile is
+a flat ``fixed_ms`` (the mean), not an extrapolated bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+import yaml
+from pydantic import Field
+
+from benchcore.atomic import atomic_write_bytes
+from benchcore.schema import StrictModel as Record
+
+__all__ = ["TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
+
+Target = Literal["handoff", "kv_xfer"]
+_COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
+_BYTES = "kv_bytes"  # records_frame: from the engine that ran the transfer
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
+
+
+def kv_bytes_per_token(model: str, dtype: str | None) -> int | None:
+    """2 × layers × kv_heads × head_dim × dtype bytes of a local model folder (None: no config)."""
+    cfg_path = Path(model) / "config.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    name = str(dtype if dtype and dtype != "auto" else cfg.get("torch_dtype", "bfloat16"))
+    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * _DTYPE_BYTES[name]
+
+
+class TransferFit(Record):
+    """One OLS fit of ``t_ms = setup_ms + bytes / bytes_per_ms`` with 95 % intervals."""
+
+    target: Target
+    x_source: str = Field(description="where the bytes axis comes from (connector counter or model config)")
+    n: int = Field(ge=0)
+    prefill_tokens: list[int]
+    kv_bytes_per_token: int
+    kv_bytes_per_token_measured: float | None = Field(description="connector bytes counter / P (median)")
+    setup_ms: float
+    setup_ci_ms: tuple[float, float]
+    ms_per_mib: float = Field(description="slope: ms per MiB of KV")
+    ms_per_mib_ci: tuple[float, float]
+    bandwidth_gbit_s: float | None = Field(description="None when the slope is not positive")
+    bandwidth_ci_gbit_s: tuple[float, float] | None = Field(
+        description="from the slope's interval (inf: open)"
+    )
+    r2: float | None
+    residual_sd_ms: float
+    mean_ms: float
+    median_ms: float
+    max_ms: float
+    resolvable: bool = Field(description="the slope's 95 % interval lies above zero")
+    verdict: str = Field(description="one sentence a reader can act on")
+
+
+def _size_axis(rows: pd.DataFrame, kv_per_token: int | None) -> tuple[np.ndarray, str] | None:
+    """KV bytes of each row: the connector's counter when every row has it, else P × bytes per token."""
+    if _BYTES in rows and rows[_BYTES].notna().all() and (rows[_BYTES] > 0).all():
+        return rows[_BYTES].to_numpy(float), "connector bytes counter (nixl_bytes_transferred)"
+    if kv_per_token is None:
+        return None
+    return rows["prefill_tokens"].to_numpy(float) * kv_per_token, "P × kv_bytes_per_token of the model config"
+
+
+def _gbit(ms_per_mib: float) -> float:
+    return math.inf if ms_per_mib <= 0 else 2**20 * 8 / (ms_per_mib * 1e-3) / 1e9
+
+
+def _verdict(target: Target, slope: float, ci: tuple[float, float], bw: float | None, y: np.ndarray) -> str:
+    what = "the link (connector's own transfer time)" if target == "kv_xfer" else "the hand-off"
+    if ci[0] > 0 and bw is not None:
+        lo, hi = _gbit(ci[1]), _gbit(ci[0])
+        return f"{what}: {bw:.3g} Gbit/s (95 % CI {lo:.3g}…{hi:.3g})"
+    return (
+        f"{what}: the size term is not resolvable at these sizes (slope {slope:.3g} ms/MiB, 95 % CI "
+        f"{ci[0]:.3g}…{ci[1]:.3g} spans zero): only the time itself is known, mean {y.mean():.3g} ms, "
+        f"median {np.median(y):.3g} ms, max {y.max():.3g} ms"
+    )
+
+
+def fit_transfer(
+    table: pd.DataFrame, kv_per_token: int | None, target: Target = "handoff"
+) -> TransferFit | None:
+    """OLS of ``target`` on KV bytes over the valid disaggregated rows (None: fewer than 3 points, fewer
+    than 2 distinct P, or no bytes axis)."""
+    col = _COLUMNS[target]
+    if table.empty or col not in table:
+        return None
+    rows = table[(table["mode"] == "disaggregated") & table["valid"].astype(bool)].dropna(subset=[col])
+    if len(rows) < 3 or rows["prefill_tokens"].nunique() < 2:
+        return None
+    axis = _size_axis(rows, kv_per_token)
+    if axis is None:
+        return None
+    nbytes, x_source = axis
+    mib = nbytes / 2**20
+    y = rows[col].to_numpy(float)
+    res = sm.OLS(y, sm.add_constant(mib)).fit()
+    (setup, slope), ci = res.params, res.conf_int(0.05)
+    slope_ci = (float(ci[1][0]), float(ci[1][1]))
+    per_token = nbytes / rows["prefill_tokens"].to_numpy(float)
+    bw = _gbit(slope) if slope > 0 else None
+    return TransferFit(
+        target=target,
+        x_source=x_source,
+        n=len(rows),
+        prefill_tokens=sorted(int(p) for p in rows["prefill_tokens"].unique()),
+        kv_bytes_per_token=int(kv_per_token or round(float(np.median(per_token)))),
+        kv_bytes_per_token_measured=float(np.median(per_token)) if x_source.startswith("connector") else None,
+        setup_ms=float(setup),
+        setup_ci_ms=(float(ci[0][0]), float(ci[0][1])),
+        ms_per_mib=float(slope),
+        ms_per_mib_ci=slope_ci,
+        bandwidth_gbit_s=bw,
+        bandwidth_ci_gbit_s=(_gbit(slope_ci[1]), _gbit(slope_ci[0])) if slope > 0 else None,
+        r2=float(res.rsquared) if np.isfinite(res.rsquared) else None,
+        residual_sd_ms=float(np.sqrt(res.scale)),
+        mean_ms=float(y.mean()),
+        median_ms=float(np.median(y)),
+        max_ms=float(y.max()),
+        resolvable=slope_ci[0] > 0,
+        verdict=_verdict(target, float(slope), slope_ci, bw, y),
+    )
+
+
+def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") -> dict[str, Any]:
+    """The fit as an ``analysis/links`` profile named ``measured-local`` (``run``: the run folder, e.g.
+    ``results/<run id>``): a bandwidth only where the slope is resolvable, else the flat mean."""
+    r2 = "–" if fit.r2 is None else f"{fit.r2:.3f}"
+    profile: dict[str, Any] = {
+        "name": "measured-local",
+        "description": (
+            f"KV transfer ({fit.target}) measured between two engines on one host, connector {connector}: "
+            f"OLS over P {fit.prefill_tokens}, n={fit.n}, R²={r2}, bytes from the {fit.x_source}. "
+            f"{fit.verdict[:1].upper()}{fit.verdict[1:]}. {notes}"
+        ).strip(),
+        "basis": "measured",
+        "run": run,
+        "source": f"python -m microbench.transfer, {run}/fit.json ({fit.target})",
+    }
+    if fit.resolvable and fit.bandwidth_gbit_s is not None and math.isfinite(fit.bandwidth_gbit_s):
+        profile |= {
+            "setup_latency_ms": round(max(fit.setup_ms, 0.0), 4),
+            "setup_latency_ci_ms": [round(v, 4) for v in fit.setup_ci_ms],
+            "bandwidth_gbit_s": round(fit.bandwidth_gbit_s, 4),
+            "bandwidth_ci_gbit_s": [round(v, 4) for v in fit.bandwidth_ci_gbit_s or (math.nan, math.nan)],
+        }
+    else:
+        profile["fixed_ms"] = round(fit.mean_ms, 4)
+    return profile
+
+
+def write_link(path: Path, profile: dict[str, Any]) -> None:
+    header = "# Written by python -m microbench.transfer (the connector's own transfer time); see fit.json.\n"
+    atomic_write_bytes(path, (header + yaml.safe_dump(profile, sort_keys=False, allow_unicode=True)).encode())

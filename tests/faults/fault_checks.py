@@ -1,0 +1,95 @@
+"""Helpers of the fault tier: the outcome of one command and the checks every fault row makes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import yaml
+
+from microbench.results.records import Observation, RunRecord, read_record
+
+__all__ = [
+    "ISSUE_GRID",
+    "STEP_ARGS",
+    "Outcome",
+    "Place",
+    "assert_clear_error",
+    "assert_intact",
+    "assert_no_engine_left",
+]
+
+STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
+# The grid of the issue's first row: one chunk, D = 4, two prefill lengths, six repetitions.
+ISSUE_GRID = {
+    "chunks": [512],
+    "decode_batch_sizes": [4],
+    "prefill_tokens": [256, 1024],
+    "repetitions": 6,
+    "decode_context": 512,
+}
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+@dataclass
+class Place:
+    """A test's folders: ``cwd`` (the working directory, must stay empty) and ``tmp`` (inputs)."""
+
+    tmp: Path
+    cwd: Path
+
+    def sweep_yaml(
+        self, sim_args: list[str] | tuple[str, ...] = (), name: str = "sweep.yaml", **over: object
+    ) -> Path:
+        sweep = ISSUE_GRID | {"engine": {"kind": "sim", "extra_args": [*STEP_ARGS, *sim_args]}} | over
+        path = self.tmp / name
+        path.write_text(yaml.safe_dump(sweep))
+        return path
+
+
+def assert_clear_error(outcome: Outcome, *needles: str) -> None:
+    """One error paragraph naming the problem (each needle), never a traceback."""
+    text = outcome.text
+    assert "Traceback" not in text and "crash-traceback" not in text, text[-3000:]
+    start = text.find("error: ")
+    assert start >= 0, text[-3000:]
+    paragraph = text[start:].split("\n\n")[0]
+    flat = " ".join(paragraph.split())  # rich wraps long lines; compare words
+    for needle in needles:
+        assert " ".join(needle.split()) in flat, (needle, paragraph)
+
+
+def assert_intact(run_dir: Path) -> list[RunRecord]:
+    """Every record and observation readable, every valid record's stamps present, no temp file left,
+    no crash traceback; returns the point records."""
+    leftovers = [p for p in run_dir.rglob(".*") if p.name != ".lock"]
+    assert not leftovers, leftovers
+    assert not (run_dir / "crash-traceback.txt").exists()
+    if (run_dir / "manifest.json").exists():
+        json.loads((run_dir / "manifest.json").read_text())
+    for path in run_dir.glob("observed/*/*.json"):
+        read_record(path, Observation)
+    records = [read_record(p, RunRecord) for p in sorted(run_dir.glob("runs/*/*.json"))]
+    for r in records:
+        if r.validity.valid:
+            assert (run_dir / r.raw_file).is_file(), r.raw_file
+    return records
+
+
+def assert_no_engine_left() -> None:
+    """No engine process of this test outlived the command."""
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]

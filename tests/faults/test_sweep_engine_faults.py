@@ -1,0 +1,159 @@
+"""Issue #22, rows 1-4 and the "engine death spends attempts" mislead: the engine answers 500/429, dies
+(during warm-up, between points, in the middle of one), or, external, stops answering or was never there.
+Infrastructure faults spend no attempt; a fault that persists ends the sweep with a clear error (exit 1)
+and a resumable run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left
+
+from engine_harness.launch import free_port
+from microbench.results.faults import infrastructure_reasons
+from microbench.results.records import RunRecord, read_record
+from microbench.sweep.cli import main
+
+
+def _notes(out: Path) -> list[str]:
+    return list(json.loads((out / "manifest.json").read_text())["notes"])
+
+
+def test_row1_a_failed_d4_injection_neither_divides_by_zero_nor_spends_an_attempt(place: Place, run) -> None:
+    # The issue's exact grid and seed: HTTP 500 on 4% of requests hit an injection at D = 4 and the
+    # derivation divided by the zero chunks the histogram counted (3 of 3 runs ended in a traceback).
+    cfg = place.sweep_yaml(("--error-500-fraction", "0.04", "--seed", "3"))
+    out = place.tmp / "run"
+    outcome = run(main, "--config", cfg, "--out", out)
+    assert outcome.code == 0, outcome.text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 12 and all(r.validity.valid for r in records)
+    notes = _notes(out)
+    assert notes and all("infrastructure fault" in n and "no attempt spent" in n for n in notes)
+    assert any("HTTP 500" in n for n in notes)
+    assert os.listdir(place.cwd) == []
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [("--error-500-fraction", "0.2"), ("--error-429-fraction", "0.2", "--retry-after-s", "0.05")],
+    ids=["500", "429-retry-after"],
+)
+def test_row2_errors_during_warm_up_and_priming_are_retried(
+    place: Place, run, fault: tuple[str, ...]
+) -> None:
+    # One in five requests fails: warm-up (≥ 4 requests) and priming all but surely meet one.
+    cfg = place.sweep_yaml((*fault, "--seed", "5"), repetitions=3)
+    out = place.tmp / "run"
+    outcome = run(main, "--config", cfg, "--out", out)
+    assert outcome.code == 0, outcome.text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 6 and all(r.validity.valid for r in records)
+    assert not list(out.glob("invalid/*/*.json"))  # no attempt was spent on the faults
+    assert json.loads((out / "manifest.json").read_text())["warmup"]["512"]["probes_ms"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "needle"),
+    [
+        (("--die-after-requests", "2"), "the engine died 4 times in this chunk"),  # every life, in warm-up
+        (("--die-at-s", "0.5"), ""),  # dies in start-up or warm-up, by the box's speed: either is clear
+    ],
+    ids=["die-after-requests", "die-at-s"],
+)
+def test_row3_an_engine_that_keeps_dying_ends_the_sweep(
+    place: Place, run, fault: tuple[str, ...], needle: str
+) -> None:
+    cfg = place.sweep_yaml(fault, repetitions=2)
+    out = place.tmp / "run"
+    t0 = time.monotonic()
+    outcome = run(main, "--config", cfg, "--out", out)
+    assert outcome.code == 1, outcome.text[-3000:]
+    assert_clear_error(outcome, needle, str(out / "engine-512.log"))  # names the log that says why
+    assert f"continue with: python -m microbench.sweep --resume --out {out}" in " ".join(outcome.out.split())
+    assert time.monotonic() - t0 < 120
+    for r in assert_intact(out):
+        assert r.validity.valid  # a death never made a point finally invalid
+    assert_no_engine_left()
+    assert os.listdir(place.cwd) == []
+
+
+def test_an_engine_that_dies_once_is_restarted_and_the_sweep_completes(place: Place, run) -> None:
+    cfg = place.sweep_yaml(("--die-after-requests", "12"))  # the first engine dies, the second lives
+    out = place.tmp / "run"
+    outcome = run(main, "--config", cfg, "--out", out)
+    assert outcome.code == 0, outcome.text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 12 and all(r.validity.valid for r in records)
+    assert any("engine restarted (restart 1" in n for n in _notes(out))
+
+
+def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
+    # SIGKILL of the engine while points are being measured (the sim's stand-in for the e2e row where
+    # vLLM's EngineCore is killed): restarted, nothing counted against max_attempts, every point valid.
+    cfg = place.sweep_yaml(max_attempts=1)  # one attempt: a death that spent it would leave it invalid
+    out = place.tmp / "run"
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("runs/*/*.json"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    engines = psutil.Process(proc.pid).children()
+    assert engines
+    for engine in engines:
+        os.killpg(engine.pid, signal.SIGKILL)
+    text, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 12 and all(r.validity.valid for r in records)
+    for path in out.glob("invalid/*/*.json"):  # an attempt spoiled by the death is kept, blamed on it
+        assert infrastructure_reasons(read_record(path, RunRecord).validity.reasons)
+    assert "restarting it" in text
+
+
+@pytest.fixture
+def external_sim(place: Place):
+    """A sim started by hand that dies 3.5 s after it starts; yields its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port)]
+    cmd += ["--max-num-batched-tokens", "512", *STEP_ARGS, "--die-at-s", "3.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def test_row4_an_external_engine_that_stops_answering_is_noticed(
+    place: Place, run, external_sim: str
+) -> None:
+    engine = {"kind": "external", "url": external_sim, "model": "sim"}
+    cfg = place.sweep_yaml(engine=engine, token_range="0:256", decode_batch_sizes=[0, 4])
+    out = place.tmp / "run"
+    t0 = time.monotonic()
+    outcome = run(main, "--config", cfg, "--out", out, "--start-timeout", "5s")
+    assert outcome.code == 1
+    assert_clear_error(outcome, f"the external engine at {external_sim} stopped answering", "--resume")
+    assert time.monotonic() - t0 < 60  # noticed within the probe window, not never
+    assert_intact(out)
+    assert not (out / "engine-512.log").exists()  # nothing was launched, no log to name
+
+
+def test_row4_a_closed_port_gives_up_in_the_time_asked(place: Place, run) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = place.sweep_yaml(engine={"kind": "external", "url": url, "model": "sim"}, token_range="0:256")
+    out = place.tmp / "run"
+    t0 = time.monotonic()
+    outcome = run(main, "--config", cfg, "--out", out, "--start-timeout", "2s")
+    assert outcome.code == 1 and time.monotonic() - t0 < 20
+    assert_clear_error(outcome, f"nothing answered at {url}/health for 2 s", "is the external engine running")
+    assert "engine-512.log" not in outcome.text
+    assert_intact(out)

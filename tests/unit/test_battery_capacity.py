@@ -1,0 +1,184 @@
+"""The battery's derived figures on hand-built data: saturation, rates, capacity, search, fits, fairness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from microbench.battery.capacity_search import rate_search
+from microbench.battery.context import StageWindow
+from microbench.battery.levels import level_row
+from microbench.battery.plan import Probe, estimate_plan
+from microbench.battery.profiles import profile
+from microbench.battery.saturation import steady_state
+from microbench.battery.sections.fairness import jain_over_classes, mixed_order
+from microbench.battery.stats import fit_scaling, fit_verdict, saturation_point
+from microbench.battery.sustainable import LedgerEntry, capacity_from
+
+
+def _lat(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
+    n = send.size
+    return pd.DataFrame(
+        {
+            "ok": np.ones(n, dtype=bool),
+            "slo_class": [""] * n,
+            "client_id": ["a"] * n,
+            "input_tokens": np.full(n, 100.0),
+            "output_tokens": np.full(n, tokens),
+            "send_s": send,
+            "done_s": done,
+            "ttft_s": np.full(n, 0.05),
+            "tpot_s": np.full(n, 0.01),
+            "e2e_s": done - send,
+            "error": [None] * n,
+        }
+    )
+
+
+def test_the_ramp_to_littles_law_is_not_queue_growth() -> None:
+    # issue #23's CPU case: 31 req/s for 4 s, every request 0.5 s end to end. The in-flight count climbs
+    # 0 → 15.5 in the first 0.5 s (Little's law), then stays: the old 10% cut called that growth.
+    send = np.arange(0, 4, 1 / 31)
+    s = steady_state(_lat(send, send + 0.5), 0.0, 4.0)
+    assert s.ramp_s == pytest.approx(1.0)  # max(10% of 4 s, 2 × 0.5 s)
+    assert s.inflight_mean == pytest.approx(15.5, abs=1.0)
+    assert not s.saturated and not s.queue_growing and s.reasons == []
+    # completions in [1, 4) are the requests sent in [0.5, 3.5): all of them
+    assert s.completions == s.expected_completions == 93
+
+
+def test_an_overloaded_level_is_saturated_by_both_signs() -> None:
+    # 31 req/s offered, a FIFO server finishing one request every 50 ms (20 req/s) after 0.3 s of work
+    send = np.arange(0, 4, 1 / 31)
+    done = np.empty_like(send)
+    free = 0.0
+    for i, t in enumerate(send):
+        free = max(free, t) + 0.05
+        done[i] = free + 0.3
+    s = steady_state(_lat(send, done), 0.0, 4.0)
+    assert s.saturated and s.queue_growing
+    assert any("completions" in r for r in s.reasons)
+    assert s.completion_rate == pytest.approx(20, rel=0.1)
+
+
+def test_a_window_shorter_than_three_e2e_times_is_inconclusive() -> None:
+    send = np.arange(0, 2, 0.1)
+    s = steady_state(_lat(send, send + 0.8), 0.0, 2.0)
+    assert s.ramp_s == pytest.approx(1.0)  # 2 × 0.8 capped at half the window
+    assert not s.conclusive
+
+
+def test_level_rates_use_the_nominal_window_with_its_empty_tail() -> None:
+    # 3.1 req/s asked for 10 s; the last arrival fell at 9.0 s. The open loop now ends at 10 s (nominal).
+    send = np.array([0.2, 1.0, 1.5, 2.4, 3.0, 3.3, 4.1, 5.0, 5.6, 6.2, 7.0, 7.7, 8.4, 9.0])
+    lat = _lat(send, send + 0.1, tokens=32.0)
+    row = level_row(StageWindow("level", lat, 0.0, 10.0, 10.2), 3.1)
+    # ramp max(1.0 s, 2 × 0.1 s) = 1 s; window [1, 10): 13 requests finish in it (1.1 … 9.1)
+    assert row.window_s == pytest.approx(9.0)
+    assert row.request_rps == pytest.approx(13 / 9.0)
+    assert row.output_tps == pytest.approx(13 * 32 / 9.0)
+    assert row.sent_rps == pytest.approx(13 / 9.0)  # sends at 1.0 … 9.0
+    assert row.output_tps_ci == pytest.approx(1.96 * np.sqrt(13) * 32 / 9.0)
+    # the old window [1, last send 9.0] would have divided by 8 s: 12.5% too high
+    assert row.output_tps < 13 * 32 / 8.0
+
+
+async def test_rate_search_brackets_the_threshold_within_five_percent() -> None:
+    probed: list[float] = []
+
+    async def passes(rate: float) -> bool:
+        probed.append(rate)
+        return rate <= 97.0
+
+    best, steps = await rate_search(passes, 100.0, probes=8)
+    assert probed == pytest.approx([90.0, 100.0, 95.0])  # 0.9 passes, 1.0 fails, bisect to 0.95, stop
+    assert best == pytest.approx(95.0) and [s.passed for s in steps] == [True, False, True]
+    probed.clear()
+    best, _ = await rate_search(passes, 200.0, probes=3)  # down by 0.1 of X while failing
+    assert probed == pytest.approx([180.0, 160.0, 140.0]) and best is None
+
+
+def _entry(label: str, loop: str, offered: float, tps: float, ok: bool) -> LedgerEntry:
+    return LedgerEntry(
+        test="5.x",
+        label=label,
+        loop=loop,
+        offered=offered,
+        achieved_rps=tps / 10,
+        output_tps=tps,
+        sustainable=ok,
+    )
+
+
+def test_capacity_is_the_best_sustainable_level_of_any_test() -> None:
+    entries = [
+        _entry("a", "open", 10.0, 100.0, True),
+        _entry("b", "open", 20.0, 190.0, True),
+        _entry("c", "open", 30.0, 250.0, False),  # saturated: the peak, not the max
+        _entry("d", "closed", 32.0, 210.0, True),  # a closed loop meeting 5.5's criteria
+    ]
+    cap = capacity_from(entries, "rule")
+    assert cap.max_output_tps == 210.0 and cap.max_source == "5.x d"
+    assert cap.sustainable_rate_rps == 20.0  # open loop only
+    assert cap.peak_output_tps == 250.0
+    assert capacity_from([], "rule").max_output_tps is None
+
+
+def test_saturation_point_ignores_a_fall_within_sampling_error() -> None:
+    levels, achieved = [1, 2, 3, 4], [100.0, 200.0, 190.0, 150.0]
+    assert saturation_point(levels, achieved) == 3  # the draft's rule, literally
+    assert saturation_point(levels, achieved, [10.0, 10.0, 10.0, 10.0]) == 4  # 190 vs 200 ± 14: noise
+
+
+def test_fit_verdict_and_exponent_ci() -> None:
+    # issue #23's case: three lengths spanning 8× with a poor fit is no headline
+    ok, verdict = fit_verdict(3, 8.0, 0.57)
+    assert (
+        not ok
+        and verdict == "not meaningful: 3 distinct lengths (< 4), lengths span 8× (< 16×), R² 0.57 (< 0.9)"
+    )
+    x = np.repeat([256.0, 1024.0, 4096.0, 16384.0], 3)
+    y = 1e-4 * x * np.tile([0.98, 1.0, 1.02], 4)  # TTFT ∝ length, ±2%
+    fit = fit_scaling(x, y)
+    assert fit.meaningful and fit.exponent == pytest.approx(1.0, abs=0.01)
+    assert fit.exponent_ci is not None and fit.exponent_ci[0] < 1.0 < fit.exponent_ci[1]
+    assert fit.exponent_ci[1] - fit.exponent_ci[0] < 0.05
+
+
+def test_jain_over_classes_and_an_exact_class_mix() -> None:
+    # x_c = inflation P50 per class: 1.0 and 3.0 → (4)² / (2 · 10) = 0.8
+    assert jain_over_classes({"short": 1.0, "long": 3.0}) == pytest.approx(0.8)
+    assert jain_over_classes({"short": 1.2, "long": 1.2}) == pytest.approx(1.0)
+    assert jain_over_classes({"short": 1.0, "long": None}) is None
+    order = mixed_order({"short": 0.8, "long": 0.2}, 100, seed=0)
+    assert order.count("short") == 80 and order.count("long") == 20
+    assert all(order[i : i + 20].count("long") == 4 for i in range(0, 100, 20))
+    assert order != mixed_order({"short": 0.8, "long": 0.2}, 100, seed=1)
+
+
+def test_plan_estimates_the_conformant_ttft_test_from_the_probe() -> None:
+    p = profile("conformant")
+    rows = estimate_plan(["ttft"], p, Probe(rps=10.0, e2e_s=0.5))
+    assert [r.name for r in rows] == ["capacity measurement (5.2)", "ttft"]
+    ttft = rows[1]
+    assert ttft.requests == 10_000
+    assert ttft.seconds == pytest.approx(10_000 / (0.5 * 10.0) + 0.5)
+
+
+def test_the_ramp_survives_one_slow_level() -> None:
+    from microbench.battery.capacity_search import ramp_done
+
+    def rows(*tps: float):  # type: ignore[no-untyped-def]
+        return [_row_at(2**i, t) for i, t in enumerate(tps, start=2)]
+
+    assert not ramp_done(rows(700, 950, 711), 64)  # the CPU run's slow c=16: one stall is not the end
+    assert not ramp_done(rows(700, 950, 711, 1364), 64)
+    assert ramp_done(rows(700, 950, 711, 960), 64)  # two levels in a row ≤ 10% above the best: done
+    assert ramp_done(rows(700, 950), 8)  # the next doubling would pass capacity_max
+
+
+def _row_at(concurrency: int, tps: float):  # type: ignore[no-untyped-def]
+    send = np.arange(0, 4, 0.1)
+    row = level_row(StageWindow("level", _lat(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed")
+    return row.model_copy(update={"output_tps": tps})

@@ -1,0 +1,94 @@
+"""The report's consistency gate: contradictions are found, named, and shown loudly, never swapped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from microbench.battery.context import StageWindow
+from microbench.battery.gate import check_report, distribution_order
+from microbench.battery.levels import ledger_entry, level_row
+from microbench.battery.render import html_report, markdown_minimum
+from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
+from microbench.battery.saturation import SATURATION_RULE
+from microbench.battery.sections.tradeoff import TradeoffData
+from microbench.battery.stats import Distribution
+from microbench.battery.sustainable import capacity_from
+
+
+def _row(rate: float, tokens: float = 10.0):  # type: ignore[no-untyped-def]
+    send = np.arange(0, 10, 1 / rate)
+    n = send.size
+    lat = pd.DataFrame(
+        {
+            "ok": True,
+            "slo_class": "",
+            "client_id": "a",
+            "input_tokens": 100.0,
+            "output_tokens": tokens,
+            "send_s": send,
+            "done_s": send + 0.2,
+            "ttft_s": np.linspace(0.01, 0.05, n),
+            "tpot_s": 0.01,
+            "e2e_s": 0.2,
+            "error": None,
+        }
+    )
+    return level_row(StageWindow("level", lat, 0.0, 10.0, 10.3), rate)
+
+
+def _report(levels, ledger) -> BatteryReport:  # type: ignore[no-untyped-def]
+    data = TradeoffData(
+        workload="w",
+        capacity_rps=10.0,
+        fractions=[0.5, 1.0],
+        levels=levels,
+        ttft_slo_ms=500.0,
+        knee_rps=None,
+        saturation_rps=None,
+        optimal_rps=levels[-1].offered,
+    )
+    return BatteryReport(
+        created_at="2026-01-01T00:00:00.000+00:00",
+        command="x",
+        profile="quick",
+        seed=0,
+        workload="w",
+        system=SystemInfo(
+            model="m", engine_kind="sim", base_url="u", hardware="cpu", accelerators=0, cpu_count=2
+        ),
+        warmup=WarmupResult(cold_start=True),
+        tests=[TestResult(name="tradeoff", section="5.3", title="Trade-off", status="ran", data=data)],
+        capacity=capacity_from(ledger, SATURATION_RULE),
+    )
+
+
+def test_a_consistent_report_passes_the_gate() -> None:
+    rows = [_row(5.0), _row(10.0)]
+    report = _report(rows, [ledger_entry("5.3", f"{r.offered}", r) for r in rows])
+    assert check_report(report) == []
+    assert "CONSISTENCY GATE FAILED" not in markdown_minimum(report)
+
+
+def test_a_max_below_a_sustainable_level_fails_loudly_and_is_not_swapped() -> None:
+    rows = [_row(5.0), _row(10.0)]
+    report = _report(rows, [ledger_entry("5.3", "5.0", rows[0])])  # the 10 req/s level escaped the ledger
+    problems = check_report(report)
+    assert any("above the Max" in p for p in problems)
+    minimum = markdown_minimum(report)
+    assert minimum.startswith("CONSISTENCY GATE FAILED")
+    assert f"Max Throughput: {rows[0].output_tps:.1f}" in minimum  # shown as measured, not replaced
+    assert "class='gate'" in html_report(report, None)
+
+
+def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
+    row = _row(10.0)
+    inflated = row.model_copy(update={"request_rps": 14.0})  # e.g. a window that lost its empty tail
+    inflated.ttft = Distribution(
+        count=3, min=0.01, p50=0.03, p90=0.02, p95=0.04, p99=0.05, p999=0.05, max=0.05
+    )
+    report = _report([inflated], [ledger_entry("5.3", "x", inflated)])
+    problems = check_report(report)
+    assert any("completions" in p and "offered" in p for p in problems)
+    assert any("percentiles out of order (p50 0.03 > p90 0.02)" in p for p in problems)
+    assert distribution_order(Distribution(count=0)) is None
