@@ -20,7 +20,7 @@ from microbench.battery.saturation import SteadyState, steady_state
 from microbench.battery.stats import Distribution, summarize
 from microbench.battery.sustainable import LedgerEntry
 
-__all__ = ["LevelRow", "ledger_entry", "level_row"]
+__all__ = ["LevelRow", "ledger_entry", "level_row", "verdict_text"]
 
 
 class LevelRow(StrictModel):
@@ -49,8 +49,10 @@ class LevelRow(StrictModel):
 
     @property
     def sustainable(self) -> bool:
-        """Not saturated, and meeting its test's criteria where it has some."""
-        return not self.steady.saturated and self.slo_met is not False
+        """Not saturated, meeting its test's criteria where it has some, and (open loop) judged over a
+        window of at least three E2E times: a shorter one cannot tell a ramp from growth."""
+        judged = self.loop == "closed" or self.steady.conclusive
+        return judged and not self.steady.saturated and self.slo_met is not False
 
 
 def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:
@@ -89,9 +91,19 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
     )
 
 
+def verdict_text(row: LevelRow) -> str:
+    """Why a level is not sustainable ('' when it is)."""
+    reasons = list(row.steady.reasons)
+    if row.slo_met is False:
+        reasons.append("criteria not met")
+    if row.loop == "open" and not row.steady.conclusive:
+        reasons.append("window shorter than three E2E times: a ramp cannot be told from growth")
+    return "; ".join(reasons)
+
+
 def ledger_entry(test: str, label: str, row: LevelRow) -> LedgerEntry:
     """``row`` as the capacity ledger's entry (``sustainable.capacity_from`` reads these)."""
-    why = "; ".join(row.steady.reasons) or ("criteria not met" if row.slo_met is False else "")
+    why = verdict_text(row)
     return LedgerEntry(
         test=test,
         label=label,

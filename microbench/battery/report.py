@@ -14,6 +14,7 @@ from pydantic import BeforeValidator, Field, SerializeAsAny
 from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
+from microbench.battery.levels import verdict_text
 from microbench.battery.sustainable import Capacity
 
 __all__ = [
@@ -204,7 +205,7 @@ def level_rate_rows(title: str, rows: list[Any]) -> Table:
                 f"{r.steady.ramp_s:.2f}",
                 f"{r.steady.queue_growth:+.1f} (limit {r.steady.growth_limit:.1f})",
                 "yes" if r.sustainable else "no",
-                "; ".join(r.steady.reasons) or ("criteria not met" if r.slo_met is False else "–"),
+                verdict_text(r) or "–",
             ]
         )
     return Table(

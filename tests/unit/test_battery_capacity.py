@@ -182,3 +182,23 @@ def _row_at(concurrency: int, tps: float):  # type: ignore[no-untyped-def]
     send = np.arange(0, 4, 0.1)
     row = level_row(StageWindow("level", _lat(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed")
     return row.model_copy(update={"output_tps": tps})
+
+
+def test_a_backlog_draining_after_a_stall_is_not_a_steady_level() -> None:
+    # the CPU run's case: 36 req/s offered for 4 s, the engine stalled for the first 1.5 s (requests wait),
+    # then served 60 req/s until caught up: completions in the window beat the offered rate
+    send = np.arange(0, 4, 1 / 36)
+    done = np.empty_like(send)
+    free = 1.5
+    for i, t in enumerate(send):
+        free = max(free, t) + 1 / 60
+        done[i] = free + 0.1
+    s = steady_state(_lat(send, done), 0.0, 4.0)
+    assert s.saturated and any("backlog drains" in r for r in s.reasons)
+    assert s.completion_rate > 36
+
+
+def test_an_open_level_judged_over_too_short_a_window_is_not_sustainable() -> None:
+    send = np.arange(0, 2, 0.1)
+    row = level_row(StageWindow("level", _lat(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
+    assert not row.steady.saturated and not row.steady.conclusive and not row.sustainable

@@ -133,6 +133,10 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
             "5.2.3.2",
             "the judged window spans at least three E2E times at the reported level",
             at_max is not None and at_max.steady.conclusive,
+            "no sustainable level"
+            if at_max is None
+            else f"judged over {at_max.steady.window_s:.1f} s; E2E P50 of the first requests "
+            + ("unknown" if at_max.steady.e2e_ref_s is None else f"{at_max.steady.e2e_ref_s:.2f} s"),
         ),
     ]
     notes = [
