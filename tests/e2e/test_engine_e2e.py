@@ -67,10 +67,16 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
 async def test_engine_dying_at_startup_is_reported_with_its_log(tmp_path) -> None:
     from engine_harness.engines import resolve_spec
 
-    spec = resolve_spec("cpu", model=str(tmp_path / "no-such-model"))
+    # a missing model folder is refused before anything is launched (a minute of start-up saved)
+    missing = EngineProcess(resolve_spec("cpu", model=str(tmp_path / "no-such-model")), tmp_path / "m.log")
+    with pytest.raises(EngineStartError, match="no-such-model"):
+        await missing.start()
+    assert missing.proc is None
+    # an engine that exits during start-up: its exit code and the lines of its log that name the problem
+    spec = resolve_spec("cpu", extra_args=["--no-such-flag"])
     engine = EngineProcess(spec, tmp_path / "engine.log", startup_timeout_s=300)
     with pytest.raises(EngineStartError) as err:
         await engine.start()
     assert "exited with code" in str(err.value)
-    assert "no-such-model" in str(err.value)
+    assert "no-such-flag" in str(err.value)
     assert engine.proc is None
