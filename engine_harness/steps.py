@@ -83,11 +83,14 @@ def parse_iteration_lines(text: str) -> list[EngineStep]:
     return steps
 
 
-class VllmLogStepSource:
-    """Reads iteration lines appended to a vLLM log file after a byte offset."""
+class _LogStepSource:
+    """Step lines an engine appended to its log file after a byte offset; ``parse`` reads them."""
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
+
+    def parse(self, text: str) -> list[EngineStep]:
+        raise NotImplementedError
 
     async def mark(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -97,7 +100,14 @@ class VllmLogStepSource:
             f.seek(mark)
             text = f.read().decode("utf-8", "replace")
         # only whole lines: the engine may be writing the last one right now
-        return parse_iteration_lines(text[: text.rfind("\n") + 1])
+        return self.parse(text[: text.rfind("\n") + 1])
+
+
+class VllmLogStepSource(_LogStepSource):
+    """vLLM's iteration-details lines."""
+
+    def parse(self, text: str) -> list[EngineStep]:
+        return parse_iteration_lines(text)
 
 
 class SimStepSource:
@@ -210,22 +220,15 @@ def sglang_settings(log_text: str) -> dict[str, str] | None:
     return {m["name"]: m["v"] for m in _SGLANG_ARG.finditer(line)}
 
 
-class SglangLogStepSource:
-    """Reads SGLang's step lines appended to its log file after a byte offset."""
+class SglangLogStepSource(_LogStepSource):
+    """SGLang's scheduler step lines (``mixed``: started with --enable-mixed-chunk)."""
 
     def __init__(self, log_path: Path, mixed: bool) -> None:
-        self.log_path = log_path
+        super().__init__(log_path)
         self.mixed = mixed
 
-    async def mark(self) -> int:
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
-
-    async def since(self, mark: int) -> list[EngineStep]:
-        with self.log_path.open("rb") as f:
-            f.seek(mark)
-            text = f.read().decode("utf-8", "replace")
-        # only whole lines: the engine may be writing the last one right now
-        return parse_sglang_step_lines(text[: text.rfind("\n") + 1], self.mixed)
+    def parse(self, text: str) -> list[EngineStep]:
+        return parse_sglang_step_lines(text, self.mixed)
 
 
 # How an engine kind reports its steps (a field of ``engine_harness.engines.EngineKind``): given the
