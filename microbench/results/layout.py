@@ -17,6 +17,7 @@ Records under ``runs/`` and ``invalid/`` are derived (``derive_attempt``); every
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Iterator
@@ -197,11 +198,16 @@ class RunFolder:
 
     # -- reading what derive needs -----------------------------------------------------------------
 
-    def inputs(self, obs: Observation) -> DeriveInputs:
-        """Everything ``derive`` reads for one attempt, from this folder."""
+    @functools.cached_property
+    def _rules_and_metrics(self) -> tuple[ProtocolRules, MetricNames]:
+        """The run's protocol rules and metric names: fixed when the run starts, read once, not per point."""
         manifest = self.read_manifest()
         rules = ProtocolRules.model_validate(manifest.sweep.get("protocol", {}))
-        metrics = engine_kind(str(manifest.engine_spec.get("kind", "vllm"))).metrics
+        return rules, engine_kind(str(manifest.engine_spec.get("kind", "vllm"))).metrics
+
+    def inputs(self, obs: Observation) -> DeriveInputs:
+        """Everything ``derive`` reads for one attempt, from this folder."""
+        rules, metrics = self._rules_and_metrics
         stamps = pd.read_parquet(self.root / obs.raw_file) if obs.raw_file else None
         baseline = None
         if obs.baseline_file is not None:
