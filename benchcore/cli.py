@@ -10,12 +10,15 @@ output folder when it has one, never elsewhere; else on standard error).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+
+from benchcore.redact import scrub
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURES", "BadInput", "Failed", "Stopped", "run_cli"]
 
@@ -76,14 +79,14 @@ def run_cli(body: Callable[[], int], crash_dir: Callable[[], Path | None] = lamb
         return EXIT_FAILURES
     except Exception as exc:  # the boundary: a traceback is never the user's answer
         where = _write_traceback(crash_dir())
-        print(f"error: unexpected {type(exc).__name__}: {exc}\n{where}", file=sys.stderr)
+        print(scrub(f"error: unexpected {type(exc).__name__}: {exc}\n{where}", os.environ), file=sys.stderr)
         return EXIT_FAILURES
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def _write_traceback(folder: Path | None) -> str:
-    text = traceback.format_exc()
+    text = scrub(traceback.format_exc(), os.environ)  # a key in a local's repr never reaches the file
     if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)

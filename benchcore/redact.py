@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["REDACTED", "SECRET_WORDS", "looks_secret", "redact_argv", "redact_env", "secret_values"]
+__all__ = ["REDACTED", "SECRET_WORDS", "looks_secret", "redact_argv", "redact_env", "scrub", "secret_values"]
 
 REDACTED = "<redacted>"
 SECRET_WORDS = frozenset({"SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH", "BEARER"})
@@ -51,3 +51,10 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 def secret_values(env: Mapping[str, str]) -> list[str]:
     """The values of ``env``'s secret-looking variables (non-empty), e.g. to scrub them from text."""
     return [v for k, v in env.items() if looks_secret(k) and v]
+
+
+def scrub(text: str, env: Mapping[str, str]) -> str:
+    """``text`` (a traceback, an error) with every secret-looking variable's value in ``env`` replaced."""
+    for value in sorted(secret_values(env), key=len, reverse=True):  # longest first: a key inside another
+        text = text.replace(value, REDACTED)
+    return text

@@ -8,7 +8,7 @@ differences between engines live in those tables, not in ``if kind == …`` chai
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from benchcore.schema import StrictModel
 from engine_harness import sglang_kind as sg
 from engine_harness.environments import EngineEnvError, package_installed
+from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS, MetricNames
 from engine_harness.steps import (
     StepSourceFactory,
     no_step_source,
@@ -32,16 +33,18 @@ __all__ = [
     "ENGINE_KINDS",
     "MODELS_DIR",
     "PRESETS",
+    "SIM_API_KEY_VAR",
     "EngineKind",
     "EngineSpec",
-    "MetricNames",
     "engine_kind",
     "resolve_spec",
+    "spec_from_settings",
 ]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL = str(MODELS_DIR / "qwen3-moe-tiny")
 SETUP_HINT = "bash scripts/setup.sh"
+SIM_API_KEY_VAR = "SIM_API_KEY"  # the sim reads its key as vLLM reads VLLM_API_KEY
 
 
 class EngineSpec(StrictModel):
@@ -96,6 +99,18 @@ class EngineSpec(StrictModel):
             raise ValueError(f"engine kind {self.kind!r} needs url= (the base URL of the running engine)")
         if launched and self.url:
             raise ValueError(f"url= is only for kind 'external'; kind {self.kind!r} is launched by the suite")
+        var = engine_kind(self.kind).api_key_var
+        if any(a.split("=", 1)[0] == "--api-key" for a in self.extra_args):
+            where = f"the engine reads it from {var}" if var else "this kind cannot take one safely"
+            raise ValueError(
+                "an API key on the engine's command line is echoed into its log: put the key in an "
+                f"environment variable and name the variable with --api-key-env VAR ({where})"
+            )
+        if launched and self.api_key_env and var is None:
+            raise ValueError(
+                f"engine kind {self.kind!r} takes an API key only on its command line, which it echoes "
+                "into its log; guard it with a gateway and measure that with --engine external --api-key-env"
+            )
         return self
 
     @property
@@ -105,60 +120,6 @@ class EngineSpec(StrictModel):
             return self.served_model_name
         path = Path(self.model)
         return path.name if path.is_dir() else self.model
-
-
-@dataclass(frozen=True)
-class MetricNames:
-    """Prometheus sample names an engine uses for the quantities the suite reads (first found wins)."""
-
-    iteration_tokens: tuple[str, ...] = ()
-    prefix_cache_queries: tuple[str, ...] = ()
-    prefix_cache_hits: tuple[str, ...] = ()
-    requests_running: tuple[str, ...] = ()
-    requests_waiting: tuple[str, ...] = ()
-    kv_cache_usage: tuple[str, ...] = ()
-    preemptions: tuple[str, ...] = ()
-    prompt_tokens: tuple[str, ...] = ()
-    generation_tokens: tuple[str, ...] = ()
-    time_to_first_token: tuple[str, ...] = ()
-    inter_token_latency: tuple[str, ...] = ()
-    prefill_time: tuple[str, ...] = ()
-    queue_time: tuple[str, ...] = ()
-    cache_hit_rate: tuple[str, ...] = ()
-
-
-VLLM_METRICS = MetricNames(
-    iteration_tokens=("vllm:iteration_tokens_total",),
-    prefix_cache_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    prefix_cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    requests_running=("vllm:num_requests_running",),
-    requests_waiting=("vllm:num_requests_waiting",),
-    kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
-    preemptions=("vllm:num_preemptions_total",),
-    prompt_tokens=("vllm:prompt_tokens_total",),
-    generation_tokens=("vllm:generation_tokens_total",),
-    time_to_first_token=("vllm:time_to_first_token_seconds",),
-    inter_token_latency=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    prefill_time=("vllm:request_prefill_time_seconds",),
-    queue_time=("vllm:request_queue_time_seconds",),
-)
-
-# SGLang: no tokens-per-step histogram (steps: its log), preemption counter or prefill-time histogram; hits
-# as counted at each prefill (cached_tokens_total counts at a request's *finish*: decodes ending between two
-# scrapes would be charged to the injection). Checked on a live scrape: tests/fixtures/sglang_cpu_metrics.txt
-SGLANG_METRICS = MetricNames(
-    prefix_cache_queries=("sglang:prefill_effective_tokens_total",),  # all its modes: every prompt token
-    prefix_cache_hits=('sglang:prefill_effective_tokens_total{mode="device_hit"}',),  # HiCache: host_hit too
-    requests_running=("sglang:num_running_reqs",),
-    requests_waiting=("sglang:num_queue_reqs",),
-    kv_cache_usage=("sglang:token_usage",),
-    prompt_tokens=("sglang:prompt_tokens_total",),
-    generation_tokens=("sglang:generation_tokens_total",),
-    time_to_first_token=("sglang:time_to_first_token_seconds",),
-    inter_token_latency=("sglang:inter_token_latency_seconds",),
-    queue_time=("sglang:queue_time_seconds",),
-    cache_hit_rate=("sglang:cache_hit_rate",),
-)
 
 
 @dataclass(frozen=True)
@@ -182,6 +143,9 @@ class EngineKind:
     check_args: Callable[[str, list[str]], None] | None = None
     preset_aliases: dict[str, str] = field(default_factory=dict)  # a preset name read as another one
     scheduling: Callable[[EngineSpec], sg.Scheduling] = lambda spec: "mixed"
+    # The environment variable a launched engine reads its API key from (None: only its command line,
+    # which the engine echoes into its log, so the suite will not pass a key to it).
+    api_key_var: str | None = None
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -293,6 +257,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_source=vllm_step_source,
             kv_connectors=True,
             cpu_thread_binding=True,
+            api_key_var="VLLM_API_KEY",
         ),
         EngineKind(
             "sglang",
@@ -321,6 +286,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             lambda spec: dict(spec.env),
             step_source=sim_step_source,
             scheduling=_sim_scheduling,
+            api_key_var=SIM_API_KEY_VAR,
         ),
     )
 }
@@ -396,3 +362,10 @@ def resolve_spec(preset: str | None = None, **overrides: Any) -> EngineSpec:
         settings.update(PRESETS[preset])
     settings.update({k: v for k, v in overrides.items() if v is not None})
     return EngineSpec(**settings)
+
+
+def spec_from_settings(settings: Mapping[str, Any], **overrides: Any) -> EngineSpec:
+    """A definition file's ``engine:`` mapping (its optional ``preset`` key first) → ``resolve_spec``;
+    ``overrides`` win over the mapping, but a ``None`` one leaves the mapping's value."""
+    fields = dict(settings) | {k: v for k, v in overrides.items() if v is not None}
+    return resolve_spec(fields.pop("preset", None), **fields)

@@ -176,6 +176,13 @@ def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, st
         env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
         env.pop("PYTHONPATH", None)  # the suite's packages, not the engine's
     env.update(kind.env(spec))
+    if spec.api_key_env and kind.api_key_var:  # EngineSpec refuses a key for a kind without one
+        key = os.environ.get(spec.api_key_env)
+        if not key:
+            raise EngineStartError(
+                f"--api-key-env {spec.api_key_env}: that variable is not set; export it before the run"
+            )
+        env[kind.api_key_var] = key  # off the command line, so out of the engine's log
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_harness.engines import MetricNames
+from engine_harness.metric_names import MetricNames
 
 __all__ = [
     "HistogramDelta",

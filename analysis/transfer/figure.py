@@ -96,12 +96,17 @@ def _fit_panel(ax: Axes, table: pd.DataFrame, link: TransferFit | None) -> None:
 
 
 def _fit_label(fit: TransferFit) -> str:
+    quality = (
+        f"R² {'–' if fit.r2 is None else f'{fit.r2:.2f}'}, leave-one-P-out error "
+        f"{'–' if fit.lopo_error_pct is None else f'{fit.lopo_error_pct:.0f}%'}"
+    )
     if fit.resolvable and fit.bandwidth_ci_gbit_s is not None:
         lo, hi = fit.bandwidth_ci_gbit_s
         return (
-            f"fit: {fit.setup_ms:.2f} ms + bytes / {fit.bandwidth_gbit_s:.3g} Gbit/s (CI {lo:.3g}…{hi:.3g})"
+            f"fit: {fit.setup_ms:.2f} ms + bytes / {fit.bandwidth_gbit_s:.3g} Gbit/s (CI {lo:.3g}…{hi:.3g}); "
+            + quality
         )
-    return f"fit: slope not resolvable at these sizes; mean {fit.mean_ms:.2f} ms"
+    return f"fit: slope not resolvable at these sizes; mean {fit.mean_ms:.2f} ms; {quality}"
 
 
 def breakdown_figure(

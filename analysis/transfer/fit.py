@@ -1,4 +1,5 @@
-"""The link model ``t(bytes) = setup + bytes / bandwidth``, fitted by OLS with 95 % intervals.
+"""The link model ``t(bytes) = setup + bytes / bandwidth``: a robust fit (statsmodels RLM, Huber's norm:
+one stalled transfer does not tilt the line) with 95 % intervals, its R² and its leave-one-P-out error.
 
 Targets, on the valid disaggregated records:
 
@@ -37,6 +38,7 @@ __all__ = ["TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", 
 Target = Literal["handoff", "kv_xfer"]
 _COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
 _BYTES = "kv_bytes"  # records_frame: from the engine that ran the transfer
+OUTLIER_WEIGHT = 0.5  # Huber weight below which a time is named an outlier (> 2.7 robust scales off)
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 
 
@@ -54,7 +56,7 @@ def kv_bytes_per_token(model: str, dtype: str | None) -> int | None:
 
 
 class TransferFit(Record):
-    """One OLS fit of ``t_ms = setup_ms + bytes / bytes_per_ms`` with 95 % intervals."""
+    """One robust fit of ``t_ms = setup_ms + bytes / bytes_per_ms`` with 95 % intervals."""
 
     target: Target
     x_source: str = Field(description="where the bytes axis comes from (connector counter or model config)")
@@ -70,8 +72,16 @@ class TransferFit(Record):
     bandwidth_ci_gbit_s: tuple[float, float] | None = Field(
         description="from the slope's interval (inf: open)"
     )
-    r2: float | None
-    residual_sd_ms: float
+    r2: float | None = Field(description="R² over the times the robust fit kept (not the outliers)")
+    lopo_error_pct: float | None = Field(
+        default=None,
+        description="out-of-sample: median absolute % error of each P's times predicted by the fit "
+        "without that P (None: fewer than 3 distinct P)",
+    )
+    residual_sd_ms: float = Field(description="the robust fit's residual scale")
+    downweighted_ms: list[float] = Field(
+        default_factory=list, description="times the robust fit gave a weight below 0.5 (stalls)"
+    )
     mean_ms: float
     median_ms: float
     max_ms: float
@@ -92,23 +102,51 @@ def _gbit(ms_per_mib: float) -> float:
     return math.inf if ms_per_mib <= 0 else 2**20 * 8 / (ms_per_mib * 1e-3) / 1e9
 
 
-def _verdict(target: Target, slope: float, ci: tuple[float, float], bw: float | None, y: np.ndarray) -> str:
+def _verdict(
+    target: Target, slope: float, ci: tuple[float, float], bw: float | None, y: np.ndarray, odd: np.ndarray
+) -> str:
     what = "the link (connector's own transfer time)" if target == "kv_xfer" else "the hand-off"
+    named = ", ".join(f"{v:.3g}" for v in sorted(odd))
+    outliers = f"; {odd.size} of {y.size} times down-weighted as outliers ({named} ms)" if odd.size else ""
     if ci[0] > 0 and bw is not None:
         lo, hi = _gbit(ci[1]), _gbit(ci[0])
-        return f"{what}: {bw:.3g} Gbit/s (95 % CI {lo:.3g}…{hi:.3g})"
+        return f"{what}: {bw:.3g} Gbit/s (95 % CI {lo:.3g}…{hi:.3g}){outliers}"
     return (
         f"{what}: the size term is not resolvable at these sizes (slope {slope:.3g} ms/MiB, 95 % CI "
         f"{ci[0]:.3g}…{ci[1]:.3g} spans zero): only the time itself is known, mean {y.mean():.3g} ms, "
-        f"median {np.median(y):.3g} ms, max {y.max():.3g} ms"
+        f"median {np.median(y):.3g} ms, max {y.max():.3g} ms{outliers}"
     )
+
+
+def _robust_line(mib: np.ndarray, y: np.ndarray) -> Any:
+    return sm.RLM(y, sm.add_constant(mib, has_constant="add"), M=sm.robust.norms.HuberT()).fit()
+
+
+def _r2(y: np.ndarray, fitted: np.ndarray, weights: np.ndarray) -> float | None:
+    """R² over the times the robust fit kept (weight ≥ ``OUTLIER_WEIGHT``; the outliers are named apart)."""
+    kept = weights >= OUTLIER_WEIGHT
+    y, fitted = y[kept], fitted[kept]
+    total = float(np.sum((y - y.mean()) ** 2))
+    return None if total == 0 else 1.0 - float(np.sum((y - fitted) ** 2)) / total
+
+
+def _lopo(mib: np.ndarray, y: np.ndarray, prefill: np.ndarray) -> float | None:
+    """Median absolute % error of each P's times, predicted by the line fitted without that P."""
+    if len(np.unique(prefill)) < 3:
+        return None  # two P left out in turn leave one: no line
+    errors = []
+    for p in np.unique(prefill):
+        train, test = prefill != p, (prefill == p) & (y != 0)
+        setup, slope = _robust_line(mib[train], y[train]).params
+        errors += list(np.abs(setup + slope * mib[test] - y[test]) / np.abs(y[test]) * 100)
+    return float(np.median(errors)) if errors else None
 
 
 def fit_transfer(
     table: pd.DataFrame, kv_per_token: int | None, target: Target = "handoff"
 ) -> TransferFit | None:
-    """OLS of ``target`` on KV bytes over the valid disaggregated rows (None: fewer than 3 points, fewer
-    than 2 distinct P, or no bytes axis)."""
+    """Robust fit of ``target`` on KV bytes over the valid disaggregated rows (None: fewer than 3
+    points, fewer than 2 distinct P, or no bytes axis)."""
     col = _COLUMNS[target]
     if table.empty or col not in table:
         return None
@@ -121,8 +159,9 @@ def fit_transfer(
     nbytes, x_source = axis
     mib = nbytes / 2**20
     y = rows[col].to_numpy(float)
-    res = sm.OLS(y, sm.add_constant(mib)).fit()
+    res = _robust_line(mib, y)
     (setup, slope), ci = res.params, res.conf_int(0.05)
+    prefill = rows["prefill_tokens"].to_numpy(int)
     slope_ci = (float(ci[1][0]), float(ci[1][1]))
     per_token = nbytes / rows["prefill_tokens"].to_numpy(float)
     bw = _gbit(slope) if slope > 0 else None
@@ -139,13 +178,15 @@ def fit_transfer(
         ms_per_mib_ci=slope_ci,
         bandwidth_gbit_s=bw,
         bandwidth_ci_gbit_s=(_gbit(slope_ci[1]), _gbit(slope_ci[0])) if slope > 0 else None,
-        r2=float(res.rsquared) if np.isfinite(res.rsquared) else None,
-        residual_sd_ms=float(np.sqrt(res.scale)),
+        r2=_r2(y, res.fittedvalues, res.weights),
+        downweighted_ms=sorted(float(v) for v in y[res.weights < OUTLIER_WEIGHT]),
+        lopo_error_pct=_lopo(mib, y, prefill),
+        residual_sd_ms=float(res.scale),
         mean_ms=float(y.mean()),
         median_ms=float(np.median(y)),
         max_ms=float(y.max()),
         resolvable=slope_ci[0] > 0,
-        verdict=_verdict(target, float(slope), slope_ci, bw, y),
+        verdict=_verdict(target, float(slope), slope_ci, bw, y, y[res.weights < OUTLIER_WEIGHT]),
     )
 
 
@@ -153,11 +194,13 @@ def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") ->
     """The fit as an ``analysis/links`` profile named ``measured-local`` (``run``: the run folder, e.g.
     ``results/<run id>``): a bandwidth only where the slope is resolvable, else the flat mean."""
     r2 = "–" if fit.r2 is None else f"{fit.r2:.3f}"
+    lopo = "–" if fit.lopo_error_pct is None else f"{fit.lopo_error_pct:.1f}%"
     profile: dict[str, Any] = {
         "name": "measured-local",
         "description": (
             f"KV transfer ({fit.target}) measured between two engines on one host, connector {connector}: "
-            f"OLS over P {fit.prefill_tokens}, n={fit.n}, R²={r2}, bytes from the {fit.x_source}. "
+            f"robust (Huber) fit over P {fit.prefill_tokens}, n={fit.n}, R²={r2}, leave-one-P-out error "
+            f"{lopo}, bytes from the {fit.x_source}. "
             f"{fit.verdict[:1].upper()}{fit.verdict[1:]}. {notes}"
         ).strip(),
         "basis": "measured",

@@ -15,12 +15,15 @@ connection aborts its request (the handler is cancelled and the request's KV blo
 from __future__ import annotations
 
 import asyncio
+import hmac
+import os
 import time
 from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
+from engine_harness.engines import SIM_API_KEY_VAR
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
 from engine_harness.sim.faults import FaultInjector
 from engine_harness.sim.kv_transfer import LinkMetrics, consumer_transfer, producer_params
@@ -141,7 +144,8 @@ class SimServer:
     # -- routes -----------------------------------------------------------------------------------
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [_bearer_guard(key)] if (key := os.environ.get(SIM_API_KEY_VAR)) else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -336,3 +340,17 @@ class SimServer:
             await resp.write(enc.usage_event(n, self._cached(stream)))
         await resp.write(DONE_EVENT)
         await resp.write_eof()
+
+
+def _bearer_guard(key: str) -> Any:
+    """vLLM's rule: every ``/v1/`` route needs ``Authorization: Bearer <key>``; health and metrics do not."""
+    expected = f"Bearer {key}".encode()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if request.path.startswith("/v1/") and not hmac.compare_digest(given, expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return guard

@@ -30,12 +30,12 @@ import aiohttp
 import yaml
 from pydantic import Field, ValidationError
 
-from benchcore.cli import BadInput, run_cli
+from benchcore.cli import BadInput, Failed, run_cli
 from benchcore.flags import add_out, arm, duration_ms
 from benchcore.schema import StrictModel
 from engine_harness.engines import DEFAULT_PRESET, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
-from engine_harness.launch import EngineProcess
+from engine_harness.launch import EngineError, EngineProcess
 from microbench.battery.context import BatteryContext
 from microbench.battery.engine import (
     EngineHandle,
@@ -196,7 +196,7 @@ async def _engine(
                 f"--arm NAME={ENGINE_PREFIX}... restarts the battery's engine; "
                 "engine-settings configurations need --engine vllm|sim"
             )
-        return ExternalEngine(args.url)
+        return ExternalEngine(args.url, api_key_env=args.api_key_env)
     if args.url:
         raise BadInput("--url is only for --engine external")
     overrides = {**engine_overrides(args), "kind": kind}
@@ -223,6 +223,7 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
             raise BadInput(f"{flag} must be > 0 (got {value:g} ms)")
     if s["gpus"] < 0:
         raise BadInput(f"--gpus must be ≥ 0 (got {s['gpus']})")
+    engine_overrides(args)  # e.g. an --api-key-env naming an unset variable
     if args.engine == "external" and not args.url:
         raise BadInput("--engine external needs --url URL of the running engine")
     if args.engine != "external" and args.url:
@@ -234,10 +235,18 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
         )
 
 
-async def _served(base_url: str) -> tuple[str, int | None]:
-    """The served model; an engine that does not answer is bad input (the URL) for an external one."""
+async def _served(base_url: str, api_key_env: str | None) -> tuple[str, int | None]:
+    """The served model; an engine that does not answer is bad input (its URL or key) for an external one."""
     try:
-        return await served_model(base_url)
+        return await served_model(base_url, api_key_env)
+    except aiohttp.ClientResponseError as exc:
+        if exc.status not in (401, 403):
+            raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None
+        held = f"the key in ${api_key_env}" if api_key_env else "no API key"
+        raise BadInput(
+            f"{base_url}/v1/models refused {held} (HTTP {exc.status}); name the variable holding the "
+            "engine's key with --api-key-env VAR"
+        ) from None
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
         raise BadInput(
             f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
@@ -255,11 +264,11 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
         raise BadInput(f"--tests/--profile: {exc.args[0]}") from None
     _check_inputs(args, s)
     if args.engine == "external":
-        await _served(args.url)  # a wrong URL is found before the output folder exists
+        await _served(args.url, args.api_key_env)  # a wrong URL is found before the output folder exists
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
     async with AsyncExitStack() as stack:
         engine = await _engine(args, s["arms"], stack, out)
-        model, max_len = await _served(engine.base_url)
+        model, max_len = await _served(engine.base_url, engine.api_key_env)
         ctx = BatteryContext(
             engine=engine,
             model=model,
@@ -273,6 +282,7 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
             tpot_slo_ms=s["tpot_slo_ms"],
             accelerators=s["gpus"],
             cpu_count=os.cpu_count() or 1,
+            emit=_emit,
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])
@@ -310,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         where.append(_out(args))
-        return asyncio.run(_run(args, where[0]))
+        try:
+            return asyncio.run(_run(args, where[0]))
+        except EngineError as exc:  # an engine that would not start or died: finished tests are kept
+            kept = (where[0] / "state" / "context.json").is_file()
+            hint = f"; finished tests are kept: continue with --resume --out {where[0]}" if kept else ""
+            raise Failed(f"{exc}{hint}") from None
 
     return run_cli(body, lambda: where[0] if where else None)

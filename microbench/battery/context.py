@@ -21,6 +21,7 @@ import pandas as pd
 
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.battery.engine import EngineHandle, EngineOverrides
+from microbench.battery.plan import progress_line
 from microbench.battery.profiles import Profile
 from microbench.battery.saturation import SATURATION_RULE
 from microbench.battery.stats import request_latencies
@@ -93,6 +94,8 @@ class BatteryContext:
     search: Any = None  # capacity_search.CapacitySearch once measured
     capacity_note: str | None = None
     on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
+    emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
+    progress_every_s: float = 60.0
     prompts: PromptFactory = field(default_factory=PromptFactory)
     _runs: int = 0
     _labels: set[str] = field(default_factory=set)
@@ -126,10 +129,18 @@ class BatteryContext:
     async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
         """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""
         settings = SessionSettings(
-            base_url=base_url or self.engine.base_url, api=self.api, drain_timeout_s=self.drain_timeout_s
+            base_url=base_url or self.engine.base_url,
+            api=self.api,
+            drain_timeout_s=self.drain_timeout_s,
+            api_key_env=self.engine.api_key_env,
         )
         async with LoadSession(settings) as session:
-            result = await session.run(stages)
+            ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
+            try:
+                result = await session.run(stages)
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
         self._runs += 1
         if self.out_dir is not None:
             folder = self.out_dir / "traces" / label
@@ -155,6 +166,19 @@ class BatteryContext:
                 (outcome.end_ns - result.t0_ns) / 1e9,
             )
         return Run(frame, latencies, windows, stage_health(result, frame))
+
+    async def _tick(self, label: str, session: LoadSession, stages: list[Stage]) -> None:
+        """Print a progress line every ``progress_every_s`` while ``stages`` run (reads only counts)."""
+        assert self.emit is not None
+        counts = [s.max_requests for s in stages]
+        durations = [s.duration_s for s in stages]
+        planned_n = None if None in counts else sum(c or 0 for c in counts)
+        planned_s = None if None in durations else sum(d or 0.0 for d in durations)
+        t0 = time.perf_counter()
+        while True:
+            await asyncio.sleep(self.progress_every_s)
+            done = len(session.records)
+            self.emit(progress_line(label, done, time.perf_counter() - t0, planned_n, planned_s))
 
     async def scrape(self, base_url: str | None = None) -> Snapshot | None:
         """A /metrics snapshot, or None when the engine exposes none (external gateways)."""

@@ -11,6 +11,7 @@ can be ``reconfigure``d with them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,9 @@ import aiohttp
 import yaml
 from pydantic import ValidationError
 
-from engine_harness.engines import EngineSpec, MetricNames, engine_kind
+from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess
+from engine_harness.metric_names import MetricNames
 from engine_harness.sim import SimConfig, SimServer
 
 __all__ = [
@@ -75,9 +77,16 @@ class EngineOverrides:
         return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
 
 
-async def served_model(base_url: str) -> tuple[str, int | None]:
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The bearer header for a key held in ``api_key_env`` (none without one)."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:
     """The first model of ``/v1/models`` and its ``max_model_len`` (None when not advertised)."""
-    async with aiohttp.ClientSession() as http, http.get(base_url.rstrip("/") + "/v1/models") as resp:
+    url = base_url.rstrip("/") + "/v1/models"
+    async with aiohttp.ClientSession() as http, http.get(url, headers=auth_headers(api_key_env)) as resp:
         resp.raise_for_status()
         card = (await resp.json())["data"][0]
     limit = card.get("max_model_len")
@@ -90,6 +99,7 @@ class EngineHandle:
     kind: str = "external"
     metrics: MetricNames = engine_kind("vllm").metrics
     version: str | None = None
+    api_key_env: str | None = None  # the variable holding the key its /v1 routes need
 
     @property
     def base_url(self) -> str:
@@ -127,9 +137,10 @@ class EngineHandle:
 class ExternalEngine(EngineHandle):
     """An engine someone else runs; reached at ``url``."""
 
-    def __init__(self, url: str, metrics: MetricNames | None = None) -> None:
+    def __init__(self, url: str, metrics: MetricNames | None = None, api_key_env: str | None = None) -> None:
         self._url = url.rstrip("/")
         self.metrics = metrics or engine_kind("vllm").metrics
+        self.api_key_env = api_key_env
 
     @property
     def base_url(self) -> str:
@@ -144,6 +155,7 @@ class LaunchedEngine(EngineHandle):
         self.kind = process.spec.kind
         self.metrics = process.kind.metrics
         self.version = process.version
+        self.api_key_env = process.spec.api_key_env
         self._launched = process.spec
 
     @property

@@ -4,6 +4,8 @@
 mean end-to-end time) it estimates each test's levels, requests and seconds. The estimates are rough
 (5.9's long prompts are scaled linearly from the probe's length, restarts count 60 s) and are printed as
 such; ``Progress`` rescales the remaining estimates by how the finished tests compared with theirs.
+``progress_line`` (pure) is the line a long load run prints every minute while it goes (5.1 conformant
+alone runs for about half an hour).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.battery.profiles import Profile
 
-__all__ = ["RESTART_S", "PlanRow", "Probe", "Progress", "estimate_plan", "format_plan"]
+__all__ = ["RESTART_S", "PlanRow", "Probe", "Progress", "estimate_plan", "format_plan", "progress_line"]
 
 RESTART_S = 60.0  # an engine restart (5.7, 5.10 with engine settings) on the CPU engine
 
@@ -147,3 +149,23 @@ class Progress:
         scale = elapsed / self.done_est if self.done_est > 0 else 1.0
         eta = max(self.total - self.done_est, 0.0) * scale
         self.emit(f"[{self.count}/{planned}] {name}: {status}; elapsed {_hms(elapsed)}, ETA {_hms(eta)}")
+
+
+def progress_line(
+    label: str, done: int, elapsed_s: float, planned_requests: int | None, planned_s: float | None
+) -> str:
+    """One progress line of a running load run: requests finished so far and the time left.
+
+    A run bounded by a request count extrapolates from its completion rate so far; one bounded by a
+    duration (or both) counts down its issuing time; with neither, no ETA is given.
+    """
+    parts = [f"  {label}: {done:,}" + (f"/{planned_requests:,}" if planned_requests else "") + " requests"]
+    parts.append(f"{_hms(elapsed_s)} in")
+    left = []
+    if planned_requests and done > 0:
+        left.append(elapsed_s / done * max(planned_requests - done, 0))
+    if planned_s is not None:
+        left.append(max(planned_s - elapsed_s, 0.0))
+    if left:
+        parts.append(f"about {_hms(min(left))} left")
+    return ", ".join(parts)

@@ -106,7 +106,9 @@ class WarmupResult(StrictModel):
     queue_drained: bool | None = None
     probe_before_s: float | None = None
     probes_after_s: list[float] = Field(default_factory=list)
-    variation: float | None = Field(default=None, description="(max − min) / median of the probes after")
+    variation: float | None = Field(
+        default=None, description="(max − min) / median of the last round of probes after"
+    )
     requirements: list[Requirement] = Field(default_factory=list)
 
 

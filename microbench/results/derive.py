@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from engine_harness.engines import MetricNames
+from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import MetricsError, Snapshot, step_counts
 from microbench.results.records import (
     Baseline,

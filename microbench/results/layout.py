@@ -28,7 +28,8 @@ import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
-from engine_harness.engines import MetricNames, engine_kind
+from engine_harness.engines import engine_kind
+from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import Snapshot
 from microbench.results.derive import METRICS_READ, DeriveInputs, derive
 from microbench.results.faults import infrastructure_reasons

@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, resolve_spec
+from engine_harness.engines import EngineSpec, spec_from_settings
 from microbench.client.prompts import TokenSpace
 from microbench.results.records import ProtocolRules
 
@@ -77,10 +77,8 @@ class SweepConfig(StrictModel):
         return self
 
     def engine_spec(self, chunk: int | None = None) -> EngineSpec:
-        settings = dict(self.engine)
-        preset = settings.pop("preset", None)
         try:
-            return resolve_spec(preset, **settings, chunk_size=chunk or self.chunks[0])
+            return spec_from_settings(self.engine, chunk_size=chunk or self.chunks[0])
         except ValidationError as exc:
             raise ValueError(f"engine settings: {exc}") from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -47,20 +47,36 @@ class SweepAborted(RuntimeError):
 
 @dataclass
 class Timing:
-    """Where the wall time went: engine start-up, measurement windows, everything else."""
+    """Where the wall time went, by phase (``with timing.phase(name):``); the rest is "other".
+
+    Phases: ``engine start`` (and restarts), ``measurement windows`` (Phase 1 baselines with their wait
+    for steady state, and every injection's window), ``warm-up`` (warm-up probes and the shared prefix),
+    ``idle waits`` (until the engine runs nothing before a batch or a bare point), ``store + derive``
+    (writing a point's files and deriving its record from them).
+    """
 
     t0: float = field(default_factory=time.perf_counter)
-    engine_start_s: float = 0.0
-    measure_s: float = 0.0
+    spent: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - t
 
     def report(self) -> str:
         wall = time.perf_counter() - self.t0
-        overhead = max(wall - self.engine_start_s - self.measure_s, 0.0)
-        share = overhead / max(wall - self.engine_start_s, 1e-9)
+        start = self.spent.get("engine start", 0.0)
+        other = max(wall - sum(self.spent.values()), 0.0)
+        after = max(wall - start, 1e-9)
+        parts = [f"{name} {s:.1f} s" for name, s in self.spent.items() if name != "engine start"]
         return (
-            f"wall {wall:.1f} s = engine start {self.engine_start_s:.1f} s + measurement windows "
-            f"{self.measure_s:.1f} s + harness overhead {overhead:.1f} s "
-            f"({share:.1%} of the time after engine start)"
+            f"wall {wall:.1f} s = engine start {start:.1f} s + "
+            + " + ".join([*parts, f"other {other:.1f} s"])
+            + f"; after engine start: measurement windows "
+            f"{self.spent.get('measurement windows', 0.0) / after:.0%}"
         )
 
 
@@ -106,9 +122,8 @@ class EngineLifecycle:
         timeout = self.start_timeout_s or (START_TIMEOUT_S if kind.launched else EXTERNAL_TIMEOUT_S)
         log = self.folder.engine_log(chunk) if kind.launched else None  # an external engine logs elsewhere
         engine = EngineProcess(spec, log, startup_timeout_s=timeout)
-        t = time.perf_counter()
-        await engine.start()
-        self.timing.engine_start_s += time.perf_counter() - t
+        with self.timing.phase("engine start"):
+            await engine.start()
         self.restarts = 0
         self._record(chunk, engine)
         sampler = TelemetrySampler(default_source(lambda: [engine.pid] if engine.pid else []), interval_s=0.5)
@@ -187,7 +202,6 @@ class EngineLifecycle:
             f"[yellow]engine died (exit code {code}); restarting it (restart {self.restarts})", soft_wrap=True
         )
         self.folder.add_note(f"engine restarted (restart {self.restarts}, exit code {code}) after: {why}")
-        t = time.perf_counter()
-        await engine.restart()  # stops the whole process group first (a hung engine included)
-        self.timing.engine_start_s += time.perf_counter() - t
+        with self.timing.phase("engine start"):
+            await engine.restart()  # stops the whole process group first (a hung engine included)
         return True

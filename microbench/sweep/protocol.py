@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
-from engine_harness.engines import MetricNames
+from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import Snapshot, scrape
 from engine_harness.steps import EngineStep, StepSource
 from microbench.client.aio import LagMonitor

@@ -131,12 +131,13 @@ class SweepRunner:
         while True:
             client = self.engines.client(session, engine, self.lag)
             try:
-                if cold:
-                    self._describe(f"chunk {chunk}: warming up")
-                    await self.engines.warm(client, self.space, chunk)
-                    cold = False
-                # Prime the shared decode prefix once so every decode stream starts as a cache hit.
-                await self.engines.prime(client, self.prefix)
+                with self.timing.phase("warm-up"):
+                    if cold:
+                        self._describe(f"chunk {chunk}: warming up")
+                        await self.engines.warm(client, self.space, chunk)
+                        cold = False
+                    # Prime the shared decode prefix once so every decode stream starts as a cache hit.
+                    await self.engines.prime(client, self.prefix)
                 with no_full_collections():
                     await self._run_cells(client, chunk)
                 return
@@ -252,37 +253,38 @@ class SweepRunner:
         """One injection → one stored attempt → its record; True when the point is final."""
         chunk, d, p, r = key
         self._describe(f"chunk {chunk} D{d} P{p} r{r}")
-        attempt = self.folder.attempts(chunk, d, p, r)
-        stem = attempt_stem(d, p, r, attempt)
-        t = time.perf_counter()
-        inj = await inject(client, batch, p, self.space, self.rules)
-        self.timing.measure_s += time.perf_counter() - t
-        raw, scrapes = self.folder.raw_name(chunk, stem), self.folder.metrics_name(chunk, stem)
-        t_lo = inj.t_inject_ns - int(5e9)
-        self.folder.write_raw(raw, raw_frame(batch, inj.prefill, t_lo, time.perf_counter_ns()))
-        self.folder.write_scrapes(scrapes, inj.before, inj.after, client.metrics)
-        obs = Observation(
-            run_id=self.folder.root.name,
-            config=self._config(chunk, d, p, r, budget),
-            attempt=attempt,
-            t_inject_ns=inj.t_inject_ns,
-            t_first_token_ns=inj.t_first_token_ns,
-            prompt_tokens=inj.prefill.prompt_tokens,
-            cached_prompt_tokens=inj.prefill.cached_prompt_tokens,
-            engine_steps=inj.steps if client.steps is not None else None,
-            notes=inj.reasons,
-            decode_failure=batch.failure() if batch is not None else None,
-            client_lag_max_ms=inj.client_lag_max_ms,
-            baseline_file=batch_file,
-            raw_file=raw,
-            metrics_file=scrapes,
-        )
-        return self._finish_point(obs)
+        with self.timing.phase("measurement windows"):
+            inj = await inject(client, batch, p, self.space, self.rules)
+        with self.timing.phase("store + derive"):
+            attempt = self.folder.attempts(chunk, d, p, r)
+            stem = attempt_stem(d, p, r, attempt)
+            raw, scrapes = self.folder.raw_name(chunk, stem), self.folder.metrics_name(chunk, stem)
+            t_lo = inj.t_inject_ns - int(5e9)
+            self.folder.write_raw(raw, raw_frame(batch, inj.prefill, t_lo, time.perf_counter_ns()))
+            self.folder.write_scrapes(scrapes, inj.before, inj.after, client.metrics)
+            obs = Observation(
+                run_id=self.folder.root.name,
+                config=self._config(chunk, d, p, r, budget),
+                attempt=attempt,
+                t_inject_ns=inj.t_inject_ns,
+                t_first_token_ns=inj.t_first_token_ns,
+                prompt_tokens=inj.prefill.prompt_tokens,
+                cached_prompt_tokens=inj.prefill.cached_prompt_tokens,
+                engine_steps=inj.steps if client.steps is not None else None,
+                notes=inj.reasons,
+                decode_failure=batch.failure() if batch is not None else None,
+                client_lag_max_ms=inj.client_lag_max_ms,
+                baseline_file=batch_file,
+                raw_file=raw,
+                metrics_file=scrapes,
+            )
+            return self._finish_point(obs)
 
     async def _bare_points(self, client: EngineClient, chunk: int, todo: list[tuple[int, int]]) -> None:
         while todo:
             p, r = todo[0]
-            await wait_idle(client, self.rules.idle_timeout_s)
+            with self.timing.phase("idle waits"):
+                await wait_idle(client, self.rules.idle_timeout_s)
             if await self._point(client, None, None, (chunk, 0, p, r), 0):
                 todo.pop(0)
 
@@ -353,14 +355,14 @@ class SweepRunner:
         self, client: EngineClient, chunk: int, d: int, budget: int, index: int
     ) -> tuple[DecodeBatch, str]:
         self._describe(f"chunk {chunk} D{d}: decode batch {index}, waiting for steady state")
-        await wait_idle(client, self.rules.idle_timeout_s)
+        with self.timing.phase("idle waits"):
+            await wait_idle(client, self.rules.idle_timeout_s)
         gc.collect()
         batch = DecodeBatch(client, self.prefix, d, budget, self.rules)
         await batch.start()
         try:
-            t = time.perf_counter()
-            baseline, steady_ms, _ = await measure_baseline(batch, self.rules)
-            self.timing.measure_s += time.perf_counter() - t
+            with self.timing.phase("measurement windows"):
+                baseline, steady_ms, _ = await measure_baseline(batch, self.rules)
         except ProtocolError as exc:
             await batch.close()
             if (fault := batch_fault(batch.tasks)) is not None:

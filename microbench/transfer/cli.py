@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="stall_timeout_s",
         help="no progress this long and an engine counts as hung: the run stops (default 60s)",
     )
-    add_engine_flags(p, kinds=["vllm", "sim"], default_text="vllm: both roles, the embedded CPU default")
+    add_engine_flags(
+        p, kinds=["vllm", "sim"], default_text="vllm: both roles, the embedded CPU default", reachable=False
+    )
     add_out(p, "results/<UTC time>-transfer-<name>")
     a(
         "--resume",

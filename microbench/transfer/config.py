@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, engine_kind, resolve_spec
+from engine_harness.engines import EngineSpec, engine_kind, spec_from_settings
 from microbench.results.transfer import Mode
 
 __all__ = [
@@ -199,11 +199,7 @@ class TransferConfig(StrictModel):
             raise ValueError(str(exc)) from None
 
     def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
-        settings = dict(self.engine)
-        preset = settings.pop("preset", None)
-        if chunk is not None:
-            settings["chunk_size"] = chunk
-        spec = resolve_spec(preset, **settings)
+        spec = spec_from_settings(self.engine, chunk_size=chunk)  # None: the preset's own
         if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
             spec = spec.model_copy(update={"cpu_threads_bind": cores})
         return spec

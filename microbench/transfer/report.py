@@ -158,7 +158,8 @@ def _print(
         console.print(
             escape(
                 f"fit {name}: {f.verdict}; setup {f.setup_ms:.2f} ms (95% CI {f.setup_ci_ms[0]:.2f}…"
-                f"{f.setup_ci_ms[1]:.2f}), R² {_cell(f.r2, 3)}, n={f.n}, bytes from the {f.x_source}"
+                f"{f.setup_ci_ms[1]:.2f}), R² {_cell(f.r2, 3)}, leave-one-P-out error "
+                f"{_cell(f.lopo_error_pct)}%, n={f.n}, bytes from the {f.x_source}"
             )
         )
     for note in notes:

@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from engine_harness.engines import VLLM_METRICS
 from engine_harness.launch import EngineProcess, EngineStartError
+from engine_harness.metric_names import VLLM_METRICS
 from engine_harness.metrics import scrape, step_counts
 from engine_harness.steps import VllmLogStepSource
 from microbench.client.prompts import cold_prompt, token_space_for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,42 @@ def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -
         report.warmup.cold_start and "cold-start measurement" in (tmp_path / "report-minimum.md").read_text()
     )
     assert "--no-prefix-caching" in (tmp_path / "engine-sim.log").read_text()
+
+
+def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_path: Path) -> None:
+    secret = "sk-battery-planted-41c9e2"
+    cmd = [sys.executable, "-m", "microbench.battery", "run", "--engine", "sim", "--api-key-env", "BENCH_KEY"]
+    cmd += ["--engine-args", "--alpha-ms 4 --time-scale 0.5", "--tests", "prefix_cache", "--profile", "quick"]
+    cmd += ["--cold-start", "--out", str(tmp_path / "run")]
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_KEY"}
+    # the variable named but not set: a clear error before any engine starts
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "BENCH_KEY: that variable is not set" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env | {"BENCH_KEY": secret})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = BatteryReport.model_validate_json((tmp_path / "run" / "report.json").read_text())
+    prefix = report.tests[0]
+    # the sim answers 401 on /v1 without the key: every request carried it, before and after the restart
+    assert [(a.succeeded, a.requests) for a in prefix.data.arms] == [
+        (a.requests, a.requests) for a in prefix.data.arms
+    ]
+    assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]
+    for path in (tmp_path / "run").rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+async def test_an_engine_refusing_the_key_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchcore.cli import BadInput
+    from engine_harness.sim import SimServer
+    from microbench.battery.cli import _served
+
+    monkeypatch.setenv("SIM_API_KEY", "right")
+    async with SimServer(model="sim") as sim:
+        monkeypatch.setenv("BENCH_KEY", "wrong")
+        with pytest.raises(BadInput, match=r"refused the key in \$BENCH_KEY \(HTTP 401\).*--api-key-env"):
+            await _served(sim.base_url, "BENCH_KEY")
+        with pytest.raises(BadInput, match="refused no API key"):
+            await _served(sim.base_url, None)
+        monkeypatch.setenv("BENCH_KEY", "right")
+        assert (await _served(sim.base_url, "BENCH_KEY"))[0] == "sim"

@@ -28,6 +28,8 @@ from microbench.battery.sections.prefix_cache import PrefixCacheData
 from microbench.battery.sections.throughput import ThroughputData
 from microbench.battery.sections.tradeoff import TradeoffData
 from microbench.battery.sections.ttft import TtftData
+from microbench.loadgen.stages import Stage
+from microbench.workloads.schedulers import parse_scheduler
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +116,11 @@ def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
         tp.battery_capacity is not None
         and tp.battery_capacity.max_output_tps == report.capacity.max_output_tps
     )
+    # 5.1's level shows what it was offered beside what it achieved, and is in the one ledger
+    assert ttft.level is not None and ttft.level.offered == pytest.approx(ttft.rate)
+    assert ttft.level.request_rps > 0 and ttft.level.sent_rps is not None
+    assert [e.offered for e in report.capacity.entries if e.test == "5.1"] == [ttft.level.offered]
+    assert ["Offered", f"{ttft.rate:.2f} req/s"] in ttft.tables()[1].rows
 
 
 def test_tradeoff_and_itl(battery: tuple[BatteryReport, Path]) -> None:
@@ -127,6 +134,9 @@ def test_tradeoff_and_itl(battery: tuple[BatteryReport, Path]) -> None:
     # gap is robust to delivery bursts on a busy machine (a stall followed by near-zero gaps averages out)
     assert level.gaps.mean is not None and 0.003 < level.gaps.mean < 0.03
     assert level.multi_token_chunk_share == 0 and "Option A" in itl.method
+    assert all(lv.level is not None and lv.level.offered == pytest.approx(lv.rate) for lv in itl.levels)
+    assert report.capacity is not None
+    assert len([e for e in report.capacity.entries if e.test == "5.4"]) == len(itl.levels)
 
 
 def test_capacity_fairness_prefix_cache(battery: tuple[BatteryReport, Path]) -> None:
@@ -168,6 +178,14 @@ async def test_memory_pressure_preempts_above_capacity(tmp_path: Path) -> None:
     data: MemoryPressureData = _data(report, "memory_pressure")
     assert all(lv.concurrency > data.capacity for lv in data.levels)
     assert sum(lv.preemptions or 0 for lv in data.levels) > 0
+    # every level shows what it achieved and is judged in the one capacity ledger with 5.5's levels
+    assert all(lv.level.request_rps > 0 and lv.level.output_tps > 0 for lv in data.levels)
+    assert report.capacity is not None
+    pressure = [e for e in report.capacity.entries if e.test == "5.8"]
+    assert [e.offered for e in pressure] == [lv.concurrency for lv in data.levels]
+    assert [e.achieved_rps for e in pressure] == [lv.level.request_rps for lv in data.levels]
+    table = data.tables()[0]
+    assert table.columns[1:4] == ["Concurrency (offered)", "Achieved (req/s)", "Output (tok/s)"]
 
 
 async def test_memory_pressure_says_when_it_exerted_none(tmp_path: Path) -> None:
@@ -182,3 +200,17 @@ async def test_memory_pressure_says_when_it_exerted_none(tmp_path: Path) -> None
     assert any(
         "did not put the engine's KV memory under pressure" in n and "upper bound 2" in n for n in notes
     )
+
+
+async def test_a_long_load_run_prints_progress_while_it_goes(tmp_path: Path) -> None:
+    lines: list[str] = []
+    async with SimServer(SIM) as sim:
+        ctx = _ctx(sim, tmp_path, emit=lines.append, progress_every_s=0.25)
+        requests = ctx.fixed_requests(64, 4)
+        poisson = parse_scheduler({"kind": "poisson", "rate": 20.0})
+        stage = Stage.scheduled("level", poisson, requests, max_requests=30)
+        run = await ctx.run("ttft", [stage])
+    assert len(run.latencies) == 30
+    assert len(lines) >= 2, lines  # 30 requests at 20/s: about 1.5 s, a line every 0.25 s
+    assert all(line.startswith("  ttft: ") and "/30 requests" in line and " in" in line for line in lines)
+    assert "left" in lines[-1]

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine_harness.engines import VLLM_METRICS
+from engine_harness.metric_names import VLLM_METRICS
 from engine_harness.metrics import Snapshot, parse_metrics, scrape, step_counts
 from engine_harness.sim import SimConfig, SimServer, StepModel
 from microbench.client.streams import DONE, StreamRecord, parse_sse_line, stream_request

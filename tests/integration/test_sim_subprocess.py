@@ -9,8 +9,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine_harness.engines import VLLM_METRICS, EngineSpec
+from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
+from engine_harness.metric_names import VLLM_METRICS
 from engine_harness.metrics import scrape
 from microbench.client.streams import StreamCut, stream_request
 

@@ -9,7 +9,7 @@ import pytest
 from microbench.battery.capacity_search import rate_search
 from microbench.battery.context import StageWindow
 from microbench.battery.levels import level_row
-from microbench.battery.plan import Probe, estimate_plan
+from microbench.battery.plan import Probe, estimate_plan, progress_line
 from microbench.battery.profiles import profile
 from microbench.battery.saturation import steady_state
 from microbench.battery.sections.fairness import jain_over_classes, mixed_order
@@ -164,6 +164,20 @@ def test_plan_estimates_the_conformant_ttft_test_from_the_probe() -> None:
     ttft = rows[1]
     assert ttft.requests == 10_000
     assert ttft.seconds == pytest.approx(10_000 / (0.5 * 10.0) + 0.5)
+
+
+def test_progress_line_extrapolates_a_count_and_counts_down_a_duration() -> None:
+    # 2,500 of 10,000 after 10 min: 30 min left at the same completion rate
+    assert (
+        progress_line("ttft", 2500, 600.0, 10_000, None)
+        == "  ttft: 2,500/10,000 requests, 10m00s in, about 30m00s left"
+    )
+    # a 120 s level 45 s in: 75 s left whatever the count
+    assert progress_line("pressure", 90, 45.0, None, 120.0).endswith("45s in, about 1m15s left")
+    # both bounds: the run stops at whichever comes first
+    assert progress_line("x", 10, 10.0, 1000, 60.0).endswith("about 0m50s left")
+    # nothing finished yet and no duration: no ETA rather than a division by zero
+    assert progress_line("x", 0, 5.0, 100, None) == "  x: 0/100 requests, 0m05s in"
 
 
 def test_the_ramp_survives_one_slow_level() -> None:

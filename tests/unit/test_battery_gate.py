@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from microbench.battery.context import StageWindow
 from microbench.battery.gate import check_report, distribution_order
@@ -92,3 +93,25 @@ def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
     assert any("completions" in p and "offered" in p for p in problems)
     assert any("percentiles out of order (p50 0.03 > p90 0.02)" in p for p in problems)
     assert distribution_order(Distribution(count=0)) is None
+
+
+def test_the_committed_conformant_run_is_conformant_and_consistent() -> None:
+    # results/battery-cpu-conformant-ttft-itl: 5.1 and 5.4 with the draft's counts on the CPU vLLM engine
+    from pathlib import Path
+
+    from microbench.battery.sections.ttft import TtftData
+
+    folder = Path(__file__).resolve().parents[2] / "results" / "battery-cpu-conformant-ttft-itl"
+    report = BatteryReport.model_validate_json((folder / "report.json").read_text())
+    assert check_report(report) == []
+    ttft = report.result("ttft")
+    assert ttft is not None and isinstance(ttft.data, TtftData)
+    assert ttft.data.ttft.count == len(ttft.data.samples_s) == 10_000  # P99.9 needs 10,000 (5.1.2.1)
+    assert all(r.met for r in ttft.requirements if r.level == "MUST")
+    # one capacity: the Max is the best sustainable level of the ledger, and 5.1 ran at half the rate
+    cap = report.capacity
+    assert cap is not None and cap.max_output_tps is not None and cap.sustainable_rate_rps is not None
+    assert cap.max_output_tps == max(e.output_tps for e in cap.entries if e.sustainable)
+    assert ttft.data.rate == pytest.approx(cap.sustainable_rate_rps * 0.5)
+    # the samples are the distribution the table prints
+    assert np.percentile(ttft.data.samples_s, 50) == pytest.approx(ttft.data.ttft.p50)

@@ -22,7 +22,7 @@ from microbench.battery.stats import (
     starvation_rate,
     summarize,
 )
-from microbench.battery.warmup import probe_variation
+from microbench.battery.warmup import probe_variation, settle
 
 
 def test_summarize_matches_numpy_and_handles_empty() -> None:
@@ -148,3 +148,21 @@ def test_itl_level_statistics_on_known_chunks() -> None:
 def test_probe_variation() -> None:
     assert probe_variation([1.0, 1.05, 0.98]) == pytest.approx(0.07 / 1.0)
     assert probe_variation([1.0]) is None
+
+
+async def test_warm_up_probes_until_a_round_agrees_within_10_percent() -> None:
+    # the conformant CPU run's probes right after the warm-up load: 66, 108, 53, 45, 46 ms (119%)
+    rounds = iter([[0.066, 0.108, 0.053, 0.045, 0.046], [0.046, 0.045, 0.047, 0.046, 0.045]])
+
+    async def probe_round() -> list[float]:
+        return next(rounds)
+
+    probes, variation = await settle(probe_round)
+    assert len(probes) == 10 and variation is not None and variation < 0.1
+    # a round that never settles: the cap, and the last round's variation as it is
+    probes, variation = await settle(lambda: _round([0.05, 0.1]), rounds=3)
+    assert len(probes) == 6 and variation == pytest.approx(0.05 / 0.075)
+
+
+async def _round(values: list[float]) -> list[float]:
+    return list(values)

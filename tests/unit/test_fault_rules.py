@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import tenacity
 
-from benchcore.redact import REDACTED, looks_secret, redact_argv, redact_env, secret_values
+from benchcore.redact import REDACTED, looks_secret, redact_argv, redact_env, scrub, secret_values
 from engine_harness.engines import engine_kind
 from engine_harness.metrics import parse_metrics
 from microbench.client.retry import RetryAfterWait, is_transient
@@ -66,6 +66,10 @@ def test_secret_names_and_redaction() -> None:
     env = {"HF_TOKEN": "hf_abc", "OMP_NUM_THREADS": "2"}
     assert redact_env(env) == {"HF_TOKEN": REDACTED, "OMP_NUM_THREADS": "2"}
     assert secret_values(env) == ["hf_abc"]
+    text = "Traceback ...\n    headers = {'Authorization': 'Bearer hf_abc'}\nKeyError: 'hf_abc_2'"
+    assert scrub(text, env | {"X_TOKEN": "hf_abc_2"}).count(REDACTED) == 2 and "hf_abc" not in scrub(
+        text, env | {"X_TOKEN": "hf_abc_2"}
+    )
     argv = ["serve", "--api-key", "sk-1", "--port", "8000", "--hf-token=hf_2", "--max-num-seqs", "4"]
     assert redact_argv(argv) == [
         "serve", "--api-key", REDACTED, "--port", "8000", f"--hf-token={REDACTED}", "--max-num-seqs", "4",

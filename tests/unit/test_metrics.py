@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_harness.engines import SGLANG_METRICS, VLLM_METRICS
+from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS
 from engine_harness.metrics import HistogramDelta, MetricsError, parse_metrics, step_counts
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

@@ -162,6 +162,29 @@ def test_fit_recovers_setup_and_bandwidth_and_writes_a_link_profile_the_analysis
     assert link.transfer_ms(8192 * kv) == pytest.approx(5.0 + 8192 * kv * 8 / 10e9 * 1e3, rel=0.03)
 
 
+def test_one_stalled_transfer_does_not_tilt_the_link_and_the_fit_reports_its_out_of_sample_error() -> None:
+    kv = 64 * 1024
+    table = _synthetic(5.0, 10.0, kv, 0.05)
+    clean = fit_transfer(table, kv, "handoff")
+    assert clean is not None and clean.lopo_error_pct is not None and clean.lopo_error_pct < 2.0
+    # one hand-off at the smallest P stalls for 400 ms (a scheduler hiccup): OLS would tilt the line
+    # (setup +20 ms, the slope pulled down); the robust fit keeps setup and bandwidth
+    stalled = table.copy()
+    first = stalled.index[(stalled["mode"] == "disaggregated") & (stalled["prefill_tokens"] == 1024)][0]
+    stalled.loc[first, "handoff_ms"] += 400.0
+    fit = fit_transfer(stalled, kv, "handoff")
+    assert fit is not None
+    assert fit.setup_ms == pytest.approx(5.0, abs=0.3)
+    assert fit.bandwidth_gbit_s == pytest.approx(10.0, rel=0.02)
+    assert fit.lopo_error_pct is not None and fit.lopo_error_pct < 5.0  # the median ignores the one stall
+    assert fit.downweighted_ms == [pytest.approx(stalled.loc[first, "handoff_ms"])]
+    assert "1 of 20 times down-weighted as outliers" in fit.verdict
+    assert fit.r2 is not None and fit.r2 > 0.99  # weighted as the fit weighted: the stall does not sink it
+    # two P only: no line is left when one is held out, so no out-of-sample figure rather than a fake one
+    two = table[table["prefill_tokens"].isin([1024, 2048])]
+    assert (two_fit := fit_transfer(two, kv, "handoff")) is not None and two_fit.lopo_error_pct is None
+
+
 def test_a_slope_whose_interval_spans_zero_is_not_resolvable_and_gives_a_flat_profile() -> None:
     kv = 1024
     flat = _synthetic(3.0, 1e9, kv, 0.2, seed=3)  # 1 Pbit/s: the size term is far below the noise

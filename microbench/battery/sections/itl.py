@@ -18,6 +18,7 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.levels import LevelRow, ledger_entry, level_row, rate_rows
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
 from microbench.battery.sections.ttft import distribution_table
@@ -49,6 +50,7 @@ class ItlLevel(StrictModel):
     burst_share: float = Field(..., description="share of gaps under 0.1 ms: chunks delivered together")
     histogram_edges_s: list[float]
     histogram_counts: list[int]
+    level: LevelRow | None = None  # offered vs achieved (None in reports written before it was kept)
 
 
 def itl_level(
@@ -111,6 +113,8 @@ class ItlData(TestData):
             t.rows.append(["Modality", lv.modality])
             t.rows.append(["Multi-token chunks", f"{lv.multi_token_chunk_share:.1%}"])
             t.rows.append(["Gaps < 0.1 ms (burst delivery)", f"{lv.burst_share:.1%}"])
+            if lv.level is not None:
+                t.rows += rate_rows(lv.level)
             tables.append(t)
         rows = [
             [
@@ -167,15 +171,17 @@ async def run_itl(ctx: BatteryContext) -> Outcome:
     levels = []
     for f in fractions:
         rows = run.frame[(run.frame["stage"] == f"load-{f:g}") & (run.frame["status"] == "ok")]
-        levels.append(
-            itl_level(
-                [list(c) for c in rows["chunk_ns"]],
-                [list(t) for t in rows["chunk_tokens"]],
-                f,
-                f * capacity,
-                rows["output_tokens"].dropna().astype(float).tolist(),
-            )
+        level = itl_level(
+            [list(c) for c in rows["chunk_ns"]],
+            [list(t) for t in rows["chunk_tokens"]],
+            f,
+            f * capacity,
+            rows["output_tokens"].dropna().astype(float).tolist(),
         )
+        level.level = level_row(run.stage(f"load-{f:g}"), f * capacity)
+        label = f"{f:.0%} level, {f * capacity:.2f} req/s offered"
+        ctx.ledger.append(ledger_entry("5.4", label, level.level))
+        levels.append(level)
     multi = max((lv.multi_token_chunk_share for lv in levels), default=0.0)
     method = "Option A (chunk timing): gaps between SSE chunks; " + (
         "every chunk carried one token, so these are inter-token latencies"

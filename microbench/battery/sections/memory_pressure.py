@@ -1,9 +1,11 @@
 """5.8 Memory Pressure Behaviour: closed-loop concurrency above the capacity measured by 5.5.
 
-Per oversubscription level: completion and failure rates, out-of-memory errors, TTFT P99, and the
-engine's preemption counter (/metrics delta). Engines report preemptions as a total, not per request, so
-the share of requests preempted at least once, the recovery rate and tokens lost per preemption are
-stated as not measurable; preemption events per request are reported instead.
+Per oversubscription level: the offered concurrency and the achieved rate and output throughput (the
+same ``levels.level_row`` as 5.5, entered in the capacity ledger under 5.5's criteria), completion and
+failure rates, out-of-memory errors, TTFT P99, and the engine's preemption counter (/metrics delta).
+Engines report preemptions as a total, not per request, so the share of requests preempted at least
+once, the recovery rate and tokens lost per preemption are stated as not measurable; preemption events
+per request are reported instead.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import math
 from typing import Literal
 
 from benchcore.schema import StrictModel
+from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
 from microbench.battery.sections.capacity import find_max_concurrency, is_oom
@@ -25,18 +29,20 @@ __all__ = ["MemoryPressureData", "PressureLevel", "run_memory_pressure"]
 
 
 class PressureLevel(StrictModel):
+    """One oversubscription level: its load level as 5.5 summarises one, plus what memory pressure does."""
+
     oversubscription: float
-    concurrency: int
-    requests: int
-    completed: int
-    failed: int
+    level: LevelRow
     oom_errors: int
     preemptions: float | None
-    ttft_p99_s: float | None
 
     @property
-    def completion_rate(self) -> float:
-        return self.completed / self.requests if self.requests else 0.0
+    def concurrency(self) -> int:
+        return int(self.level.offered)
+
+    @property
+    def failed(self) -> int:
+        return self.level.requests - self.level.succeeded
 
 
 @TEST_DATA.register("memory_pressure")
@@ -49,16 +55,19 @@ class MemoryPressureData(TestData):
     def tables(self) -> list[Table]:
         rows = []
         for lv in self.levels:
-            per_req = None if lv.preemptions is None or not lv.requests else lv.preemptions / lv.requests
+            row, n = lv.level, lv.level.requests
+            per_req = None if lv.preemptions is None or not n else lv.preemptions / n
             rows.append(
                 [
                     f"{lv.oversubscription:.0%}",
                     str(lv.concurrency),
-                    pct(lv.completion_rate),
+                    f"{row.request_rps:.2f}",
+                    f"{row.output_tps:.1f}",
+                    pct(row.success_rate),
                     num(per_req, ".2f"),
-                    pct(lv.failed / lv.requests if lv.requests else None),
+                    pct(lv.failed / n if n else None),
                     str(lv.oom_errors),
-                    ms(lv.ttft_p99_s),
+                    ms(row.ttft.p99),
                 ]
             )
         return [
@@ -66,7 +75,9 @@ class MemoryPressureData(TestData):
                 title="Memory Pressure Degradation (Table 11)",
                 columns=[
                     "Level",
-                    "Concurrency",
+                    "Concurrency (offered)",
+                    "Achieved (req/s)",
+                    "Output (tok/s)",
                     "Complete",
                     "Preemptions/request",
                     "Fail Rate",
@@ -74,8 +85,9 @@ class MemoryPressureData(TestData):
                     "TTFT P99",
                 ],
                 rows=rows,
-                note="Preempted share, recovery rate and preemption loss: not measurable "
-                "(the engine reports preemption totals only)",
+                note="Achieved and Output: completions inside the level's window less its ramp, as 5.5 "
+                "counts them; Complete: of every request sent. Preempted share, recovery rate and "
+                "preemption loss: not measurable (the engine reports preemption totals only)",
             )
         ]
 
@@ -105,23 +117,16 @@ async def run_memory_pressure(ctx: BatteryContext) -> Outcome:
         before = await ctx.scrape()
         run = await ctx.run(f"memory-pressure/{f:g}", [stage])
         after = await ctx.scrape()
-        lat = run.stage("level").latencies
+        window = run.stage("level")
         preempt = None
         if before is not None and after is not None:
             preempt = after.delta(before, ctx.engine.metrics.preemptions)
-        failed = lat[~lat["ok"]]
-        levels.append(
-            PressureLevel(
-                oversubscription=f,
-                concurrency=c,
-                requests=len(lat),
-                completed=int(lat["ok"].sum()),
-                failed=len(failed),
-                oom_errors=int(sum(is_oom(e) for e in failed["error"])),
-                preemptions=preempt,
-                ttft_p99_s=lat.loc[lat["ok"], "ttft_s"].quantile(0.99) if lat["ok"].any() else None,
-            )
-        )
+        lat = window.latencies
+        oom = int(sum(is_oom(e) for e in lat.loc[~lat["ok"], "error"]))
+        row = level_row(window, c, loop="closed")
+        row.slo_met = closed_criteria(row, p.capacity_ttft_p99_ms) and not oom
+        ctx.ledger.append(ledger_entry("5.8", f"{f:.0%} of capacity, concurrency {c}", row))
+        levels.append(PressureLevel(oversubscription=f, level=row, oom_errors=oom, preemptions=preempt))
     data = MemoryPressureData(workload=spec.name, capacity=int(capacity), levels=levels)
     reqs = [
         must(

@@ -3,7 +3,9 @@
 TTFT is the first content chunk (a chunk carrying at least one token by the server's running usage; the
 chat role announcement is not one) minus the actual send time. Load: Poisson at ``ttft_load`` of the
 battery's sustainable rate (5.2). Queue and prefill components come from the engine's /metrics histograms
-(their mean over the test) where the engine's metric table names them.
+(their mean over the test) where the engine's metric table names them. The load level (offered, sent
+and achieved rate) is summarised as every level is (``levels.level_row``) and entered in the capacity
+ledger.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.levels import LevelRow, ledger_entry, level_row, rate_rows
 from microbench.battery.registry import Outcome, register_test, sample_requirements
 from microbench.battery.report import TEST_DATA, Table, TestData, ms
 from microbench.battery.stats import Distribution, length_bucket_label, summarize
@@ -49,9 +52,13 @@ class TtftData(TestData):
     by_length: list[BucketRow]
     prefill_mean_s: float | None = None
     queue_mean_s: float | None = None
+    level: LevelRow | None = None  # None in reports written before levels were kept here
 
     def tables(self) -> list[Table]:
         tables = [distribution_table("TTFT Results (Table 1)", "TTFT", self.ttft, self.requests)]
+        if self.level is not None:
+            load = rate_rows(self.level)
+            tables.append(Table(title="Load: offered and achieved", columns=["Metric", "Value"], rows=load))
         if len(self.by_length) > 1:
             rows = [[b.bucket, str(b.count), ms(b.p50_s), ms(b.p95_s), ms(b.p99_s)] for b in self.by_length]
             tables.append(
@@ -112,6 +119,8 @@ async def run_ttft(ctx: BatteryContext) -> Outcome:
     run = await ctx.run("ttft", [stage])
     after = await ctx.scrape()
     window = run.stage("ttft")
+    level = level_row(window, rate)
+    ctx.ledger.append(ledger_entry("5.1", f"{p.ttft_load:.0%} level, {rate:.2f} req/s offered", level))
     lat = window.latencies
     ok = lat[lat["ok"]]
     buckets = []
@@ -144,6 +153,7 @@ async def run_ttft(ctx: BatteryContext) -> Outcome:
         by_length=buckets,
         prefill_mean_s=mean_s(ctx.engine.metrics.prefill_time),
         queue_mean_s=mean_s(ctx.engine.metrics.queue_time),
+        level=level,
     )
     reqs = sample_requirements("5.1.2.1", data.ttft.count)
     reqs += [
