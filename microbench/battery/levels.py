@@ -20,7 +20,7 @@ from microbench.battery.saturation import SteadyState, steady_state
 from microbench.battery.stats import Distribution, summarize
 from microbench.battery.sustainable import LedgerEntry
 
-__all__ = ["LevelRow", "ledger_entry", "level_row", "rate_rows", "verdict_text"]
+__all__ = ["LevelRow", "ledger_entry", "level_row", "verdict_text"]
 
 
 class LevelRow(StrictModel):
@@ -89,19 +89,6 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
         steady=steady,
         errors=errors,
     )
-
-
-def rate_rows(row: LevelRow) -> list[list[str]]:
-    """What a level was offered beside what it achieved, as (metric, value) table rows."""
-    offered = f"{row.offered:.2f} req/s" if row.loop == "open" else f"concurrency {row.offered:.0f}"
-    ci = f" ± {row.output_tps_ci:.1f}" if row.output_tps_ci is not None else ""
-    return [
-        ["Offered", offered],
-        ["Sent (in the window)", "–" if row.sent_rps is None else f"{row.sent_rps:.2f} req/s"],
-        ["Achieved (completions in the window)", f"{row.request_rps:.2f} req/s"],
-        ["Output throughput", f"{row.output_tps:.1f}{ci} tok/s"],
-        ["Window (issuing, less the ramp)", "–" if row.window_s is None else f"{row.window_s:.1f} s"],
-    ]
 
 
 def verdict_text(row: LevelRow) -> str:

@@ -14,6 +14,7 @@ from microbench.battery.gate import check_report
 from microbench.battery.plots import caption_for
 from microbench.battery.report import BatteryReport, Table, TestResult, capacity_rows, num
 from microbench.battery.sections.ttft import TtftData
+from microbench.battery.sustainable import Capacity
 
 __all__ = ["gate_lines", "html_report", "markdown_full", "markdown_minimum"]
 
@@ -38,11 +39,22 @@ def _key_results(report: BatteryReport) -> list[tuple[str, str]]:
     cap = report.capacity
     if cap is not None:
         out["Max Throughput"] = capacity_rows(cap)[0][1] + " (sustainable; the report's one maximum)"
-        out["Max sustainable rate"] = capacity_rows(cap)[2][1]
+        out["Max sustainable rate"] = capacity_rows(cap)[2][1] + _scaled_by(cap)
     for t in report.tests:
         if t.data is not None:
             out.update(t.data.headline())
     return list(out.items())
+
+
+def _scaled_by(cap: Capacity) -> str:
+    """When a later level was sustainable above 5.2's search result, which of the two set the loads."""
+    searched = [e.offered for e in cap.entries if e.test == "5.2" and e.loop == "open" and e.sustainable]
+    if not searched or cap.sustainable_rate_rps is None or cap.sustainable_rate_rps <= max(searched):
+        return ""
+    return (
+        f"; above 5.2's search result {max(searched):.2f} req/s, which set the loads of 5.1, 5.3, 5.4 "
+        "and 5.6 (measured before them)"
+    )
 
 
 def gate_lines(report: BatteryReport) -> list[str]:

@@ -120,7 +120,9 @@ def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
     assert ttft.level is not None and ttft.level.offered == pytest.approx(ttft.rate)
     assert ttft.level.request_rps > 0 and ttft.level.sent_rps is not None
     assert [e.offered for e in report.capacity.entries if e.test == "5.1"] == [ttft.level.offered]
-    assert ["Offered", f"{ttft.rate:.2f} req/s"] in ttft.tables()[1].rows
+    load = ttft.tables()[1]
+    assert load.columns[:3] == ["Offered", "Sent (req/s)", "Achieved (req/s)"]
+    assert load.rows[0][0] == f"{ttft.rate:.2f} req/s"
 
 
 def test_tradeoff_and_itl(battery: tuple[BatteryReport, Path]) -> None:
@@ -137,6 +139,7 @@ def test_tradeoff_and_itl(battery: tuple[BatteryReport, Path]) -> None:
     assert all(lv.level is not None and lv.level.offered == pytest.approx(lv.rate) for lv in itl.levels)
     assert report.capacity is not None
     assert len([e for e in report.capacity.entries if e.test == "5.4"]) == len(itl.levels)
+    assert "Load levels: offered and achieved" in [t.title for t in itl.tables()]
 
 
 def test_capacity_fairness_prefix_cache(battery: tuple[BatteryReport, Path]) -> None:

@@ -216,3 +216,34 @@ def test_an_open_level_judged_over_too_short_a_window_is_not_sustainable() -> No
     send = np.arange(0, 2, 0.1)
     row = level_row(StageWindow("level", _lat(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
     assert not row.steady.saturated and not row.steady.conclusive and not row.sustainable
+
+
+def _simulated_level(rng: np.random.Generator, rate: float, e2e: float, duration: float, mu: float | None):
+    """A Poisson level of ``duration`` s; ``mu``: a FIFO server of that many req/s (None: never a queue)."""
+    send = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 1.5) + 10))
+    send = send[send < duration]
+    latency = e2e * rng.uniform(0.8, 1.2, send.size)
+    done = send + latency
+    if mu is not None:
+        last = 0.0
+        for i in range(send.size):
+            last = done[i] = max(send[i] + latency[i], last + 1 / mu)
+    return steady_state(_lat(send, done), 0.0, duration)
+
+
+@pytest.mark.parametrize(
+    ("rate", "e2e", "duration", "mu", "lo", "hi"),
+    [
+        (30.0, 0.5, 4.0, None, 0.0, 0.04),  # a quick level of 8 E2E times, steady: rarely called saturated
+        (8.9, 0.19, 2.2, None, 0.0, 0.04),  # the quick CPU run's 5.4 level (20 requests)
+        (17.0, 1.2, 60.0, None, 0.0, 0.01),  # a conformant level: never
+        (30.0, 0.2, 4.0, 24.0, 0.85, 1.0),  # 25% overloaded, 4 s: caught
+        (17.0, 1.0, 60.0, 16.0, 0.8, 1.0),  # 6% overloaded, 60 s: caught
+    ],
+)
+def test_saturation_is_rare_on_steady_levels_and_common_on_overloaded_ones(
+    rate: float, e2e: float, duration: float, mu: float | None, lo: float, hi: float
+) -> None:
+    rng = np.random.default_rng(7)
+    share = np.mean([_simulated_level(rng, rate, e2e, duration, mu).saturated for _ in range(200)])
+    assert lo <= share <= hi, share

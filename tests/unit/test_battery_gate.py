@@ -115,3 +115,21 @@ def test_the_committed_conformant_run_is_conformant_and_consistent() -> None:
     assert ttft.data.rate == pytest.approx(cap.sustainable_rate_rps * 0.5)
     # the samples are the distribution the table prints
     assert np.percentile(ttft.data.samples_s, 50) == pytest.approx(ttft.data.ttft.p50)
+
+
+def test_c1_says_which_sustainable_rate_set_the_loads_when_a_later_level_went_higher() -> None:
+    from microbench.battery.render import _scaled_by
+    from microbench.battery.sustainable import LedgerEntry
+
+    def entry(test: str, offered: float, ok: bool) -> LedgerEntry:
+        return LedgerEntry(
+            test=test, label="x", loop="open", offered=offered, achieved_rps=offered, output_tps=offered * 50,
+            sustainable=ok,
+        )  # fmt: skip
+
+    # the quick CPU run: 5.2's search stopped at 30.40 req/s, 5.3's 120% level (36.49) was sustainable too
+    ledger = [entry("5.2", 30.40, True), entry("5.2", 34.0, False), entry("5.3", 36.49, True)]
+    cap = capacity_from(ledger, "r")
+    assert cap.sustainable_rate_rps == 36.49
+    assert _scaled_by(cap).startswith("; above 5.2's search result 30.40 req/s, which set the loads")
+    assert _scaled_by(capacity_from([entry("5.2", 30.40, True), entry("5.3", 12.0, True)], "r")) == ""

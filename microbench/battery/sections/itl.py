@@ -18,9 +18,9 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row, rate_rows
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, register_test
-from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
+from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms, num
 from microbench.battery.sections.ttft import distribution_table
 from microbench.battery.stats import Distribution, inter_chunk_gaps, modality, summarize
 from microbench.client.requests import RequestSpec
@@ -113,8 +113,6 @@ class ItlData(TestData):
             t.rows.append(["Modality", lv.modality])
             t.rows.append(["Multi-token chunks", f"{lv.multi_token_chunk_share:.1%}"])
             t.rows.append(["Gaps < 0.1 ms (burst delivery)", f"{lv.burst_share:.1%}"])
-            if lv.level is not None:
-                t.rows += rate_rows(lv.level)
             tables.append(t)
         rows = [
             [
@@ -128,6 +126,8 @@ class ItlData(TestData):
             ]
             for lv in self.levels
         ]
+        if loads := [lv.level for lv in self.levels if lv.level is not None]:
+            tables.append(level_rate_rows("Load levels: offered and achieved", loads))
         tables.append(
             Table(
                 title="Per-request jitter (std of ITL) and maximum pause",

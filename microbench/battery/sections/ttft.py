@@ -17,9 +17,9 @@ import numpy as np
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row, rate_rows
+from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, register_test, sample_requirements
-from microbench.battery.report import TEST_DATA, Table, TestData, ms
+from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms
 from microbench.battery.stats import Distribution, length_bucket_label, summarize
 from microbench.loadgen.stages import Stage
 from microbench.workloads.schedulers import parse_scheduler
@@ -57,8 +57,7 @@ class TtftData(TestData):
     def tables(self) -> list[Table]:
         tables = [distribution_table("TTFT Results (Table 1)", "TTFT", self.ttft, self.requests)]
         if self.level is not None:
-            load = rate_rows(self.level)
-            tables.append(Table(title="Load: offered and achieved", columns=["Metric", "Value"], rows=load))
+            tables.append(level_rate_rows("Load level: offered and achieved", [self.level]))
         if len(self.by_length) > 1:
             rows = [[b.bucket, str(b.count), ms(b.p50_s), ms(b.p95_s), ms(b.p99_s)] for b in self.by_length]
             tables.append(
