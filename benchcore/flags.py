@@ -16,7 +16,7 @@ import argparse
 import re
 from pathlib import Path
 
-__all__ = ["add_config", "add_out", "arm", "duration", "duration_ms"]
+__all__ = ["add_config", "add_out", "arm", "duration", "duration_ms", "hms"]
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)\s*$")
@@ -33,6 +33,12 @@ def duration(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration must be > 0")
     return value
+
+
+def hms(seconds: float) -> str:
+    """A duration as people read it in progress lines: ``4m05s``, ``1h02m03s``."""
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def duration_ms(text: str) -> float:

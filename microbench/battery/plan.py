@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from pydantic import Field
 
+from benchcore.flags import hms
 from benchcore.schema import StrictModel
 from microbench.battery.profiles import Profile
 
@@ -111,20 +112,15 @@ def estimate_plan(
     return rows
 
 
-def _hms(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def format_plan(rows: list[PlanRow], probe: Probe, profile: str) -> str:
     lines = [
         f"battery plan (profile {profile}; probe: {probe.rps:.2f} req/s closed loop, "
         f"mean E2E {probe.e2e_s * 1e3:.0f} ms; estimates are rough)",
         f"  {'step':<28} {'levels':>6} {'requests':>9} {'est. time':>10}",
     ]
-    lines += [f"  {r.name:<28} {r.levels:>6} {r.requests:>9} {_hms(r.seconds):>10}" for r in rows]
+    lines += [f"  {r.name:<28} {r.levels:>6} {r.requests:>9} {hms(r.seconds):>10}" for r in rows]
     lines.append(
-        f"  {'total':<28} {'':>6} {sum(r.requests for r in rows):>9} {_hms(sum(r.seconds for r in rows)):>10}"
+        f"  {'total':<28} {'':>6} {sum(r.requests for r in rows):>9} {hms(sum(r.seconds for r in rows)):>10}"
     )
     return "\n".join(lines)
 
@@ -148,7 +144,7 @@ class Progress:
         elapsed = time.monotonic() - self.t0
         scale = elapsed / self.done_est if self.done_est > 0 else 1.0
         eta = max(self.total - self.done_est, 0.0) * scale
-        self.emit(f"[{self.count}/{planned}] {name}: {status}; elapsed {_hms(elapsed)}, ETA {_hms(eta)}")
+        self.emit(f"[{self.count}/{planned}] {name}: {status}; elapsed {hms(elapsed)}, ETA {hms(eta)}")
 
 
 def progress_line(
@@ -160,12 +156,12 @@ def progress_line(
     duration (or both) counts down its issuing time; with neither, no ETA is given.
     """
     parts = [f"  {label}: {done:,}" + (f"/{planned_requests:,}" if planned_requests else "") + " requests"]
-    parts.append(f"{_hms(elapsed_s)} in")
+    parts.append(f"{hms(elapsed_s)} in")
     left = []
     if planned_requests and done > 0:
         left.append(elapsed_s / done * max(planned_requests - done, 0))
     if planned_s is not None:
         left.append(max(planned_s - elapsed_s, 0.0))
     if left:
-        parts.append(f"about {_hms(min(left))} left")
+        parts.append(f"about {hms(min(left))} left")
     return ", ".join(parts)

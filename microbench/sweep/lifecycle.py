@@ -18,11 +18,14 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
+from benchcore.flags import hms
 from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
 from engine_harness.telemetry import TelemetrySampler, default_source
@@ -80,7 +83,31 @@ class Timing:
         )
 
 
-def progress_bar(console: Console) -> Progress:
+class _Progress(Progress):
+    """Rich's live bar on a terminal; elsewhere (a log file, CI, ``nohup``), where rich draws nothing
+    until the end, one plain line at most every ``every_s`` as points finish."""
+
+    def __init__(self, *columns: ProgressColumn, console: Console, every_s: float) -> None:
+        super().__init__(*columns, console=console, transient=False)
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        if self.console.is_terminal or time.monotonic() - self._last < self.every_s:
+            return
+        self._last = time.monotonic()
+        task = next(t for t in self.tasks if t.id == task_id)
+        left = task.time_remaining
+        self.console.print(
+            f"{task.completed:.0f}/{task.total:.0f} points, {hms(task.elapsed or 0.0)} in, "
+            + ("ETA –" if left is None else f"ETA {hms(left)}")
+            + f" · {task.description}",
+            soft_wrap=True,
+        )
+
+
+def progress_bar(console: Console, every_s: float = 60.0) -> Progress:
     """The sweep's one progress line: what it does, points done of all, elapsed time and ETA."""
     columns = (
         TextColumn("{task.description}"),
@@ -90,7 +117,7 @@ def progress_bar(console: Console) -> Progress:
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    return Progress(*columns, console=console, transient=False)
+    return _Progress(*columns, console=console, every_s=every_s)
 
 
 class EngineLifecycle:

@@ -12,9 +12,9 @@ import math
 import time
 
 import aiohttp
-from rich.console import Console
 from rich.progress import Progress, TaskID
 
+from benchcore.console import console
 from engine_harness.engines import engine_kind
 from engine_harness.launch import EngineProcess
 from microbench.client.aio import LagMonitor, no_full_collections
@@ -53,7 +53,7 @@ class SweepRunner:
         self.folder = folder
         self.sweep = sweep
         self.rules = sweep.protocol
-        self.console = Console()
+        self.console = console()
         self.timing = Timing()
         self.engines = EngineLifecycle(folder, sweep, self.console, self.timing, start_timeout_s)
         self.lag = LagMonitor()

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.console import console as make_console
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
 from engine_harness.engines import engine_kind
@@ -227,7 +227,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
 
 
 def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:
-    console = Console()
+    console = make_console()
     if not resumed:
         try:
             _write_manifest(folder, cfg)

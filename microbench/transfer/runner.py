@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from benchcore.console import console as make_console
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess, free_port, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
@@ -98,7 +99,7 @@ class TransferRunner:
         self.folder = folder
         self.cfg = cfg
         self.preset = cfg.connector_preset()
-        self.console = console or Console()
+        self.console = console or make_console()
         producer = cfg.producer_spec()
         self.space = TokenSpace.parse(cfg.token_range) if cfg.token_range else token_space_for(producer.model)
         self.failures = 0

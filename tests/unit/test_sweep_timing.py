@@ -27,3 +27,26 @@ def test_a_phase_adds_up_its_time_even_when_it_raises() -> None:
         except RuntimeError:
             pass
     assert 0.02 <= timing.spent["idle waits"] < 0.5
+
+
+def test_off_a_terminal_the_progress_bar_prints_plain_lines_as_points_finish() -> None:
+    import io
+
+    from rich.console import Console
+
+    from microbench.sweep.lifecycle import progress_bar
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with progress_bar(console, every_s=0.0) as progress:
+        task = progress.add_task("chunk 8192 D4 P2048 r1", total=245, completed=84)
+        progress.advance(task)
+        progress.advance(task)
+    lines = [line for line in out.getvalue().splitlines() if " points, " in line]
+    assert [line.split(",")[0] for line in lines] == ["85/245 points", "86/245 points"]
+    assert all(" in, ETA " in line and line.endswith("· chunk 8192 D4 P2048 r1") for line in lines)
+    # on a terminal the live bar is the display: no extra lines
+    term = io.StringIO()
+    with progress_bar(Console(file=term, force_terminal=True, width=200), every_s=0.0) as progress:
+        progress.advance(progress.add_task("x", total=2))
+    assert " points, " not in term.getvalue()
