@@ -172,7 +172,8 @@ def test_the_link_fit_recovers_the_sim_links_setup_and_bandwidth_within_10_perce
     handoff = json.loads((run / "fit.json").read_text())["handoff"]
     assert handoff["mean_ms"] > fit["mean_ms"]
     breakdown = pd.read_csv(run / "breakdown.csv", index_col=0)
-    assert (breakdown["stack_sum_ms"] - breakdown["total_ttft_ms"]).abs().max() < 1e-6
+    # the stacks add up to the total; the CSV keeps 4 decimals, each column rounded on its own
+    assert (breakdown["stack_sum_ms"] - breakdown["total_ttft_ms"]).abs().max() <= 1.0001e-4
 
 
 def _sim_pid(marker: str) -> int:
