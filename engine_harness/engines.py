@@ -7,6 +7,7 @@ differences between engines live in those tables, not in ``if kind == …`` chai
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ __all__ = [
     "SIM_API_KEY_VAR",
     "EngineKind",
     "EngineSpec",
+    "auth_headers",
     "engine_kind",
     "resolve_spec",
     "spec_from_settings",
@@ -369,3 +371,9 @@ def spec_from_settings(settings: Mapping[str, Any], **overrides: Any) -> EngineS
     ``overrides`` win over the mapping, but a ``None`` one leaves the mapping's value."""
     fields = dict(settings) | {k: v for k, v in overrides.items() if v is not None}
     return resolve_spec(fields.pop("preset", None), **fields)
+
+
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The bearer header for the key held in the variable ``api_key_env`` names (none without a key)."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -33,7 +33,7 @@ from types import TracebackType
 import aiohttp
 
 from benchcore.redact import redact_argv
-from engine_harness.engines import EngineKind, EngineSpec, engine_kind
+from engine_harness.engines import EngineKind, EngineSpec, auth_headers, engine_kind
 from engine_harness.environments import EngineEnvError
 
 __all__ = [
@@ -222,9 +222,9 @@ class EngineProcess:
         return f"http://{self.spec.host}:{self.port}"
 
     @property
-    def api_key(self) -> str | None:
-        """The API key from the environment variable the spec names (never stored anywhere)."""
-        return os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer header for the key the spec's variable holds (read when asked, never stored)."""
+        return auth_headers(self.spec.api_key_env)
 
     @property
     def pid(self) -> int | None:
@@ -333,8 +333,7 @@ class EngineProcess:
     async def _read_version(self) -> str | None:
         if not self.kind.version_path:
             return None
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with aiohttp.ClientSession(headers=headers) as session:
+        async with aiohttp.ClientSession(headers=self.auth_headers) as session:
             try:
                 async with session.get(
                     f"{self.base_url}{self.kind.version_path}", timeout=aiohttp.ClientTimeout(total=10)

@@ -11,7 +11,6 @@ can be ``reconfigure``d with them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ import aiohttp
 import yaml
 from pydantic import ValidationError
 
-from engine_harness.engines import EngineSpec, engine_kind
+from engine_harness.engines import EngineSpec, auth_headers, engine_kind
 from engine_harness.launch import EngineProcess
 from engine_harness.metric_names import MetricNames
 from engine_harness.sim import SimConfig, SimServer
@@ -75,12 +74,6 @@ class EngineOverrides:
 
     def __str__(self) -> str:
         return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
-
-
-def auth_headers(api_key_env: str | None) -> dict[str, str]:
-    """The bearer header for a key held in ``api_key_env`` (none without one)."""
-    key = os.environ.get(api_key_env) if api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:

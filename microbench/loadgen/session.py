@@ -20,7 +20,6 @@ rest are cancelled and recorded as such.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -28,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from engine_harness.engines import auth_headers
 from microbench.client.aio import no_full_collections
 from microbench.client.requests import RequestSpec
 from microbench.client.streams import StreamRecord
@@ -68,8 +68,7 @@ class LoadSession:
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s)
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
-        if self.settings.api_key_env:
-            self._headers = {"Authorization": f"Bearer {os.environ[self.settings.api_key_env]}"}
+        self._headers = auth_headers(self.settings.api_key_env) or None
 
     async def close(self) -> None:
         if self._tasks:

@@ -177,9 +177,14 @@ class EngineLifecycle:
         session: aiohttp.ClientSession, engine: EngineProcess, lag: LagMonitor | None = None
     ) -> EngineClient:
         steps = engine.kind.step_source(session, engine.base_url, engine.log_path)
-        headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
         return EngineClient(
-            session, engine.base_url, engine.spec.model_name, engine.kind.metrics, steps, headers, lag
+            session,
+            engine.base_url,
+            engine.spec.model_name,
+            engine.kind.metrics,
+            steps,
+            engine.auth_headers,
+            lag,
         )
 
     async def warm(self, client: EngineClient, space: TokenSpace, chunk: int) -> None:

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must
-from microbench.battery.context import BatteryContext
+from microbench.battery.context import BatteryContext, StageWindow
 from microbench.battery.levels import LevelRow, ledger_entry, level_row
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct
@@ -20,7 +20,7 @@ from microbench.battery.stats import SearchStep, search_max
 from microbench.loadgen.stages import Stage
 from microbench.workloads.schedulers import parse_scheduler
 
-__all__ = ["CapacityData", "find_max_concurrency", "is_oom", "run_capacity"]
+__all__ = ["CapacityData", "find_max_concurrency", "is_oom", "judge_closed_level", "run_capacity"]
 
 _OOM_MARKERS = ("out of memory", "outofmemory", "oom", "cuda error: out")
 
@@ -88,6 +88,19 @@ class CapacityData(TestData):
         return {"Max concurrency": num(self.max_concurrency, ".0f")}
 
 
+def judge_closed_level(
+    ctx: BatteryContext, window: StageWindow, concurrency: int, test: str, label: str
+) -> tuple[LevelRow, int]:
+    """A closed-loop level judged by 5.5's criteria (completion, TTFT P99, no out-of-memory error) and
+    entered in the capacity ledger; also its count of out-of-memory failures (5.5 and 5.8)."""
+    lat = window.latencies
+    oom = int(sum(is_oom(e) for e in lat.loc[~lat["ok"], "error"]))
+    row = level_row(window, concurrency, loop="closed")
+    row.slo_met = closed_criteria(row, ctx.profile.capacity_ttft_p99_ms) and not oom
+    ctx.ledger.append(ledger_entry(test, label, row))
+    return row, oom
+
+
 async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
     """Run the 5.5 search (memoised in ``ctx.estimates['max_concurrency']`` for 5.8)."""
     p = ctx.profile
@@ -100,12 +113,8 @@ async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
         scheduler = parse_scheduler({"kind": "concurrency", "concurrency": c})
         stage = Stage.scheduled("level", scheduler, requests, duration_s=p.capacity_duration_s)
         run = await ctx.run(f"capacity/c{c}", [stage])
-        row = level_row(run.stage("level"), c, loop="closed")
-        oom = any(is_oom(e) for e in run.latencies.loc[~run.latencies["ok"], "error"])
-        row.slo_met = closed_criteria(row, p.capacity_ttft_p99_ms) and not oom
-        rows[c] = row
-        ctx.ledger.append(ledger_entry("5.5", f"concurrency {c}", row))
-        return row.slo_met
+        rows[c], _ = judge_closed_level(ctx, run.stage("level"), c, "5.5", f"concurrency {c}")
+        return bool(rows[c].slo_met)
 
     best, steps = await search_max(
         passes, initial=p.capacity_initial, maximum=p.capacity_max, minimum=1, resolution=1, integer=True

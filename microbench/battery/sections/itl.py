@@ -171,17 +171,16 @@ async def run_itl(ctx: BatteryContext) -> Outcome:
     levels = []
     for f in fractions:
         rows = run.frame[(run.frame["stage"] == f"load-{f:g}") & (run.frame["status"] == "ok")]
-        level = itl_level(
+        load = level_row(run.stage(f"load-{f:g}"), f * capacity)
+        ctx.ledger.append(ledger_entry("5.4", f"{f:.0%} level, {f * capacity:.2f} req/s offered", load))
+        gaps = itl_level(
             [list(c) for c in rows["chunk_ns"]],
             [list(t) for t in rows["chunk_tokens"]],
             f,
             f * capacity,
             rows["output_tokens"].dropna().astype(float).tolist(),
         )
-        level.level = level_row(run.stage(f"load-{f:g}"), f * capacity)
-        label = f"{f:.0%} level, {f * capacity:.2f} req/s offered"
-        ctx.ledger.append(ledger_entry("5.4", label, level.level))
-        levels.append(level)
+        levels.append(gaps.model_copy(update={"level": load}))
     multi = max((lv.multi_token_chunk_share for lv in levels), default=0.0)
     method = "Option A (chunk timing): gaps between SSE chunks; " + (
         "every chunk carried one token, so these are inter-token latencies"

@@ -15,13 +15,12 @@ import math
 from typing import Literal
 
 from benchcore.schema import StrictModel
-from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.levels import LevelRow
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
-from microbench.battery.sections.capacity import find_max_concurrency, is_oom
+from microbench.battery.sections.capacity import find_max_concurrency, judge_closed_level
 from microbench.loadgen.stages import Stage
 from microbench.workloads.schedulers import parse_scheduler
 
@@ -117,15 +116,11 @@ async def run_memory_pressure(ctx: BatteryContext) -> Outcome:
         before = await ctx.scrape()
         run = await ctx.run(f"memory-pressure/{f:g}", [stage])
         after = await ctx.scrape()
-        window = run.stage("level")
         preempt = None
         if before is not None and after is not None:
             preempt = after.delta(before, ctx.engine.metrics.preemptions)
-        lat = window.latencies
-        oom = int(sum(is_oom(e) for e in lat.loc[~lat["ok"], "error"]))
-        row = level_row(window, c, loop="closed")
-        row.slo_met = closed_criteria(row, p.capacity_ttft_p99_ms) and not oom
-        ctx.ledger.append(ledger_entry("5.8", f"{f:.0%} of capacity, concurrency {c}", row))
+        label = f"{f:.0%} of capacity, concurrency {c}"
+        row, oom = judge_closed_level(ctx, run.stage("level"), c, "5.8", label)
         levels.append(PressureLevel(oversubscription=f, level=row, oom_errors=oom, preemptions=preempt))
     data = MemoryPressureData(workload=spec.name, capacity=int(capacity), levels=levels)
     reqs = [
