@@ -9,6 +9,7 @@
 # Idempotent like setup.sh: a stamp of this script and the stand-in; ≈ 7 GB on first install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/setup-lib.sh
 start=$(date +%s)
 PYTHON=${PYTHON:-python3}
 SGLANG_VERSION=0.5.23
@@ -21,7 +22,7 @@ sglang-kernel tilelang tml-renderers torch-memory-saver torchaudio torchcodec to
 venv=.venv-sglang
 py="$venv/bin/python"
 stamp="$venv/.setup-stamp"
-want="$(cat scripts/setup-sglang-cpu.sh scripts/sgl_kernel_standin/pyproject.toml \
+want="$(cat scripts/setup-sglang-cpu.sh scripts/setup-lib.sh scripts/sgl_kernel_standin/pyproject.toml \
     scripts/sgl_kernel_standin/sgl_kernel/__init__.py | sha256sum | cut -c1-16) sglang==$SGLANG_VERSION"
 found="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$found" sglang sgl_kernel torch 2>/dev/null; then
@@ -29,8 +30,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$found" sglan
     exit 0
 fi
 
-pipq() { "$py" -m pip install -q "$@" 2>&1 | grep -v "is ignored" || true; }
+pipq() { pip_install "$py" "$@"; }
 echo "setup: installing SGLang $SGLANG_VERSION for CPU into $venv (first time: several minutes, ≈ 7 GB)"
+# A full disk here stopped a CI run half-way through pip (2026-11-23): check first.
+[ -x "$py" ] || need_disk 9 "SGLang for CPU in a fresh $venv"
 [ -x "$py" ] || "$PYTHON" -m venv "$venv"
 pipq --upgrade pip
 pipq "torch==$TORCH_VERSION" torchvision packaging
@@ -61,11 +64,10 @@ with open(constraints_path, "w") as f:
 print(f"setup: {len(kept)} of sglang's requirements kept, {len(skipped)} CUDA-only ones left out")
 PY
 # pip then lists the CUDA-only requirements left out above as missing: that is on purpose, not shown.
-"$py" -m pip install -q -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt" 2>&1 \
-    | grep -v -e "is ignored" -e "^sglang $SGLANG_VERSION requires " -e "^ERROR: pip's dependency resolver" || true
+PIP_HIDE="is ignored|^sglang $SGLANG_VERSION requires |^ERROR: pip's dependency resolver" \
+    pipq -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt"
 pipq --no-deps --force-reinstall ./scripts/sgl_kernel_standin
-# pip's exit status is hidden by the filter above: check the result instead (the server's argument
-# parser imports most of SGLang's server side).
+# The server's argument parser imports most of SGLang's server side.
 SGLANG_USE_CPU_ENGINE=1 "$py" -c "import sgl_kernel, sglang.srt.server_args" || {
     echo "setup: SGLang does not import in $venv (see the error above)" >&2; exit 1; }
 echo "$want" > "$stamp"

