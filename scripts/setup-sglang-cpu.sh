@@ -30,14 +30,15 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$found" sglan
     exit 0
 fi
 
-pipq() { pip_install "$py" "$@"; }
 echo "setup: installing SGLang $SGLANG_VERSION for CPU into $venv (first time: several minutes, ≈ 7 GB)"
-# A full disk here stopped a CI run half-way through pip (2026-11-23): check first.
-[ -x "$py" ] || need_disk 9 "SGLang for CPU in a fresh $venv"
-[ -x "$py" ] || "$PYTHON" -m venv "$venv"
-pipq --upgrade pip
-pipq "torch==$TORCH_VERSION" torchvision packaging
-pipq --no-deps "sglang==$SGLANG_VERSION"
+if [ ! -x "$py" ]; then
+    # A full disk here stopped a CI run half-way through pip (2026-11-23): check first.
+    need_disk 9 "SGLang for CPU in a fresh $venv"
+    "$PYTHON" -m venv "$venv"
+fi
+pip_install "$py" --upgrade pip
+pip_install "$py" "torch==$TORCH_VERSION" torchvision packaging
+pip_install "$py" --no-deps "sglang==$SGLANG_VERSION"
 # sglang's own (non-extra) requirements, minus the CUDA-only ones, pinned to the torch above.
 "$py" - "$venv/sglang-cpu-requirements.txt" "$venv/sglang-cpu-constraints.txt" $CUDA_ONLY <<'PY'
 import importlib.metadata as md
@@ -65,8 +66,8 @@ print(f"setup: {len(kept)} of sglang's requirements kept, {len(skipped)} CUDA-on
 PY
 # pip then lists the CUDA-only requirements left out above as missing: that is on purpose, not shown.
 PIP_HIDE="is ignored|^sglang $SGLANG_VERSION requires |^ERROR: pip's dependency resolver" \
-    pipq -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt"
-pipq --no-deps --force-reinstall ./scripts/sgl_kernel_standin
+    pip_install "$py" -r "$venv/sglang-cpu-requirements.txt" -c "$venv/sglang-cpu-constraints.txt"
+pip_install "$py" --no-deps --force-reinstall ./scripts/sgl_kernel_standin
 # The server's argument parser imports most of SGLang's server side.
 SGLANG_USE_CPU_ENGINE=1 "$py" -c "import sgl_kernel, sglang.srt.server_args" || {
     echo "setup: SGLang does not import in $venv (see the error above)" >&2; exit 1; }

@@ -70,9 +70,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
     finish
 fi
 echo "setup: installing the suite with extras [$extras] into $venv (first time: a few minutes)"
-# The CPU engine's environment measures 4.4 GiB; pip unpacks wheels beside it.
-[ -x "$venv/bin/python" ] || need_disk 6 "a fresh $venv"
-[ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+if [ ! -x "$venv/bin/python" ]; then
+    need_disk 6 "a fresh $venv"  # the CPU engine's environment measures 4.4 GiB; pip unpacks wheels beside it
+    "$PYTHON" -m venv "$venv"
+fi
 pip_install "$venv/bin/python" --upgrade pip
 pip_install "$venv/bin/python" -e ".[$extras]"
 "$venv/bin/python" -c "import microbench, engine_harness, analysis" || {
