@@ -15,11 +15,11 @@ from pathlib import Path
 
 from benchcore.atomic import atomic_write_bytes
 from benchcore.atomic import write_model as write_record
+from engine_harness.idle_cpu import IdleCpu
 from engine_harness.metrics import Snapshot
 from microbench.results.layout import RunFolder
 from microbench.results.records import read_record
 from microbench.results.transfer import Mode, TransferRecord
-from microbench.transfer.idle import IdleCpu
 
 __all__ = ["TransferFolder", "point_stem"]
 

@@ -19,13 +19,13 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
+from engine_harness.kv_connectors import ConnectorPreset
 from engine_harness.metrics import MetricsError, Snapshot, scrape
+from engine_harness.watchdog import EngineWatch, Hung, watch_request
 from microbench.client.prompts import TokenSpace, cold_prompt
 from microbench.client.streams import StreamError, StreamRecord, stream_request
+from microbench.measure.pd_proxy import PDProxy, PhaseStamps
 from microbench.results.transfer import EngineSide, Mode, Phases, TransferRecord
-from microbench.transfer.config import ConnectorPreset
-from microbench.transfer.proxy import PhaseStamps, TransferProxy
-from microbench.transfer.watchdog import EngineWatch, Hung, watch_request
 
 __all__ = ["Measured", "PointContext", "engine_side", "measure_point", "phases_from"]
 
@@ -39,7 +39,7 @@ class PointContext:
     session: aiohttp.ClientSession
     producer_url: str
     consumer_url: str | None
-    proxy: TransferProxy | None
+    proxy: PDProxy | None
     model_name: str
     space: TokenSpace
     connector: ConnectorPreset
