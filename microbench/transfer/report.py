@@ -21,11 +21,11 @@ from analysis.transfer.fit import (
     NoTransferFit,
     TransferFit,
     fit_transfer,
-    kv_bytes_per_token,
     link_profile,
     write_link,
 )
 from benchcore.atomic import atomic_write_bytes
+from engine_harness.model_kv import read_model_kv
 from microbench.results.transfer import records_frame
 from microbench.transfer.config import TransferConfig
 from microbench.transfer.folder import TransferFolder
@@ -84,7 +84,8 @@ def contention_notes(agg: pd.DataFrame, idle: dict[str, dict[str, dict[str, obje
 
 def _fits(table: pd.DataFrame, cfg: TransferConfig) -> dict[str, TransferFit | NoTransferFit]:
     spec = cfg.producer_spec()
-    kv = kv_bytes_per_token(spec.model, spec.dtype)
+    model = read_model_kv(spec.model, spec.dtype)  # None: a hub model, no local config
+    kv = model.kv_bytes_per_token if model is not None else None
     return {t: fit_transfer(table, kv, t) for t in ("kv_xfer", "handoff")}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from analysis.transfer.fit import (
     NoTransferFit,
     TransferFit,
     fit_transfer,
-    kv_bytes_per_token,
     link_profile,
     write_link,
 )
@@ -222,14 +220,6 @@ def test_link_profiles_say_measured_with_their_run_or_assumed_with_the_assumptio
         LinkProfile(name="x", basis="assumed", fixed_ms=1.0)
     with pytest.raises(ValueError, match="needs run"):
         LinkProfile(name="x", basis="measured", fixed_ms=1.0)
-
-
-def test_kv_bytes_per_token_of_the_bundled_model_follows_the_engine_dtype() -> None:
-    model = str(REPO / "engine_harness" / "models" / "qwen3-moe-tiny")
-    assert kv_bytes_per_token(model, "float32") == 2 * 4 * 1 * 32 * 4
-    assert kv_bytes_per_token(model, None) == 2 * 4 * 1 * 32 * 2
-    assert kv_bytes_per_token("Qwen/not-local", None) is None
-    assert math.isfinite(float(kv_bytes_per_token(model, "bfloat16") or 0))
 
 
 def test_cli_durations_carry_units_and_out_is_the_run_folder(
