@@ -104,8 +104,9 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
     body = {t: f.model_dump(mode="json") for t, f in fits.items()}
     atomic_write_bytes(folder.root / "fit.json", (json.dumps(body, indent=2) + "\n").encode())
     notes = contention_notes(agg, folder.read_idle())
-    link = fits.get("kv_xfer")
-    if isinstance(link, TransferFit):
+    kv_xfer = fits.get("kv_xfer")
+    link = kv_xfer if isinstance(kv_xfer, TransferFit) else None  # a NoTransferFit has no line to draw
+    if link is not None:
         profile = link_profile(link, run_reference(folder.root), cfg.connector, "; ".join(notes) + ".")
         write_link(folder.root / "link-measured-local.yaml", profile)
     footnotes = _footnotes(agg, cfg)
