@@ -34,6 +34,7 @@ __all__ = [
     "pct",
 ]
 
+
 class Table(StrictModel):
     """A report table: a title, column names and rows of already formatted cells."""
 
