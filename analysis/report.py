@@ -216,12 +216,22 @@ def html(report: SweepReport, pngs: dict[str, bytes], notes: Sequence[str] = ())
         notes=[*report.notes, *notes],
         table_figures=TABLE_FIGURES,
         cells=_cells,
+        numeric=_numeric,
     )
 
 
 def _cells(table: DataTable) -> list[list[str]]:
     return [["" if v is None else format(v, ".4g") if isinstance(v, float) else str(v) for v in row]
             for row in table.rows]  # fmt: skip
+
+
+def _numeric(table: DataTable) -> list[int]:
+    """The columns to align right: every value a number (bools are not)."""
+
+    def number(v: object) -> bool:
+        return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+    return [i for i in range(len(table.columns)) if all(number(r[i]) for r in table.rows)]
 
 
 def _png(fig: Figure) -> bytes:
