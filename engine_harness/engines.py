@@ -319,9 +319,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "prefix_caching": True,
     },
     # Seed 002's 200000 fails vLLM's start-up KV check on an 80 GB card: one such request needs 18.3 GiB
-    # of bf16 KV beside 56.9 GiB of weights in 0.9 × 79.6 GiB (kv_budget: -3.5 GiB headroom). 65536 keeps
+    # of bf16 KV beside 56.9 GiB of weights in 0.9 × 79.2 GiB (kv_budget: -3.9 GiB headroom). 65536 keeps
     # bf16 KV (the seed's kernels and numerics; fp8 KV would change the attention cost being measured)
-    # and covers the grid's longest request (32768 + template) with 8.8 GiB left for activations/graphs.
+    # and covers the grid's longest request (32768 + template) with 8.4 GiB left for activations/graphs.
     "h100": {
         "kind": "vllm",
         "model": "Qwen/Qwen3-Coder-30B-A3B-Instruct",

@@ -32,9 +32,10 @@ __all__ = [
 GIB = 2**30
 MIB = 2**20
 
-# Memory each card reports (nvidia-smi's "Total", the total NVML and torch see): H100 SXM5 80 GB shows
-# 81559 MiB, H20 96 GB shows 97871 MiB.
-CARD_BYTES: dict[str, int] = {"h100": 81559 * MIB, "h20": 97871 * MIB}
+# The total vLLM budgets from (torch.accelerator.get_memory_info, i.e. cudaMemGetInfo): on an H100 80GB
+# HBM3 (driver 580.159.04) 85,017,493,504 B, 480 MiB under NVML's and nvidia-smi's 81559 MiB (measured);
+# an H20 96 GB shows 97871 MiB in nvidia-smi, taken less the same 480 MiB (an estimate, not measured).
+CARD_BYTES: dict[str, int] = {"h100": 85_017_493_504, "h20": (97871 - 480) * MIB}
 
 
 @dataclass(frozen=True)
