@@ -79,7 +79,11 @@ class NvmlSource:
 
         self._nvml = nvml
         nvml.nvmlInit()
-        self._devices, problems = engine_gpus(nvml, visible_devices)
+        try:
+            self._devices, problems = engine_gpus(nvml, visible_devices)
+        except Exception:  # e.g. a GPU lost before the start: no source, and NVML not left initialised
+            nvml.nvmlShutdown()
+            raise
         self._pending = [Failure("*", "CUDA_VISIBLE_DEVICES", p) for p in problems]
         self._skip: set[tuple[str, str]] = set()
         n = nvml

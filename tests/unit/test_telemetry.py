@@ -253,3 +253,10 @@ def test_the_stand_in_matches_pynvml() -> None:
         real = pynvml.NVMLError(code)
         assert type(real).__name__ == cls.__name__ and str(real) == str(fake_pynvml.NVMLError(code))
         assert isinstance(real, pynvml.NVMLError) and real.value == code
+
+
+def test_a_gpu_lost_before_the_start_leaves_nvml_shut_down() -> None:
+    nvml = _two_gpus(lost_after=0)
+    with pytest.raises(fake_pynvml.NVMLError_GpuIsLost):
+        NvmlSource(None, nvml=nvml)
+    assert nvml.initialised == 0
