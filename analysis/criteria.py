@@ -120,8 +120,8 @@ def _model_fit(models: list[ModelFit]) -> Criterion:
     fitted = [m for m in models if m.r2 is not None]
     criterion = f"model fits: a model of the total interference with R² > {R2_BAR:g}"
     if not fitted:
-        return Criterion(key="model_fits", criterion=criterion, judged="no model could be fitted",
-                         value=None, measured="no fit", beside=[], threshold=f"> {R2_BAR:g}",
+        return Criterion(key="model_fits", criterion=criterion, value=None, measured="no fit", beside=[],
+                         judged="no model could be fitted (the notes say why)", threshold=f"> {R2_BAR:g}",
                          status="N/A")  # fmt: skip
     best = max(fitted, key=lambda m: m.r2 or -math.inf)
     others = [
@@ -183,7 +183,7 @@ def _reproducible(table: pd.DataFrame) -> Criterion:
     base = reps["tpot_baseline_ms"].dropna()
     if len(base):
         beside.append(
-            f"the ratio divides by the decode baseline TPOT ({base.min():.2g}–{base.max():.2g} ms in these "
+            f"the ratio divides by the decode baseline TPOT ({base.min():.3g}–{base.max():.3g} ms in these "
             "cells): where the step time's CV is small, the ratio's noise is the baseline's"
         )
     return Criterion(

@@ -52,6 +52,8 @@ def print_report(report: SweepReport, console: Console, where: str) -> None:
         )
         for line in c.beside:
             console.print(f"      beside it: {escape(line)}", soft_wrap=True)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def print_summary(run_dir: Path, console: Console) -> None:

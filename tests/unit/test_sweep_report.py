@@ -64,3 +64,14 @@ def test_the_console_summary_prints_the_report(run: Path, tmp_path: Path) -> Non
     console = Console(record=True, width=200)
     print_summary(tmp_path / "missing", console)
     assert "no table written: run folder" in console.export_text()
+
+
+def test_a_run_too_small_to_fit_says_so_instead_of_failing(tmp_path: Path) -> None:
+    run = synthesize_run(
+        tmp_path / "small", chunks=(2048,), decode_batches=(2,), prefill_tokens=(512, 1024), repetitions=2
+    )
+    console = Console(record=True, width=200)
+    print_summary(run, console)
+    text = console.export_text()
+    assert "N/A model fits" in text and "judged: no model could be fitted (the notes say why)" in text
+    assert "note: model fits skipped: " in text and "PASS break-even exists" in text
