@@ -1,6 +1,7 @@
 """A model's KV-cache shape, and the KV bytes one token takes: ``2 × layers × kv_heads × head_dim × dtype
 bytes``, from a Hugging Face ``config.json``. One definition for every user: the transfer benchmark's
-link fit (its bytes axis when the connector counts none), the break-even and the offload policy.
+link fit (its bytes axis when the connector counts none), the break-even, the offload policy and the
+GPU presets' start-up KV check (``kv_budget``).
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DTYPE_BYTES", "ModelKV", "read_model_kv"]
+__all__ = ["DTYPE_BYTES", "ModelKV", "kv_bytes_per_token", "read_model_kv"]
 
 DTYPE_BYTES = {
     "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2, "float32": 4, "float": 4, "fp32": 4,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
 }  # fmt: skip
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """K and V of one token in every attention layer: the formula, written once."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class ModelKV:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes)
 
     @classmethod
     def from_config(cls, name: str, cfg: dict[str, Any], dtype: str | None = None) -> ModelKV:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_harness.kv_budget import QWEN3_CODER_30B_A3B
+from engine_harness.kv_budget import kv_bytes_per_token as budget_kv_bytes
 from engine_harness.model_kv import ModelKV, read_model_kv
 
 TINY = Path(__file__).resolve().parents[2] / "engine_harness" / "models" / "qwen3-moe-tiny"
@@ -32,3 +34,11 @@ def test_the_shape_comes_from_hidden_size_when_head_dim_is_absent_and_bad_config
         ModelKV.from_config("x", {"num_attention_heads": 4})
     with pytest.raises(ValueError, match="unknown KV dtype 'int3'"):
         ModelKV.from_config("x", cfg, "int3")
+
+
+def test_the_gpu_budget_and_the_analysis_read_the_target_model_alike() -> None:
+    from analysis.breakeven import load_model_kv  # its shape from analysis/model_configs.yaml
+
+    for dtype, nbytes in (("bfloat16", 2), ("fp8", 1)):
+        kv = load_model_kv("Qwen3-Coder-30B-A3B-Instruct", dtype).kv_bytes_per_token
+        assert kv == budget_kv_bytes(QWEN3_CODER_30B_A3B, nbytes) == 98304 * nbytes // 2
