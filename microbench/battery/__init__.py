@@ -9,7 +9,6 @@ HTML with figures. ``python -m microbench.battery run ...`` is the command line.
 
 from microbench.battery.compliance import Requirement, verdict
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import ExternalEngine, InProcessSim, LaunchedEngine
 from microbench.battery.profiles import PROFILES, Profile, profile
 from microbench.battery.registry import TESTS, SkipTest, register_test
 from microbench.battery.report import BatteryReport, TestResult
@@ -20,9 +19,6 @@ __all__ = [
     "TESTS",
     "BatteryContext",
     "BatteryReport",
-    "ExternalEngine",
-    "InProcessSim",
-    "LaunchedEngine",
     "Profile",
     "Requirement",
     "SkipTest",

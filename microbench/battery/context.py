@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
+from engine_harness.handles import EngineHandle, EngineOverrides
 from engine_harness.metrics import MetricsError, Snapshot, scrape
-from microbench.battery.engine import EngineHandle, EngineOverrides
 from microbench.battery.plan import progress_line
 from microbench.battery.profiles import Profile
 from microbench.battery.saturation import SATURATION_RULE

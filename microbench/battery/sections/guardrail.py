@@ -16,10 +16,10 @@ from typing import Literal
 from pydantic import Field
 
 from benchcore.schema import StrictModel
+from engine_harness.handles import EngineOverrides, NotRestartable
 from microbench.battery.capacity_search import closed_loop_ramp
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import EngineOverrides, NotRestartable
 from microbench.battery.levels import level_row
 from microbench.battery.registry import Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Literal
 
 from benchcore.schema import StrictModel
+from engine_harness.handles import NotRestartable
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import NotRestartable
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
 from microbench.battery.stats import Distribution, summarize
