@@ -268,7 +268,7 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])
-            rows = await plan_battery(ctx, [t.name for t in ordered_tests(names)], _emit)
+            rows = await plan_battery(ctx, ordered_tests(names), _emit)
             (out / "plan.json").write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
             print(f"plan only: nothing else ran; plan in {out / 'plan.json'}")
             return 0

@@ -6,15 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from microbench.battery.capacity_search import rate_search
-from microbench.battery.context import StageWindow
-from microbench.battery.levels import level_row
-from microbench.battery.plan import Probe, estimate_plan, progress_line
+from microbench.battery.plan import Probe, estimate_plan
 from microbench.battery.profiles import profile
-from microbench.battery.saturation import steady_state
+from microbench.battery.progress import progress_line
+from microbench.battery.registry import TESTS
 from microbench.battery.sections.fairness import jain_over_classes, mixed_order
-from microbench.battery.stats import fit_scaling, fit_verdict, saturation_point
-from microbench.battery.sustainable import LedgerEntry, capacity_from
+from microbench.measure.levels import level_row
+from microbench.measure.runs import StageWindow
+from microbench.measure.saturation import steady_state
+from microbench.measure.scaling import fit_scaling, fit_verdict
+from microbench.measure.search import rate_search
+from microbench.measure.stats import saturation_point
+from microbench.measure.sustainable import LedgerEntry, capacity_from
 
 
 def _lat(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
@@ -159,11 +162,24 @@ def test_jain_over_classes_and_an_exact_class_mix() -> None:
 
 def test_plan_estimates_the_conformant_ttft_test_from_the_probe() -> None:
     p = profile("conformant")
-    rows = estimate_plan(["ttft"], p, Probe(rps=10.0, e2e_s=0.5))
+    rows = estimate_plan([TESTS.get("ttft")], p, Probe(rps=10.0, e2e_s=0.5))
     assert [r.name for r in rows] == ["capacity measurement (5.2)", "ttft"]
     ttft = rows[1]
     assert ttft.requests == 10_000
     assert ttft.seconds == pytest.approx(10_000 / (0.5 * 10.0) + 0.5)
+
+
+def test_every_test_registers_its_plan_and_the_capacity_is_planned_once_before_the_first_that_needs_it() -> (
+    None
+):
+    p = profile("quick")
+    tests = [TESTS.get(n) for n in TESTS.names()]
+    rows = estimate_plan(tests, p, Probe(rps=10.0, e2e_s=0.5), configs=2)
+    assert [r.name for r in rows] == ["capacity measurement (5.2)", *TESTS.names()]
+    no_load = [r.name for r in rows[1:] if r.seconds == 0]
+    assert no_load == ["throughput"]  # 5.2 reports the capacity measurement, which is its load
+    alone = estimate_plan([TESTS.get("fairness"), TESTS.get("guardrail")], p, Probe(rps=10.0, e2e_s=0.5))
+    assert [r.name for r in alone] == ["fairness", "guardrail"] and alone[1].seconds == 0  # one config
 
 
 def test_progress_line_extrapolates_a_count_and_counts_down_a_duration() -> None:
@@ -181,7 +197,7 @@ def test_progress_line_extrapolates_a_count_and_counts_down_a_duration() -> None
 
 
 def test_the_ramp_survives_one_slow_level() -> None:
-    from microbench.battery.capacity_search import ramp_done
+    from microbench.measure.capacity import ramp_done
 
     def rows(*tps: float):  # type: ignore[no-untyped-def]
         return [_row_at(2**i, t) for i, t in enumerate(tps, start=2)]
