@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
+from fixtures.latencies import latencies
 
 from microbench.battery.plan import Probe, estimate_plan
 from microbench.battery.profiles import profile
@@ -20,30 +20,11 @@ from microbench.measure.stats import saturation_point
 from microbench.measure.sustainable import LedgerEntry, capacity_from
 
 
-def _lat(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
-    n = send.size
-    return pd.DataFrame(
-        {
-            "ok": np.ones(n, dtype=bool),
-            "slo_class": [""] * n,
-            "client_id": ["a"] * n,
-            "input_tokens": np.full(n, 100.0),
-            "output_tokens": np.full(n, tokens),
-            "send_s": send,
-            "done_s": done,
-            "ttft_s": np.full(n, 0.05),
-            "tpot_s": np.full(n, 0.01),
-            "e2e_s": done - send,
-            "error": [None] * n,
-        }
-    )
-
-
 def test_the_ramp_to_littles_law_is_not_queue_growth() -> None:
     # issue #23's CPU case: 31 req/s for 4 s, every request 0.5 s end to end. The in-flight count climbs
     # 0 → 15.5 in the first 0.5 s (Little's law), then stays: the old 10% cut called that growth.
     send = np.arange(0, 4, 1 / 31)
-    s = steady_state(_lat(send, send + 0.5), 0.0, 4.0)
+    s = steady_state(latencies(send, send + 0.5), 0.0, 4.0)
     assert s.ramp_s == pytest.approx(1.0)  # max(10% of 4 s, 2 × 0.5 s)
     assert s.inflight_mean == pytest.approx(15.5, abs=1.0)
     assert not s.saturated and not s.queue_growing and s.reasons == []
@@ -59,7 +40,7 @@ def test_an_overloaded_level_is_saturated_by_both_signs() -> None:
     for i, t in enumerate(send):
         free = max(free, t) + 0.05
         done[i] = free + 0.3
-    s = steady_state(_lat(send, done), 0.0, 4.0)
+    s = steady_state(latencies(send, done), 0.0, 4.0)
     assert s.saturated and s.queue_growing
     assert any("completions" in r for r in s.reasons)
     assert s.completion_rate == pytest.approx(20, rel=0.1)
@@ -67,7 +48,7 @@ def test_an_overloaded_level_is_saturated_by_both_signs() -> None:
 
 def test_a_window_shorter_than_three_e2e_times_is_inconclusive() -> None:
     send = np.arange(0, 2, 0.1)
-    s = steady_state(_lat(send, send + 0.8), 0.0, 2.0)
+    s = steady_state(latencies(send, send + 0.8), 0.0, 2.0)
     assert s.ramp_s == pytest.approx(1.0)  # 2 × 0.8 capped at half the window
     assert not s.conclusive
 
@@ -75,7 +56,7 @@ def test_a_window_shorter_than_three_e2e_times_is_inconclusive() -> None:
 def test_level_rates_use_the_nominal_window_with_its_empty_tail() -> None:
     # 3.1 req/s asked for 10 s; the last arrival fell at 9.0 s. The open loop now ends at 10 s (nominal).
     send = np.array([0.2, 1.0, 1.5, 2.4, 3.0, 3.3, 4.1, 5.0, 5.6, 6.2, 7.0, 7.7, 8.4, 9.0])
-    lat = _lat(send, send + 0.1, tokens=32.0)
+    lat = latencies(send, send + 0.1, tokens=32.0)
     row = level_row(StageWindow("level", lat, 0.0, 10.0, 10.2), 3.1)
     # ramp max(1.0 s, 2 × 0.1 s) = 1 s; window [1, 10): 13 requests finish in it (1.1 … 9.1)
     assert row.window_s == pytest.approx(9.0)
@@ -210,7 +191,9 @@ def test_the_ramp_survives_one_slow_level() -> None:
 
 def _row_at(concurrency: int, tps: float):  # type: ignore[no-untyped-def]
     send = np.arange(0, 4, 0.1)
-    row = level_row(StageWindow("level", _lat(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed")
+    row = level_row(
+        StageWindow("level", latencies(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed"
+    )
     return row.model_copy(update={"output_tps": tps})
 
 
@@ -223,14 +206,14 @@ def test_a_backlog_draining_after_a_stall_is_not_a_steady_level() -> None:
     for i, t in enumerate(send):
         free = max(free, t) + 1 / 60
         done[i] = free + 0.1
-    s = steady_state(_lat(send, done), 0.0, 4.0)
+    s = steady_state(latencies(send, done), 0.0, 4.0)
     assert s.saturated and any("backlog drains" in r for r in s.reasons)
     assert s.completion_rate > 36
 
 
 def test_an_open_level_judged_over_too_short_a_window_is_not_sustainable() -> None:
     send = np.arange(0, 2, 0.1)
-    row = level_row(StageWindow("level", _lat(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
+    row = level_row(StageWindow("level", latencies(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
     assert not row.steady.saturated and not row.steady.conclusive and not row.sustainable
 
 
@@ -244,7 +227,7 @@ def _simulated_level(rng: np.random.Generator, rate: float, e2e: float, duration
         last = 0.0
         for i in range(send.size):
             last = done[i] = max(send[i] + latency[i], last + 1 / mu)
-    return steady_state(_lat(send, done), 0.0, duration)
+    return steady_state(latencies(send, done), 0.0, duration)
 
 
 @pytest.mark.parametrize(

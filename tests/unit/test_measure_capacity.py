@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.latencies import latencies
 
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import Stage
@@ -17,30 +18,11 @@ from microbench.measure.runs import Run, StageWindow
 SLOTS, SERVICE_S, DURATION_S = 8, 0.5, 20.0  # capacity: 8 / 0.5 s = 16 req/s
 
 
-def _frame(send: np.ndarray, done: np.ndarray) -> pd.DataFrame:
-    n = send.size
-    return pd.DataFrame(
-        {
-            "ok": np.ones(n, dtype=bool),
-            "slo_class": [""] * n,
-            "client_id": ["a"] * n,
-            "input_tokens": np.full(n, 100.0),
-            "output_tokens": np.full(n, 10.0),
-            "send_s": send,
-            "done_s": done,
-            "ttft_s": np.full(n, 0.05),
-            "tpot_s": np.full(n, 0.01),
-            "e2e_s": done - send,
-            "error": [None] * n,
-        }
-    )
-
-
 def _closed(c: int) -> pd.DataFrame:
     """c back-to-back streams; past the engine's slots every request waits its turn."""
     e2e = SERVICE_S * max(1.0, c / SLOTS)
     send = np.repeat(np.arange(0.0, DURATION_S, e2e), c)
-    return _frame(send, send + e2e)
+    return latencies(send, send + e2e)
 
 
 def _open(rate: float) -> pd.DataFrame:
@@ -50,7 +32,7 @@ def _open(rate: float) -> pd.DataFrame:
     last = -np.inf
     for i, t in enumerate(send):
         last = done[i] = max(t + SERVICE_S, last + SERVICE_S / SLOTS)
-    return _frame(send, done)
+    return latencies(send, done)
 
 
 class SyntheticEngine:
