@@ -36,10 +36,10 @@ from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
+from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.results.layout import RunFolder, RunFolderBusy
 from microbench.results.records import Manifest
 from microbench.sweep.config import SweepConfig, SweepConfigError, load_sweep
-from microbench.sweep.lifecycle import SweepAborted
 from microbench.sweep.runner import SweepRunner
 
 __all__ = ["build_parser", "main"]

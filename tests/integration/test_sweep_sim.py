@@ -113,7 +113,7 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
 
 def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monkeypatch) -> None:
     # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
-    import microbench.sweep.protocol as protocol
+    import microbench.measure.interference as protocol
 
     real = protocol.cold_prompt
     fixed = real(1024, protocol.TokenSpace(0, 256))
