@@ -1,75 +1,92 @@
-"""The sweep's remaining time, predicted from the points measured so far, by prefill length P.
+"""The sweep's remaining time, predicted from the points measured so far by decode batch D and prefill P.
 
-A point's cost grows with P (its window spans the prefill) and points finish in bursts (a fresh decode
-batch waits for steady state, then its points come quickly), so a rate over the last seconds says nothing
-for minutes at a time. Instead: each measured point's time (since the previous one finished) is kept under
-its P; a remaining point of a measured P is predicted by the mean of that P's latest ``recent`` times (the
-latest decode batch size's, which are the closest to the points still ahead); a P not measured yet by a
-straight line in P through those per-P means (at least the cheapest one's), or by their mean while only
-one P is known.
+Points finish in bursts (a fresh decode batch waits for steady state, then its points come quickly), so a
+rate over the last seconds says nothing for minutes at a time ("ETA –" for whole runs). A point's cost
+grows with P (its window spans the prefill) and with D: on ``results/reference-cpu`` a bare point (D = 0)
+took 0.1-1 s and a point of a decode batch 0.3-7 s, the batch's start and steady-state wait included. So
+every measured point's time (since the previous one ended) is kept with its (D, P), and a least-squares
+line ``t = c0 + c1·[D>0] + c2·D + c3·P + c4·D·P`` over them (the terms whose inputs varied so far) predicts
+each remaining point, never below the cheapest time seen. Engine starts ahead (one per chunk size not yet
+begun) cost what the starts so far cost.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
-__all__ = ["MIN_POINTS", "PointClock", "remaining_s"]
+import numpy as np
+
+__all__ = ["MIN_POINTS", "Point", "PointClock", "remaining_s"]
 
 MIN_POINTS = 3  # no estimate before this many points were measured in this process
 
-
-def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares intercept and slope of ys on xs (at least two distinct xs)."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+Point = tuple[int, int]  # D, P
 
 
-def remaining_s(
-    times_by_p: Mapping[int, Sequence[float]], remaining: Iterable[int], recent: int = 5
-) -> float | None:
-    """Seconds the points of prefill lengths ``remaining`` (one entry per point) will take, from the
-    measured seconds per point by P; None before ``MIN_POINTS`` points were measured."""
-    if sum(len(t) for t in times_by_p.values()) < MIN_POINTS:
+def _features(points: Sequence[Point], terms: tuple[bool, bool, bool]) -> np.ndarray:
+    batched, by_d, by_p = terms
+    d = np.array([pt[0] for pt in points], dtype=float)
+    p = np.array([pt[1] for pt in points], dtype=float) / 4096
+    cols = [np.ones_like(d)]
+    if batched:
+        cols.append((d > 0).astype(float))
+    if by_d:
+        cols.append(d)
+    if by_p:
+        cols.append(p)
+    if by_d and by_p:
+        cols.append(d * p)
+    return np.column_stack(cols)
+
+
+def remaining_s(measured: Sequence[tuple[Point, float]], remaining: Iterable[Point]) -> float | None:
+    """Seconds the ``remaining`` points (one (D, P) each) will take, from the ``measured`` ((D, P),
+    seconds) so far; None before ``MIN_POINTS`` points were measured."""
+    if len(measured) < MIN_POINTS:
         return None
-    means = {p: statistics.fmean(t[-recent:]) for p, t in times_by_p.items() if t}
-    ps = sorted(means)
-    if len(ps) >= 2:
-        intercept, slope = _line(ps, [means[p] for p in ps])
-    else:
-        intercept, slope = means[ps[0]], 0.0
-    floor = min(means.values())
-    total = 0.0
-    for p, n in Counter(remaining).items():
-        per_point = means.get(p)
-        if per_point is None:
-            per_point = max(intercept + slope * p, floor)
-        total += n * per_point
-    return total
+    points = [pt for pt, _ in measured]
+    secs = np.array([s for _, s in measured], dtype=float)
+    ds = {d for d, _ in points}
+    terms = (len(ds & {0}) == 1 and len(ds) > 1, len(ds - {0}) >= 2, len({p for _, p in points}) >= 2)
+    coef, *_ = np.linalg.lstsq(_features(points, terms), secs, rcond=None)
+    todo = Counter(remaining)
+    if not todo:
+        return 0.0
+    keys = list(todo)
+    predicted = np.maximum(_features(keys, terms) @ coef, secs.min())
+    return float(sum(todo[k] * t for k, t in zip(keys, predicted, strict=True)))
 
 
 class PointClock:
-    """Each finished point's time under its P, and the points still to come (their P)."""
+    """Each finished point's time with its (D, P), the engine starts, and the points still to come."""
 
-    def __init__(self, remaining: Iterable[int]) -> None:
-        self.left = Counter(remaining)
-        self.times: dict[int, list[float]] = defaultdict(list)
-        self.last: float | None = None
-
-    def restart(self) -> None:
-        """Measuring (re)starts now: the engine start and warm-up before it belong to no point."""
+    def __init__(self, remaining: Iterable[tuple[int, int, int]]) -> None:
+        self.left = Counter(remaining)  # (chunk, D, P)
+        self.measured: list[tuple[Point, float]] = []
+        self.starts: list[float] = []
+        self.started: set[int] = set()
         self.last = time.monotonic()
 
-    def finished(self, p: int) -> None:
+    def measuring(self, chunk: int) -> None:
+        """Points of ``chunk`` start (again): the engine start and warm-up before belong to no point."""
         now = time.monotonic()
-        if self.last is not None:
-            self.times[p].append(now - self.last)
+        self.starts.append(now - self.last)
+        self.started.add(chunk)
         self.last = now
-        if self.left[p] > 0:
-            self.left[p] -= 1
+
+    def finished(self, chunk: int, d: int, p: int) -> None:
+        now = time.monotonic()
+        self.measured.append(((d, p), now - self.last))
+        self.last = now
+        if self.left[(chunk, d, p)] > 0:
+            self.left[(chunk, d, p)] -= 1
 
     def eta_s(self) -> float | None:
-        return remaining_s(self.times, self.left.elements())
+        points = remaining_s(self.measured, ((d, p) for _, d, p in self.left.elements()))
+        if points is None:
+            return None
+        chunks_ahead = {c for c, _, _ in self.left.elements()} - self.started
+        return points + len(chunks_ahead) * (statistics.fmean(self.starts) if self.starts else 0.0)

@@ -47,7 +47,7 @@ class _Display(ShardEvents):
         )
 
     def measuring(self, chunk: int) -> None:
-        self.clock.restart()
+        self.clock.measuring(chunk)
 
     def stored(self, stored: Stored) -> None:
         record = stored.record
@@ -56,7 +56,8 @@ class _Display(ShardEvents):
         else:
             self.invalid_attempts += 1
         if stored.done:
-            self.clock.finished(record.config.new_prefill_tokens)
+            c = record.config
+            self.clock.finished(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
             self.progress.update(self.task, eta=eta_text(self.clock.eta_s()))
             self.progress.advance(self.task)
 
@@ -103,7 +104,7 @@ class SweepRunner:
         total = self.sweep.points()
         if done := total - len(todo):
             self.console.print(f"resuming {self.folder.root.name}: {done}/{total} points already measured")
-        clock = PointClock(p for _, _, p, _ in todo)
+        clock = PointClock((c, d, p) for c, d, p, _ in todo)
         lag = LagMonitor()
         with progress_bar(self.console) as progress:
             task = progress.add_task("starting", total=total, completed=done, eta=eta_text(None))
