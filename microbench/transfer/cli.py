@@ -33,7 +33,7 @@ from benchcore.provenance import git_commit, hardware_info, new_run_id, package_
 from engine_harness.engines import engine_kind
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError
-from microbench.results.layout import RunFolderBusy
+from microbench.results.layout import RunFolderBusy, TransferFolder
 from microbench.results.records import Manifest
 from microbench.transfer.config import (
     TransferConfig,
@@ -41,7 +41,6 @@ from microbench.transfer.config import (
     list_connectors,
     load_transfer_config,
 )
-from microbench.transfer.folder import TransferFolder
 from microbench.transfer.report import finish_run
 from microbench.transfer.runner import TransferAborted, TransferRunner
 

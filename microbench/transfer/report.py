@@ -19,9 +19,9 @@ from analysis.transfer.breakdown import breakdown_table
 from analysis.transfer.figure import breakdown_figure
 from analysis.transfer.fit import TransferFit, fit_transfer, kv_bytes_per_token, link_profile, write_link
 from benchcore.atomic import atomic_write_bytes
+from microbench.results.layout import TransferFolder
 from microbench.results.transfer import records_frame
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 
 __all__ = ["contention_notes", "finish_run", "run_reference"]
 

@@ -31,9 +31,9 @@ from benchcore.console import console as make_console
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import EngineProcess, free_port, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
+from microbench.results.layout import TransferFolder, point_stem
 from microbench.results.transfer import Mode, TransferRecord
 from microbench.transfer.config import ConnectorPreset, TransferConfig, load_connector
-from microbench.transfer.folder import TransferFolder, point_stem
 from microbench.transfer.idle import deprioritize_spinners, sample_idle_cpu
 from microbench.transfer.measure import Measured, PointContext, measure_point
 from microbench.transfer.proxy import TransferProxy
