@@ -142,6 +142,12 @@ class JobFolder:
         manifest.notes.append(note)
         self.write_manifest(manifest)
 
+    def write_raw(self, rel: str, frame: pd.DataFrame) -> None:
+        """Stamps as parquet at ``rel`` (relative to the folder), atomically."""
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        atomic_write_bytes(self.root / rel, buf.getvalue())
+
 
 def new_manifest(
     folder: JobFolder,
@@ -257,11 +263,6 @@ class RunFolder(JobFolder):
             yield from sorted((self.root / sub).glob("*/*.json"))
 
     # -- writes ------------------------------------------------------------------------------------
-
-    def write_raw(self, rel: str, frame: pd.DataFrame) -> None:
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        atomic_write_bytes(self.root / rel, buf.getvalue())
 
     def write_scrapes(
         self, rel: str, before: Snapshot | None, after: Snapshot | None, names: MetricNames

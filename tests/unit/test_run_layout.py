@@ -1,4 +1,4 @@
-"""One run-folder convention: every job's manifest names the job, and a folder opens as the job that wrote it."""
+"""One run-folder convention: every manifest names its job; a folder opens as the job that wrote it."""
 
 from __future__ import annotations
 
@@ -34,5 +34,5 @@ def test_manifests_from_before_the_job_field_are_told_apart_by_their_records(tmp
 
 
 def test_a_folder_without_a_manifest_is_refused_with_its_name(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no manifest.json"):
+    with pytest.raises(ValueError, match=r"no manifest\.json"):
         job_folder(tmp_path)
