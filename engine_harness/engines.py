@@ -148,6 +148,9 @@ class EngineKind:
     # The environment variable a launched engine reads its API key from (None: only its command line,
     # which the engine echoes into its log, so the suite will not pass a key to it).
     api_key_var: str | None = None
+    metrics_from_engine: bool = (
+        False  # its metric names are read off its /metrics (metric_names.served_table)
+    )
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -278,7 +281,15 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_source=sglang_step_source,
             preset_aliases={"cpu": "sglang-cpu"},
         ),
-        EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
+        EngineKind(
+            "external",
+            False,
+            None,
+            VLLM_METRICS,
+            _no_argv,
+            lambda spec: dict(spec.env),
+            metrics_from_engine=True,
+        ),
         EngineKind(
             "sim",
             True,

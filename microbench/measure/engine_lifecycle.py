@@ -71,7 +71,7 @@ class EngineLifecycle:
             await engine.stop()
 
     def _record(self, chunk: int, engine: EngineProcess) -> None:
-        self.sink.engine_started(chunk, engine.version, engine.argv)
+        self.sink.engine_started(chunk, engine.version, engine.argv, engine.metrics)
         self.console.print(
             f"chunk {chunk}: {engine.spec.kind} {engine.version or ''} at {engine.base_url} "
             f"(start-up {engine.startup_s or 0:.1f} s)"
@@ -86,7 +86,7 @@ class EngineLifecycle:
             session,
             engine.base_url,
             engine.spec.model_name,
-            engine.kind.metrics,
+            engine.metrics,
             steps,
             engine.auth_headers,
             lag,

@@ -15,7 +15,7 @@ from typing import Protocol
 import pandas as pd
 
 from benchcore.redact import redact_argv
-from engine_harness.metric_names import MetricNames
+from engine_harness.metric_names import MetricNames, table_name
 from engine_harness.metrics import Snapshot
 from engine_harness.steps import EngineStep
 from microbench.results.faults import infrastructure_reasons
@@ -80,7 +80,9 @@ class PointSink(Protocol):
 
     def telemetry_path(self, chunk: int) -> Path: ...
 
-    def engine_started(self, chunk: int, version: str | None, argv: list[str]) -> None: ...
+    def engine_started(
+        self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames
+    ) -> None: ...
 
     def warmed(self, chunk: int, probes_ms: list[float], verified: bool) -> None: ...
 
@@ -162,9 +164,10 @@ class FolderSink:
     def telemetry_path(self, chunk: int) -> Path:
         return self.folder.telemetry_path(chunk)
 
-    def engine_started(self, chunk: int, version: str | None, argv: list[str]) -> None:
+    def engine_started(self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames) -> None:
         manifest = self.folder.read_manifest()
         manifest.engine_version = version
+        manifest.metric_names = table_name(metrics)  # what derive reads the stored scrapes with
         manifest.engine_argv[str(chunk)] = redact_argv(argv)  # no --api-key value in the manifest
         self.folder.write_manifest(manifest)
 

@@ -44,7 +44,7 @@ from pydantic import BaseModel
 from benchcore.atomic import atomic_write_bytes, write_model
 from benchcore.provenance import git_commit, hardware_info, package_versions
 from engine_harness.engines import engine_kind
-from engine_harness.metric_names import MetricNames
+from engine_harness.metric_names import METRIC_TABLES, MetricNames
 from engine_harness.metrics import Snapshot
 from microbench.results.derive import METRICS_READ, DeriveInputs, derive
 from microbench.results.faults import infrastructure_reasons
@@ -300,6 +300,8 @@ class RunFolder(JobFolder):
         """The run's protocol rules and metric names: fixed when the run starts, read once, not per point."""
         manifest = self.read_manifest()
         rules = ProtocolRules.model_validate(manifest.sweep.get("protocol", {}))
+        if manifest.metric_names is not None:
+            return rules, METRIC_TABLES[manifest.metric_names]
         return rules, engine_kind(str(manifest.engine_spec.get("kind", "vllm"))).metrics
 
     def inputs(self, obs: Observation) -> DeriveInputs:

@@ -275,6 +275,11 @@ class Manifest(StrictModel):
     engine_spec: dict[str, Any]
     engine_argv: dict[str, list[str]] = Field(default_factory=dict, description="per chunk size")
     engine_version: str | None
+    metric_names: str | None = Field(
+        None,
+        description="the metric table the run read /metrics with (engine_harness.metric_names.METRIC_TABLES; "
+        "an external engine's is what it serves); None: its engine kind's",
+    )
     warmup: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per chunk size: probe latencies (ms) and whether they settled"
     )
