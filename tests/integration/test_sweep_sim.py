@@ -189,3 +189,13 @@ def test_a_stop_signal_ends_cleanly_with_everything_measured_on_disk(
     assert len(measured) >= 3 and all(read_record(p, RunRecord).validity.valid for p in measured)
     table = pd.read_csv(tmp_path / "c" / "interference_table.csv")  # written from what was measured
     assert table.repetitions.sum() == len(measured)
+
+
+def test_off_a_terminal_an_eta_is_printed_from_the_third_point_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0], prefill_tokens=[256, 1024, 2048], repetitions=2)
+    assert main(["--config", str(sweep), "--out", str(tmp_path / "eta")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " points, " in line]
+    assert lines and lines[0].startswith("3/6 points, "), lines  # the first ETA comes at once
+    assert all(" in, ETA " in line and " in, ETA –" not in line for line in lines), lines
