@@ -28,6 +28,7 @@ import statsmodels.api as sm
 from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
+from analysis.robust import RobustFit, huber_fit
 from analysis.steps import CANDIDATES, PARAMS, regressors, schedule_injection, steps_frame, windows_frame
 from microbench.results.records import RunRecord
 
@@ -112,14 +113,14 @@ def _design(records: list[RunRecord]) -> tuple[pd.DataFrame, str]:
     return pd.concat(parts, ignore_index=True), data
 
 
-def _ols(frame: pd.DataFrame, cols: list[str]) -> Any:
+def _ols(frame: pd.DataFrame, cols: list[str]) -> RobustFit:
     """A robust fit on relative errors: every row divided by its measured time, so a 2 ms decode step
     counts as much as a 300 ms mixed one (step noise is multiplicative), and Huber's M-estimator
     (statsmodels RLM) so that a step a host stall stretched does not pull the coefficients. The scale
     comes from the measurements, never from a first-stage fit, which a negative intercept can drive to 0."""
     y = np.maximum(np.abs(frame["elapsed_ms"].to_numpy(float)), 1e-3)
     x = frame[cols].to_numpy(float) / y[:, None]
-    return sm.RLM(np.ones_like(y), x, M=sm.robust.norms.HuberT()).fit()
+    return huber_fit(np.ones_like(y), x)
 
 
 def _mape(y: np.ndarray, pred: np.ndarray) -> float:
@@ -189,7 +190,7 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
         model = str(ok.sort_values(["parameters", "loo_p_median_ape_pct"]).iloc[0]["model"])
     cols = CANDIDATES[model]
     result = _ols(frame, cols)
-    ci = result.conf_int(0.05)
+    ci = result.conf_int
     params = {PARAMS[c]: float(v) for c, v in zip(cols, result.params, strict=True)}
     cis = {PARAMS[c]: (float(lo), float(hi)) for c, (lo, hi) in zip(cols, ci, strict=True)}
     y = frame["elapsed_ms"].to_numpy(float)

@@ -30,10 +30,11 @@ import statsmodels.api as sm
 import yaml
 from pydantic import Field
 
+from analysis.robust import CannotFit, RobustFit, huber_fit
 from benchcore.atomic import atomic_write_bytes
 from benchcore.schema import StrictModel as Record
 
-__all__ = ["TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
+__all__ = ["NoTransferFit", "TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
 
 Target = Literal["handoff", "kv_xfer"]
 _COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
@@ -73,6 +74,9 @@ class TransferFit(Record):
         description="from the slope's interval (inf: open)"
     )
     r2: float | None = Field(description="R² over the times the robust fit kept (not the outliers)")
+    fit_note: str | None = Field(
+        default=None, description="a degenerate case the robust fit decided (an exact fit, a zero scale)"
+    )
     lopo_error_pct: float | None = Field(
         default=None,
         description="out-of-sample: median absolute % error of each P's times predicted by the fit "
@@ -87,6 +91,13 @@ class TransferFit(Record):
     max_ms: float
     resolvable: bool = Field(description="the slope's 95 % interval lies above zero")
     verdict: str = Field(description="one sentence a reader can act on")
+
+
+class NoTransferFit(Record):
+    """No line for ``target``, and why (too few points, no bytes axis, or data that cannot determine it)."""
+
+    target: Target
+    reason: str
 
 
 def _size_axis(rows: pd.DataFrame, kv_per_token: int | None) -> tuple[np.ndarray, str] | None:
@@ -118,8 +129,8 @@ def _verdict(
     )
 
 
-def _robust_line(mib: np.ndarray, y: np.ndarray) -> Any:
-    return sm.RLM(y, sm.add_constant(mib, has_constant="add"), M=sm.robust.norms.HuberT()).fit()
+def _robust_line(mib: np.ndarray, y: np.ndarray) -> RobustFit:
+    return huber_fit(y, sm.add_constant(mib, has_constant="add"))
 
 
 def _r2(y: np.ndarray, fitted: np.ndarray, weights: np.ndarray) -> float | None:
@@ -137,30 +148,43 @@ def _lopo(mib: np.ndarray, y: np.ndarray, prefill: np.ndarray) -> float | None:
     errors = []
     for p in np.unique(prefill):
         train, test = prefill != p, (prefill == p) & (y != 0)
-        setup, slope = _robust_line(mib[train], y[train]).params
+        try:
+            setup, slope = _robust_line(mib[train], y[train]).params
+        except CannotFit:
+            continue  # the other P cannot determine a line: this P is not predicted
         errors += list(np.abs(setup + slope * mib[test] - y[test]) / np.abs(y[test]) * 100)
     return float(np.median(errors)) if errors else None
 
 
 def fit_transfer(
     table: pd.DataFrame, kv_per_token: int | None, target: Target = "handoff"
-) -> TransferFit | None:
-    """Robust fit of ``target`` on KV bytes over the valid disaggregated rows (None: fewer than 3
-    points, fewer than 2 distinct P, or no bytes axis)."""
+) -> TransferFit | NoTransferFit:
+    """Robust fit of ``target`` on KV bytes over the valid disaggregated rows, or why there is none
+    (fewer than 3 points, fewer than 2 distinct P, no bytes axis, data that cannot determine a line)."""
     col = _COLUMNS[target]
     if table.empty or col not in table:
-        return None
+        return NoTransferFit(target=target, reason=f"no {col} column in the table")
     rows = table[(table["mode"] == "disaggregated") & table["valid"].astype(bool)].dropna(subset=[col])
     if len(rows) < 3 or rows["prefill_tokens"].nunique() < 2:
-        return None
+        return NoTransferFit(
+            target=target,
+            reason=f"{len(rows)} valid disaggregated points over {rows['prefill_tokens'].nunique()} P: "
+            "a line needs ≥ 3 points over ≥ 2 P",
+        )
     axis = _size_axis(rows, kv_per_token)
     if axis is None:
-        return None
+        return NoTransferFit(
+            target=target,
+            reason="no bytes axis: neither the connector's byte counter nor a model config.json",
+        )
     nbytes, x_source = axis
     mib = nbytes / 2**20
     y = rows[col].to_numpy(float)
-    res = _robust_line(mib, y)
-    (setup, slope), ci = res.params, res.conf_int(0.05)
+    try:
+        res = _robust_line(mib, y)
+    except CannotFit as err:
+        return NoTransferFit(target=target, reason=f"cannot fit: {err}")
+    (setup, slope), ci = res.params, res.conf_int
     prefill = rows["prefill_tokens"].to_numpy(int)
     slope_ci = (float(ci[1][0]), float(ci[1][1]))
     per_token = nbytes / rows["prefill_tokens"].to_numpy(float)
@@ -178,7 +202,8 @@ def fit_transfer(
         ms_per_mib_ci=slope_ci,
         bandwidth_gbit_s=bw,
         bandwidth_ci_gbit_s=(_gbit(slope_ci[1]), _gbit(slope_ci[0])) if slope > 0 else None,
-        r2=_r2(y, res.fittedvalues, res.weights),
+        r2=_r2(y, res.fitted, res.weights),
+        fit_note=res.note,
         downweighted_ms=sorted(float(v) for v in y[res.weights < OUTLIER_WEIGHT]),
         lopo_error_pct=_lopo(mib, y, prefill),
         residual_sd_ms=float(res.scale),

@@ -17,7 +17,14 @@ from rich.table import Table
 
 from analysis.transfer.breakdown import breakdown_table
 from analysis.transfer.figure import breakdown_figure
-from analysis.transfer.fit import TransferFit, fit_transfer, kv_bytes_per_token, link_profile, write_link
+from analysis.transfer.fit import (
+    NoTransferFit,
+    TransferFit,
+    fit_transfer,
+    kv_bytes_per_token,
+    link_profile,
+    write_link,
+)
 from benchcore.atomic import atomic_write_bytes
 from microbench.results.layout import TransferFolder
 from microbench.results.transfer import records_frame
@@ -75,7 +82,7 @@ def contention_notes(agg: pd.DataFrame, idle: dict[str, dict[str, dict[str, obje
     return notes
 
 
-def _fits(table: pd.DataFrame, cfg: TransferConfig) -> dict[str, TransferFit | None]:
+def _fits(table: pd.DataFrame, cfg: TransferConfig) -> dict[str, TransferFit | NoTransferFit]:
     spec = cfg.producer_spec()
     kv = kv_bytes_per_token(spec.model, spec.dtype)
     return {t: fit_transfer(table, kv, t) for t in ("kv_xfer", "handoff")}
@@ -93,11 +100,11 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
     agg = breakdown_table(table)
     atomic_write_bytes(folder.root / "breakdown.csv", agg.to_csv(float_format="%.4f").encode())
     fits = _fits(table, cfg)
-    body = {t: (f.model_dump(mode="json") if f else None) for t, f in fits.items()}
+    body = {t: f.model_dump(mode="json") for t, f in fits.items()}
     atomic_write_bytes(folder.root / "fit.json", (json.dumps(body, indent=2) + "\n").encode())
     notes = contention_notes(agg, folder.read_idle())
     link = fits.get("kv_xfer")
-    if link is not None:
+    if isinstance(link, TransferFit):
         profile = link_profile(link, run_reference(folder.root), cfg.connector, "; ".join(notes) + ".")
         write_link(folder.root / "link-measured-local.yaml", profile)
     footnotes = _footnotes(agg, cfg)
@@ -137,7 +144,7 @@ def _cell(value: object, digits: int = 1) -> str:
 
 
 def _print(
-    console: Console, agg: pd.DataFrame, fits: dict[str, TransferFit | None], notes: list[str]
+    console: Console, agg: pd.DataFrame, fits: dict[str, TransferFit | NoTransferFit], notes: list[str]
 ) -> None:
     t = Table(title="TTFT per P (ms): disaggregated parts of the median repetition; medians of the rest")
     for header, _ in _COLUMNS:
@@ -152,8 +159,8 @@ def _print(
         t.add_row(*cells, counts)
     console.print(t)
     for name, f in fits.items():
-        if f is None:
-            console.print(f"fit {name}: not enough valid points (≥ 3 points over ≥ 2 P, and a bytes axis)")
+        if isinstance(f, NoTransferFit):
+            console.print(f"fit {name}: no fit ({f.reason})")
             continue
         console.print(
             escape(

@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 from analysis.breakeven import LinkProfile
-from analysis.transfer.fit import fit_transfer, kv_bytes_per_token, link_profile, write_link
+from analysis.transfer.fit import (
+    NoTransferFit,
+    TransferFit,
+    fit_transfer,
+    kv_bytes_per_token,
+    link_profile,
+    write_link,
+)
 from microbench.transfer.config import (
     TransferConfig,
     TransferConfigError,
@@ -147,7 +154,7 @@ def test_fit_recovers_setup_and_bandwidth_and_writes_a_link_profile_the_analysis
 ) -> None:
     kv = 64 * 1024
     fit = fit_transfer(_synthetic(5.0, 10.0, kv, 0.05), kv, "handoff")
-    assert fit is not None and fit.n == 20
+    assert isinstance(fit, TransferFit) and fit.n == 20
     assert fit.setup_ms == pytest.approx(5.0, abs=0.1)
     assert fit.bandwidth_gbit_s == pytest.approx(10.0, rel=0.02)
     assert fit.r2 is not None and fit.r2 > 0.99
@@ -166,14 +173,14 @@ def test_one_stalled_transfer_does_not_tilt_the_link_and_the_fit_reports_its_out
     kv = 64 * 1024
     table = _synthetic(5.0, 10.0, kv, 0.05)
     clean = fit_transfer(table, kv, "handoff")
-    assert clean is not None and clean.lopo_error_pct is not None and clean.lopo_error_pct < 2.0
+    assert isinstance(clean, TransferFit) and clean.lopo_error_pct is not None and clean.lopo_error_pct < 2.0
     # one hand-off at the smallest P stalls for 400 ms (a scheduler hiccup): OLS would tilt the line
     # (setup +20 ms, the slope pulled down); the robust fit keeps setup and bandwidth
     stalled = table.copy()
     first = stalled.index[(stalled["mode"] == "disaggregated") & (stalled["prefill_tokens"] == 1024)][0]
     stalled.loc[first, "handoff_ms"] += 400.0
     fit = fit_transfer(stalled, kv, "handoff")
-    assert fit is not None
+    assert isinstance(fit, TransferFit)
     assert fit.setup_ms == pytest.approx(5.0, abs=0.3)
     assert fit.bandwidth_gbit_s == pytest.approx(10.0, rel=0.02)
     assert fit.lopo_error_pct is not None and fit.lopo_error_pct < 5.0  # the median ignores the one stall
@@ -182,32 +189,35 @@ def test_one_stalled_transfer_does_not_tilt_the_link_and_the_fit_reports_its_out
     assert fit.r2 is not None and fit.r2 > 0.99  # weighted as the fit weighted: the stall does not sink it
     # two P only: no line is left when one is held out, so no out-of-sample figure rather than a fake one
     two = table[table["prefill_tokens"].isin([1024, 2048])]
-    assert (two_fit := fit_transfer(two, kv, "handoff")) is not None and two_fit.lopo_error_pct is None
+    two_fit = fit_transfer(two, kv, "handoff")
+    assert isinstance(two_fit, TransferFit) and two_fit.lopo_error_pct is None
 
 
 def test_a_slope_whose_interval_spans_zero_is_not_resolvable_and_gives_a_flat_profile() -> None:
     kv = 1024
     flat = _synthetic(3.0, 1e9, kv, 0.2, seed=3)  # 1 Pbit/s: the size term is far below the noise
     fit = fit_transfer(flat, kv, "handoff")
-    assert fit is not None and not fit.resolvable
+    assert isinstance(fit, TransferFit) and not fit.resolvable
     lo, hi = fit.ms_per_mib_ci
     assert lo < 0 < hi and "not resolvable at these sizes" in fit.verdict
     profile = link_profile(fit, "results/r", "nixl-cpu")
     assert profile["fixed_ms"] == pytest.approx(fit.mean_ms, abs=1e-3) and "bandwidth_gbit_s" not in profile
     assert "not resolvable" in LinkProfile.model_validate(profile).description
-    assert fit_transfer(flat[flat["prefill_tokens"] == 1024], kv, "handoff") is None
+    one_p = fit_transfer(flat[flat["prefill_tokens"] == 1024], kv, "handoff")
+    assert isinstance(one_p, NoTransferFit) and "over 1 P" in one_p.reason
 
 
 def test_the_bytes_axis_is_the_connectors_counter_when_present_else_the_model_config() -> None:
     kv = 4096
     table = _synthetic(2.0, 20.0, kv, 0.01)
     counted = fit_transfer(table, None, "kv_xfer")  # no model config needed: NIXL counted the bytes
-    assert counted is not None and counted.x_source.startswith("connector bytes counter")
+    assert isinstance(counted, TransferFit) and counted.x_source.startswith("connector bytes counter")
     assert counted.bandwidth_gbit_s == pytest.approx(20.0, rel=1e-6) and counted.resolvable
     no_bytes = table.drop(columns="kv_bytes")
-    assert fit_transfer(no_bytes, None, "kv_xfer") is None
+    no_axis = fit_transfer(no_bytes, None, "kv_xfer")
+    assert isinstance(no_axis, NoTransferFit) and "no bytes axis" in no_axis.reason
     modelled = fit_transfer(no_bytes, kv, "kv_xfer")
-    assert modelled is not None and modelled.x_source.startswith("P × kv_bytes_per_token")
+    assert isinstance(modelled, TransferFit) and modelled.x_source.startswith("P × kv_bytes_per_token")
 
 
 def test_link_profiles_say_measured_with_their_run_or_assumed_with_the_assumption() -> None:

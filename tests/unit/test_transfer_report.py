@@ -139,7 +139,8 @@ def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_
     cfg8 = cfg.model_copy(update={"prefill_tokens": [1024, 4096, 8192]})
     assert "P [8192]: no valid point" in _finish(folder, cfg8)
     fit = json.loads((folder.root / "fit.json").read_text())
-    assert fit["kv_xfer"] is None and not (folder.root / "link-measured-local.yaml").exists()
+    assert "a line needs ≥ 3 points" in fit["kv_xfer"]["reason"]
+    assert not (folder.root / "link-measured-local.yaml").exists()
 
 
 def test_median_row_is_the_middle_repetition_and_the_lower_middle_for_even_counts() -> None:
