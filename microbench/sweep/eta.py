@@ -5,9 +5,9 @@ rate over the last seconds says nothing for minutes at a time ("ETA –" for who
 grows with P (its window spans the prefill) and with D: on ``results/reference-cpu`` a bare point (D = 0)
 took 0.1-1 s and a point of a decode batch 0.3-7 s, the batch's start and steady-state wait included. So
 every measured point's time (since the previous one ended) is kept with its (D, P), and a least-squares
-line ``t = c0 + c1·[D>0] + c2·D + c3·P + c4·D·P`` over them (the terms whose inputs varied so far) predicts
-each remaining point, never below the cheapest time seen. Engine starts ahead (one per chunk size not yet
-begun) cost what the starts so far cost.
+line ``t = c0 + c1·[D>0] + c2·D + c3·P + c4·D·P`` over them (the terms whose inputs varied so far; a D
+only once it was measured at every P) predicts each remaining point, never below the cheapest time
+seen. Engine starts ahead (one per chunk size not yet begun) cost what the starts so far cost.
 """
 
 from __future__ import annotations
@@ -47,15 +47,21 @@ def remaining_s(measured: Sequence[tuple[Point, float]], remaining: Iterable[Poi
     seconds) so far; None before ``MIN_POINTS`` points were measured."""
     if len(measured) < MIN_POINTS:
         return None
-    points = [pt for pt, _ in measured]
-    secs = np.array([s for _, s in measured], dtype=float)
-    ds = {d for d, _ in points}
-    terms = (len(ds & {0}) == 1 and len(ds) > 1, len(ds - {0}) >= 2, len({p for _, p in points}) >= 2)
-    coef, *_ = np.linalg.lstsq(_features(points, terms), secs, rcond=None)
     todo = Counter(remaining)
     if not todo:
         return 0.0
     keys = list(todo)
+    # A decode batch size enters the fit once it has been measured at every P (its first point carries
+    # the batch's start: alone, it would steepen the line in D far beyond what the level costs).
+    n_p = len({p for (_, p), _ in measured} | {p for _, p in keys})
+    per_d = Counter(d for (d, _), _ in measured)
+    complete = [m for m in measured if per_d[m[0][0]] >= n_p]
+    fitted = complete if len(complete) >= MIN_POINTS else list(measured)
+    points = [pt for pt, _ in fitted]
+    secs = np.array([s for _, s in fitted], dtype=float)
+    ds = {d for d, _ in points}
+    terms = (len(ds & {0}) == 1 and len(ds) > 1, len(ds - {0}) >= 2, len({p for _, p in points}) >= 2)
+    coef, *_ = np.linalg.lstsq(_features(points, terms), secs, rcond=None)
     predicted = np.maximum(_features(keys, terms) @ coef, secs.min())
     return float(sum(todo[k] * t for k, t in zip(keys, predicted, strict=True)))
 

@@ -65,3 +65,13 @@ def test_the_clock_charges_engine_starts_to_no_point_and_predicts_the_ones_ahead
     points_only = remaining_s(clock.measured, [(d, p) for _, d, p in clock.left.elements()])
     assert points_only is not None and etas[-1] == pytest.approx(points_only + 60.0)  # chunk 8192's start
     assert sum(clock.left.values()) == len(grid) - 4
+
+
+def test_a_decode_batch_size_enters_the_fit_only_once_measured_at_every_p() -> None:
+    ps = [256, 1024, 2048, 4096]
+    pts = [(d, p) for d in (0, 2) for _ in range(2) for p in ps]
+    measured = [(pt, 0.4 + 0.001 * i) for i, pt in enumerate(pts)]  # a little noise, as measured
+    measured.append(((4, 256), 20.0))  # D = 4's first point carries its batch's start
+    remaining = [(4, p) for p in ps[1:]] + [(8, p) for _ in range(2) for p in ps]
+    eta = remaining_s(measured, remaining)
+    assert eta is not None and eta == pytest.approx(0.41 * len(remaining), rel=0.25)
