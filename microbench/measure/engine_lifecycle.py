@@ -19,7 +19,8 @@ from engine_harness.telemetry import TelemetrySampler, default_source, engine_vi
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
 from microbench.client.retry import with_retry
-from microbench.measure.interference import EngineClient, warm_up
+from microbench.measure.engine_client import EngineClient
+from microbench.measure.interference import warm_up
 from microbench.measure.sink import PointSink
 from microbench.measure.timing import Timing
 

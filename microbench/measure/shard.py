@@ -20,18 +20,11 @@ from rich.console import Console
 
 from engine_harness.launch import EngineProcess
 from microbench.client.aio import LagMonitor, no_full_collections
+from microbench.measure.decode_batch import DecodeBatch, measure_baseline
+from microbench.measure.engine_client import EngineClient, NotSteady, ProtocolError, wait_idle
 from microbench.measure.engine_lifecycle import EngineLifecycle, SweepAborted
 from microbench.measure.faults import FaultBudget, InfrastructureFault, batch_fault, infrastructure_error
-from microbench.measure.interference import (
-    DecodeBatch,
-    EngineClient,
-    NotSteady,
-    ProtocolError,
-    inject,
-    measure_baseline,
-    raw_frame,
-    wait_idle,
-)
+from microbench.measure.interference import inject, raw_frame
 from microbench.measure.plan import ShardPlan
 from microbench.measure.sink import Attempt, PointSink, Stored
 from microbench.measure.timing import Timing
