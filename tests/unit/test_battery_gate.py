@@ -79,7 +79,7 @@ def test_a_max_below_a_sustainable_level_fails_loudly_and_is_not_swapped() -> No
     minimum = markdown_minimum(report)
     assert minimum.startswith("CONSISTENCY GATE FAILED")
     assert f"Max Throughput: {rows[0].output_tps:.1f}" in minimum  # shown as measured, not replaced
-    assert "class='gate'" in html_report(report, None)
+    assert 'class="gate"' in html_report(report, None)
 
 
 def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
