@@ -98,9 +98,10 @@ class EngineKind:
     # The environment variable a launched engine reads its API key from (None: only its command line,
     # which the engine echoes into its log, so the suite will not pass a key to it).
     api_key_var: str | None = None
-    metrics_from_engine: bool = (
-        False  # its metric names are read off its /metrics (metric_names.served_table)
-    )
+    # Its metric names are read off its /metrics (metric_names.served_table), not assumed.
+    metrics_from_engine: bool = False
+    # Settings only some kinds read (a definition's engine: mapping may set them for this kind; settings.py).
+    reads: frozenset[str] = frozenset()
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -125,6 +126,11 @@ def _no_argv(spec: EngineSpec, port: int) -> list[str]:
     raise RuntimeError(f"engine kind {spec.kind!r} is not launched by the suite: it is reached at url=")
 
 
+# Settings vLLM and SGLang both read (the sim and an external engine do not)
+_GPU_SETTINGS = frozenset(
+    {"enforce_eager", "gpu_memory_utilization", "load_format", "dtype", "log_iteration_details"}
+)
+
 ENGINE_KINDS: dict[str, EngineKind] = {
     k.name: k
     for k in (
@@ -141,6 +147,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             kv_connectors=True,
             cpu_thread_binding=True,
             api_key_var="VLLM_API_KEY",
+            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind"},
         ),
         EngineKind(
             "sglang",
@@ -158,6 +165,8 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_settings={"log_iteration_details": True},
             step_source=sglang_step_source,
             preset_aliases={"cpu": "sglang-cpu", "h100": "sglang-h100", "h20": "sglang-h20"},
+            reads=_GPU_SETTINGS
+            | {"mixed_chunk", "device", "attention_backend", "overlap_schedule", "max_total_tokens"},
         ),
         EngineKind(
             "external",
@@ -178,6 +187,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_source=sim_step_source,
             scheduling=sim_scheduling,
             api_key_var=SIM_API_KEY_VAR,
+            reads=frozenset({"mixed_chunk"}),
         ),
     )
 }
