@@ -37,10 +37,8 @@ class _Display(ShardEvents):
         self.clock = clock
         self.invalid_attempts = 0
         self.last_ratio: float | None = None
-        self.text = "starting"
 
     def describe(self, text: str) -> None:
-        self.text = text
         ratio = f"{self.last_ratio:.2f}×" if self.last_ratio is not None else "–"
         self.progress.update(
             self.task, description=f"{text} · last penalty ratio {ratio} · invalid {self.invalid_attempts}"
