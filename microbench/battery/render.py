@@ -14,7 +14,7 @@ from microbench.battery.gate import check_report
 from microbench.battery.plots import caption_for
 from microbench.battery.report import BatteryReport, Table, TestResult, capacity_rows, num
 from microbench.battery.sections.ttft import TtftData
-from microbench.battery.sustainable import Capacity
+from microbench.measure.sustainable import Capacity
 
 __all__ = ["gate_lines", "html_report", "markdown_full", "markdown_minimum"]
 

@@ -14,8 +14,8 @@ from pydantic import BeforeValidator, Field, SerializeAsAny
 from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
-from microbench.battery.levels import verdict_text
-from microbench.battery.sustainable import Capacity
+from microbench.measure.levels import verdict_text
+from microbench.measure.sustainable import Capacity
 
 __all__ = [
     "TEST_DATA",
