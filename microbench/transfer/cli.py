@@ -34,11 +34,10 @@ from engine_harness.engines import engine_kind
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.kv_connectors import CONNECTOR_DISTRIBUTIONS, list_connectors
 from engine_harness.launch import EngineError
-from microbench.results.layout import RunFolderBusy
+from microbench.results.layout import RunFolderBusy, TransferFolder
 from microbench.results.records import Manifest
 from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
 from microbench.transfer.engine_pair import TransferAborted
-from microbench.transfer.folder import TransferFolder
 from microbench.transfer.report import finish_run
 from microbench.transfer.runner import TransferRunner
 

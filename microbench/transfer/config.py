@@ -15,8 +15,9 @@ from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, engine_kind, spec_from_settings
+from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.kv_connectors import ConnectorError, ConnectorPreset, load_connector
+from engine_harness.settings import EngineSettings
 from microbench.results.transfer import Mode
 
 __all__ = ["TransferConfig", "TransferConfigError", "load_transfer_config"]
@@ -64,9 +65,8 @@ class TransferConfig(StrictModel):
     consumer_args: list[str] = Field(
         default_factory=list, description="extra argv of the consumer only (e.g. a sim fault)"
     )
-    engine: dict[str, Any] = Field(
-        default_factory=lambda: {"preset": "cpu"},
-        description="engine settings: preset plus EngineSpec fields",
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="engine settings: preset plus EngineSpec fields"
     )
     pause_s: float = Field(
         0.5, ge=0, description="idle time before each point, so the previous hand-off's bookkeeping is done"
@@ -116,7 +116,7 @@ class TransferConfig(StrictModel):
             raise ValueError(str(exc)) from None
 
     def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
-        spec = spec_from_settings(self.engine, chunk_size=chunk)  # None: the preset's own
+        spec = self.engine.resolve(chunk_size=chunk)  # None: the preset's own
         if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
             spec = spec.model_copy(update={"cpu_threads_bind": cores})
         return spec

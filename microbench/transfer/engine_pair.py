@@ -27,8 +27,8 @@ from engine_harness.kv_connectors import (
 )
 from engine_harness.launch import EngineProcess
 from engine_harness.process_group import parse_cores, pin_group
+from microbench.results.layout import TransferFolder
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 
 __all__ = ["TransferAborted", "alone_engine", "check_runnable", "engine_pair"]
 

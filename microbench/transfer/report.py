@@ -26,9 +26,9 @@ from analysis.transfer.fit import (
 )
 from benchcore.atomic import atomic_write_bytes
 from engine_harness.model_kv import read_model_kv
+from microbench.results.layout import TransferFolder
 from microbench.results.transfer import records_frame
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 
 __all__ = ["contention_notes", "finish_run", "run_reference"]
 

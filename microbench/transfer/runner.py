@@ -28,10 +28,10 @@ from engine_harness.kv_connectors import load_connector
 from engine_harness.launch import EngineProcess, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
 from microbench.measure.pd_proxy import PDProxy
+from microbench.results.layout import TransferFolder, point_stem
 from microbench.results.transfer import Mode, TransferRecord
 from microbench.transfer.config import TransferConfig
 from microbench.transfer.engine_pair import TransferAborted, alone_engine, check_runnable, engine_pair
-from microbench.transfer.folder import TransferFolder, point_stem
 from microbench.transfer.measure import Measured, PointContext, measure_point
 
 Point = tuple[Mode, int, int]

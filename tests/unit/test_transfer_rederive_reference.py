@@ -10,8 +10,8 @@ import pytest
 import yaml
 from rich.console import Console
 
+from microbench.results.layout import TransferFolder
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 from microbench.transfer.report import finish_run
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"

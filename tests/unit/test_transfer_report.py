@@ -12,9 +12,9 @@ import yaml
 
 from analysis.breakeven import LinkProfile
 from analysis.transfer.breakdown import breakdown_table
+from microbench.results.layout import TransferFolder
 from microbench.results.transfer import EngineSide, Phases, TransferRecord
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 from microbench.transfer.report import finish_run
 
 KV = 1024  # bytes per token of the bundled tiny model in float32
