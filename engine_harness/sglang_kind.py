@@ -1,7 +1,7 @@
 """SGLang as an engine kind: its command line, environment, interpreter and a dry run of its own parser.
 
 SGLang runs in its own environment where one was set up (``.venv-sglang``: ``SETUP_ENGINE=sglang-cpu
-bash scripts/setup.sh`` on a CPU box, see ../shared/DESIGN.md §2), else in the suite's interpreter
+bash scripts/setup.sh`` on a CPU box, see docs/design.md §2), else in the suite's interpreter
 (``SETUP_ENGINE=sglang`` on a GPU box). Before a start, SGLang's own ``prepare_server_args`` parses the
 argv in that interpreter, so a flag it does not accept fails at once with SGLang's message instead of
 after a minute of imports.
