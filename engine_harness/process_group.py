@@ -16,6 +16,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 
 import psutil
 
@@ -45,6 +46,11 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    # SIGKILL is delivered, not yet done: a member may still be exiting (a busy box takes its time), and
+    # a stop that returns before the group is gone lets the next engine start beside it.
+    deadline = time.monotonic() + 5
+    while group_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     _LIVE.discard(proc)
 
 
