@@ -22,7 +22,7 @@ import os
 import shlex
 import sys
 import time
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.render import gate_lines
 from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
 from microbench.battery.warmup import warm_up
+from microbench.results.layout import hold_folder
 from microbench.workloads.reference import WORKLOADS
 from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
 
@@ -236,7 +237,7 @@ async def _served(base_url: str, api_key_env: str | None) -> tuple[str, int | No
         ) from None
 
 
-async def _run(args: argparse.Namespace, out: Path) -> int:
+async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
     s = _settings(args)
     names = s["tests"]
     try:
@@ -247,7 +248,7 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
     _check_inputs(args, s)
     if args.engine == "external":
         await _served(args.url, args.api_key_env)  # a wrong URL is found before the output folder exists
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before any load runs)
+    held.enter_context(hold_folder(out))  # one writer per folder, taken once the inputs are checked
     async with AsyncExitStack() as stack:
         engine = await _engine(args, s["arms"], stack, out)
         model, max_len = await _served(engine.base_url, engine.api_key_env)
@@ -303,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         where.append(_out(args))
         try:
-            return asyncio.run(_run(args, where[0]))
+            with ExitStack() as held:
+                return asyncio.run(_run(args, where[0], held))
         except EngineError as exc:  # an engine that would not start or died: finished tests are kept
             kept = (where[0] / "state" / "context.json").is_file()
             hint = f"; finished tests are kept: continue with --resume --out {where[0]}" if kept else ""

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from microbench.loadgen.events import JsonlEventWriter
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
+from microbench.results.layout import hold_folder
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
@@ -85,9 +87,13 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in (("--requests", args.requests), ("--warmup-requests", args.warmup_requests)):
         if value is not None and value < (1 if flag == "--requests" else 0):
             raise BadInput(f"{flag} must be ≥ {1 if flag == '--requests' else 0} (got {value})")
+    if args.cv is not None and not args.cv > 0:
+        raise BadInput(f"--cv must be > 0 (got {args.cv})")
+    if args.requests is None and args.duration is None:
+        raise BadInput("a stage needs an end: give --requests N, --duration T or both")
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
     _check(args)
     try:
         spec = _workload_spec(args.workload, args.max_model_len)
@@ -112,7 +118,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         stages.append(
             Stage.scheduled("warmup", warm, requests, max_requests=args.warmup_requests, warmup=True)
         )
-    scheduler = parse_scheduler(params)
+    try:
+        scheduler = parse_scheduler(params)
+    except ValueError as exc:  # a bad --cv, a missing or unreadable --trace-file: named by the scheduler
+        raise BadInput(f"--scheduler {args.scheduler}: {exc}") from None
     limits = {"max_requests": args.requests, "duration_s": args.duration}
     if axis is not None:
         stages += sweep_stages(scheduler, loads, requests, **limits)
@@ -121,7 +130,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     settings = SessionSettings(
         base_url=args.url, api=ApiSettings(model=model, api=args.api), drain_timeout_s=args.drain_timeout
     )
-    args.out.mkdir(parents=True, exist_ok=True)
+    held.enter_context(hold_folder(args.out))  # one writer per folder, taken once the inputs are checked
     writer = JsonlEventWriter(args.out / "events.jsonl") if args.events else None
     try:
         async with LoadSession(settings, hooks=[writer] if writer else []) as session:
@@ -144,7 +153,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out = args.out or Path("results") / f"load-{time.strftime('%Y%m%d-%H%M%S')}"
-    return run_cli(lambda: _report(aio.run(_run(args))), lambda: args.out)
+
+    def body() -> int:
+        with ExitStack() as held:
+            return _report(aio.run(_run(args, held)))
+
+    return run_cli(body, lambda: args.out)
 
 
 def _report(summary: dict[str, Any]) -> int:

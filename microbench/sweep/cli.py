@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import new_run_id
@@ -36,7 +34,7 @@ from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
 from microbench.measure.engine_lifecycle import SweepAborted
-from microbench.results.layout import RunFolder, RunFolderBusy, new_manifest
+from microbench.results.layout import RunFolder, new_manifest
 from microbench.sweep.config import SweepConfig, SweepConfigError, load_sweep
 from microbench.sweep.runner import SweepRunner
 
@@ -225,23 +223,11 @@ def _problem(exc: Exception) -> str:
     return str(exc)
 
 
-def _lock(folder: RunFolder) -> filelock.BaseFileLock:
-    try:
-        lock = folder.lock()
-        lock.acquire()
-    except RunFolderBusy as exc:
-        raise BadInput(str(exc)) from None
-    except OSError as exc:
-        raise BadInput(f"cannot write the run folder {folder.root}: {exc}; choose another --out") from None
-    return lock
-
-
 def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
     folder, sweep, resumed = _resolve_run(args)
     state["out"] = folder.root
     resume = f"python -m microbench.sweep --resume --out {folder.root}"
-    lock = _lock(folder)
-    try:
+    with folder.lock():
         if not resumed:
             try:
                 _write_manifest(folder, sweep)
@@ -267,8 +253,6 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
         finally:
             runner.finish()
         return EXIT_FAILURES if runner.invalid_points() else 0
-    finally:
-        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:

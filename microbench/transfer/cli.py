@@ -34,7 +34,7 @@ from engine_harness.engines import engine_kind
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.kv_connectors import CONNECTOR_DISTRIBUTIONS, list_connectors
 from engine_harness.launch import EngineError
-from microbench.results.layout import RunFolderBusy, TransferFolder
+from microbench.results.layout import TransferFolder
 from microbench.results.records import Manifest
 from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
 from microbench.transfer.engine_pair import TransferAborted
@@ -215,11 +215,8 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
     except TransferConfigError as exc:
         raise BadInput(str(exc)) from None
     state["out"] = folder.root
-    try:
-        with folder.lock():
-            return _measure(folder, cfg, resumed)
-    except RunFolderBusy as exc:
-        raise BadInput(str(exc)) from None
+    with folder.lock():
+        return _measure(folder, cfg, resumed)
 
 
 def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import yaml
 
+from engine_harness.launch import free_port
 from microbench.results.records import Observation, RunRecord, read_record
 
 __all__ = [
@@ -19,6 +25,7 @@ __all__ = [
     "assert_clear_error",
     "assert_intact",
     "assert_no_engine_left",
+    "start_sim",
 ]
 
 STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
@@ -93,3 +100,19 @@ def assert_no_engine_left() -> None:
     children = psutil.Process().children(recursive=True)
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def start_sim(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A sim engine started by hand with ``flags``, once it answers /health: its process and URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port), *STEP_ARGS]
+    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1):
+                return proc, url
+        except (urllib.error.URLError, OSError):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)

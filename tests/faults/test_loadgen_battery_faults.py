@@ -4,16 +4,11 @@ labelled ``refused``, a stream the engine cut mid-way ``cut``."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_checks import STEP_ARGS, Place, assert_clear_error
+from fault_checks import Place, assert_clear_error, start_sim
 
 from engine_harness.launch import free_port
 from microbench.battery.cli import main as battery
@@ -34,49 +29,44 @@ BAD_LOGNORMAL = BAD_UNIFORM.replace(
 WORKLOAD = "synthetic-uniform"
 
 
-def _start_sim(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port), *STEP_ARGS]
-    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1):
-                return proc, url
-        except (urllib.error.URLError, OSError):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-
-
 @pytest.fixture
 def sim(request: pytest.FixtureRequest) -> Iterator[str]:
     """A sim engine started by hand with ``request.param`` (extra sim flags); yields its URL."""
-    proc, url = _start_sim(*getattr(request, "param", ()))
+    proc, url = start_sim(*getattr(request, "param", ()))
     yield url
     proc.kill()
     proc.wait()
 
 
+END = ["--requests", "3"]  # every case but "no-end" gives its stages an end
+W1 = ["--workload", WORKLOAD, "--rate", "1"]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--workload", "{uniform}", "--rate", "1"], "max (16) is below min (32)"),
-        (["--workload", "{lognormal}", "--rate", "1"], "sigma: Input should be greater than 0"),
-        (["--workload", WORKLOAD, "--concurrency", "0"], "--concurrency must be > 0"),
-        (["--workload", WORKLOAD, "--rate", "-5"], "--rate must be > 0"),
+        (["--workload", "{uniform}", "--rate", "1", *END], "max (16) is below min (32)"),
+        (["--workload", "{lognormal}", "--rate", "1", *END], "sigma: Input should be greater than 0"),
+        (["--workload", WORKLOAD, "--concurrency", "0", *END], "--concurrency must be > 0"),
+        (["--workload", WORKLOAD, "--rate", "-5", *END], "--rate must be > 0"),
         (["--workload", WORKLOAD, "--rate", "1", "--requests", "0"], "--requests must be ≥ 1"),
-        (["--workload", WORKLOAD, "--rate", "1"], "no model list at http://127.0.0.1:1/v1/models"),
-        (["--workload", WORKLOAD, "--rate", "1", "--token-range", "9:2"], "0 <= lo < hi"),
+        (["--workload", WORKLOAD, "--rate", "1", *END], "no model list at http://127.0.0.1:1/v1/models"),
+        (["--workload", WORKLOAD, "--rate", "1", "--token-range", "9:2", *END], "0 <= lo < hi"),
+        ([*W1, "--scheduler", "gamma", "--cv", "-1", *END], "--cv must be > 0"),
+        ([*W1, "--scheduler", "trace", "--model", "m", *END], "--scheduler trace"),
+        ([*W1, "--scheduler", "trace", "--trace-file", "{missing}", "--model", "m", *END], "does not exist"),
+        (["--workload", WORKLOAD, "--rate", "1"], "give --requests N, --duration T or both"),
     ],
-    ids=["uniform", "lognormal", "concurrency0", "rate-5", "requests0", "closed-port", "token-range"],
-)
+    ids=["uniform", "lognormal", "concurrency0", "rate-5", "requests0", "closed-port", "token-range", "cv-1",
+         "trace-without-file", "trace-missing", "no-end"],
+)  # fmt: skip
 def test_row6_loadgen_bad_input_is_one_line_and_exit_2(
     place: Place, run, argv: list[str], needle: str
 ) -> None:
     (place.tmp / "u.yaml").write_text(BAD_UNIFORM)
     (place.tmp / "l.yaml").write_text(BAD_LOGNORMAL)
-    argv = [a.format(uniform=place.tmp / "u.yaml", lognormal=place.tmp / "l.yaml") for a in argv]
+    files = {"uniform": "u.yaml", "lognormal": "l.yaml", "missing": "no.csv"}
+    argv = [a.format(**{k: place.tmp / v for k, v in files.items()}) for a in argv]
     out = place.tmp / "load"
     outcome = run(loadgen, "run", *argv, "--url", "http://127.0.0.1:1", "--out", out)
     assert outcome.code == 2

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from microbench.results.layout.jobs import JOBS, JobFolder, RunFolderBusy, new_manifest
+from microbench.results.layout.jobs import JOBS, JobFolder, RunFolderBusy, hold_folder, new_manifest
 from microbench.results.layout.sweep import RunFolder, attempt_stem
 from microbench.results.layout.transfer import TransferFolder, point_stem
 from microbench.results.records import Manifest
@@ -44,6 +44,7 @@ __all__ = [
     "RunFolderBusy",
     "TransferFolder",
     "attempt_stem",
+    "hold_folder",
     "job_folder",
     "new_manifest",
     "point_stem",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -11,17 +13,18 @@ import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
+from benchcore.cli import BadInput
 from benchcore.provenance import git_commit, hardware_info, package_versions
 from microbench.results.records import Manifest, read_record
 
-__all__ = ["JOBS", "JobFolder", "RunFolderBusy", "new_manifest"]
+__all__ = ["JOBS", "JobFolder", "RunFolderBusy", "hold_folder", "new_manifest"]
 
 JOBS = ("sweep", "transfer", "battery")
 REPO = Path(__file__).resolve().parents[3]
 
 
-class RunFolderBusy(RuntimeError):
-    """Another process is writing this run folder."""
+class RunFolderBusy(BadInput):
+    """Another process is writing this run folder (bad input: exit 2, the message says what to do)."""
 
 
 class _RunLock(filelock.FileLock):
@@ -35,8 +38,8 @@ class _RunLock(filelock.FileLock):
             return super().acquire(*args, **kwargs)
         except filelock.Timeout:
             raise RunFolderBusy(
-                f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
-                "the same run); wait for it to finish or stop it, then --resume"
+                f"{Path(self.lock_file).parent} is being written by another process (another run or --resume "
+                "into the same --out); wait for it to finish or stop it, or choose another --out"
             ) from None
 
 
@@ -64,10 +67,9 @@ class JobFolder:
             manifest = manifest.model_copy(update={"job": self.JOB})
         write_model(self.manifest_path, manifest)
 
-    def lock(self) -> filelock.BaseFileLock:
+    def lock(self) -> contextlib.AbstractContextManager[None]:
         """One writer per run folder: a second run (or ``--resume``) of the same folder is refused."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return _RunLock(self.root / ".lock")
+        return hold_folder(self.root)
 
     def add_note(self, note: str) -> None:
         """Append one line to the manifest's notes (infrastructure faults, restarts): the run's log book."""
@@ -80,6 +82,25 @@ class JobFolder:
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False)
         atomic_write_bytes(self.root / rel, buf.getvalue())
+
+
+@contextlib.contextmanager
+def hold_folder(root: Path) -> Iterator[None]:
+    """The one writer's lock of a run folder, taken by every command that writes one (sweep, transfer,
+    battery, load generator): the folder is created, and a second writer into it, or a folder that cannot
+    be created or locked (read-only, a file in the way), is bad input (``BadInput``: exit 2)."""
+    lock = _RunLock(root / ".lock")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as exc:
+        raise BadInput(
+            f"cannot write the run folder {root}: {exc.strerror or exc}; choose another --out"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def new_manifest(
