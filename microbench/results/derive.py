@@ -29,6 +29,7 @@ from microbench.results.records import (
     Validity,
 )
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
+from microbench.results.validity import implausible_steps
 from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
 
 __all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
@@ -302,6 +303,7 @@ def derive(inp: DeriveInputs) -> RunRecord:
             reasons.append(obs.decode_failure)
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
+    reasons += implausible_steps(obs.engine_steps or [])  # a frozen engine's step is not interference
     exclusive = cfg.scheduling == "exclusive"
     steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, exclusive)
     chunks = count_chunks(

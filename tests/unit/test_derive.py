@@ -226,3 +226,15 @@ def test_a_transcribed_vllm_step_log_with_a_partial_last_chunk() -> None:
     assert ps.penalty_last_ms() == pytest.approx(7.73 - 1.925)
     assert ps.total_penalty_ms() == pytest.approx(119.31 + 7.73 - 2 * 1.925)
     assert count_chunks(len(ps.prefill), None, 2).used == 2
+
+
+def test_an_engine_frozen_in_a_step_invalidates_the_point_with_its_reason() -> None:
+    # The same point as the burst-read case, but the engine was frozen 30 s in the decode step after the
+    # prefill (SIGSTOP/SIGCONT, issue #33): its step log says so, against the point's other decode steps.
+    reads = [*_steady(100), (110.0, 1), *[(150.0, 1)] * 3, (170.0, 1), (180.0, 1), (190.0, 1)]
+    frozen = [*TWO_CHUNKS[:4], TWO_CHUNKS[4].model_copy(update={"elapsed_ms": 30_050.0})]
+    args = (_stamps({0: reads}, [160.0]), BASELINE, _snap(0, 0), _snap(0, 512), RULES, VLLM)
+    assert derive(DeriveInputs(_obs(1, 105, 160, engine_steps=TWO_CHUNKS), *args)).validity.valid
+    rec = derive(DeriveInputs(_obs(1, 105, 160, engine_steps=frozen), *args))
+    assert not rec.validity.valid
+    assert [r for r in rec.validity.reasons if "engine step 4 took 30050 ms for 1 tokens" in r]
