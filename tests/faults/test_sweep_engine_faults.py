@@ -19,7 +19,7 @@ from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, as
 
 from engine_harness.launch import free_port
 from microbench.results.faults import infrastructure_reasons
-from microbench.results.records import RunRecord, read_record
+from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
 
@@ -157,3 +157,39 @@ def test_row4_a_closed_port_gives_up_in_the_time_asked(place: Place, run) -> Non
     assert_clear_error(outcome, f"nothing answered at {url}/health for 2 s", "is the external engine running")
     assert "engine-512.log" not in outcome.text
     assert_intact(out)
+
+
+def test_an_engine_frozen_mid_point_leaves_no_valid_point_with_the_stall(place: Place) -> None:
+    # SIGSTOP the engine for 3 s, twice, while points are measured (issue #33: a 30 s freeze gave a valid
+    # point with a 30 005 ms step, and the step model fitted it). The stalled step is in the attempt's
+    # observation; the attempt holding it is invalid, naming the stall; the sweep still completes.
+    cfg = place.sweep_yaml(max_attempts=3)
+    out = place.tmp / "run"
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for n_done in (2, 6):
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("runs/*/*.json"))) < n_done:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)  # inside the next point
+        (engine,) = psutil.Process(proc.pid).children()
+        os.killpg(engine.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.killpg(engine.pid, signal.SIGCONT)
+    text, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 12 and all(r.validity.valid for r in records)
+    verdicts = {
+        (r.run_id, r.validity.attempt): r.validity
+        for r in [*records, *(read_record(p, RunRecord) for p in out.glob("invalid/*/*.json"))]
+    }
+    stalled = [
+        o for o in (read_record(p, Observation) for p in out.glob("observed/*/*.json"))
+        if any((s.elapsed_ms or 0) > 2500 for s in o.engine_steps or [])
+    ]  # fmt: skip
+    assert stalled, "no freeze landed inside a step"
+    for o in stalled:
+        validity = verdicts[(o.run_id, o.attempt)]
+        assert not validity.valid and any("the engine stalled" in r for r in validity.reasons)
