@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--slow-start-s", type=float)
     a("--die-after-requests", type=int)
     a("--die-at-s", type=float)
+    a("--death", choices=["crash", "vllm"], help="how the engine dies (crash: the port closes at once)")
     a("--stall-step", type=int)
     a("--stall-s", type=float)
     a("--kv-transfer-setup-ms", type=float, help="simulated KV link: fixed cost per hand-off (ms)")
@@ -79,6 +80,7 @@ _FAULT_KEYS = (
     "slow_start_s",
     "die_after_requests",
     "die_at_s",
+    "death",
     "stall_step",
     "stall_s",
 )
@@ -112,6 +114,10 @@ async def _serve(config: SimConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGUSR1: the engine dies, the way --death says, as the next cold prompt prefills (the fault tier's
+    # "kill the engine core during an injection")
+    reason = "SIGUSR1: the engine core was killed"
+    loop.add_signal_handler(signal.SIGUSR1, setattr, server.engine, "die_in_prefill", reason)
     await server.start()
     print(
         f"{SIM_VERSION} serving {config.model!r} on {server.base_url} (mode {config.mode}, "

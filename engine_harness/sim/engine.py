@@ -158,6 +158,7 @@ class SimEngine:
         self.num_finished = 0
         self.dead: str | None = None
         self.on_die: Callable[[str], None] | None = None
+        self.die_in_prefill: str | None = None  # armed (the reason): die as the next cold prompt prefills
         self._jitter_rng = random.Random(config.seed)
         self._streams: dict[str, RequestStream] = {}
         self._wake = asyncio.Event()
@@ -274,6 +275,8 @@ class SimEngine:
                 self._wake.clear()  # nothing fits: wait for an abort or a new request
                 await self._wake.wait()
                 continue
+            if self.die_in_prefill and plan.prefill_tokens >= 128:  # a cold prompt, not a decode's tail
+                return self.kill(self.die_in_prefill)
             totals = (plan.decode_tokens, plan.prefill_tokens, plan.chunk_context)
             model_s = cfg.step.sample_s(*totals, plan.decode_context, self._jitter_rng)
             if faults.stall_step == self.num_steps:

@@ -3,15 +3,32 @@
 Engine-level faults (die after N requests or at a time, stall a step) are applied by ``SimEngine`` and
 ``SimServer``; this module draws the per-request ones from ``random.Random`` seeded by the server's seed,
 so a run with the same seed and the same arrival order injects the same faults.
+
+How vLLM dies (``death: vllm``): when its engine core dies, the API server catches ``EngineDeadError``
+inside each open stream and sends it as an error event (type ``BadRequestError``, code 400: the default of
+its streaming error response), then ``[DONE]``; ``/health`` answers 500 and ``/metrics`` still answers
+until the server has shut down, a moment later (``VLLM_DEATH_GRACE_S``), after which the port is closed.
 """
 
 from __future__ import annotations
 
+import json
 import random
 
+from engine_harness.sim.openai_wire import error_body
 from engine_harness.sim.params import FaultConfig
 
-__all__ = ["FaultInjector"]
+__all__ = ["VLLM_DEATH_GRACE_S", "VLLM_DEATH_MESSAGE", "FaultInjector", "vllm_death_events"]
+
+VLLM_DEATH_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+VLLM_DEATH_GRACE_S = 3.0
+
+
+def vllm_death_events() -> bytes:
+    """What an open stream receives from vLLM when its engine core dies: the error event, then [DONE]."""
+    event = json.dumps(error_body(VLLM_DEATH_MESSAGE, 400, "BadRequestError"))
+    return f"data: {event}\n\ndata: [DONE]\n\n".encode()
+
 
 _ERROR_TYPES = {500: "InternalServerError", 429: "TooManyRequestsError"}
 

@@ -93,6 +93,12 @@ class FaultConfig(StrictModel):
         default=None, ge=1, description="the engine dies once this many requests have finished"
     )
     die_at_s: float | None = Field(default=None, gt=0, description="die this long after start")
+    death: Literal["crash", "vllm"] = Field(
+        default="crash",
+        description="how the engine dies: 'crash' (connections dropped, the port closes at once) or "
+        "'vllm' (as vLLM when its engine core dies: an error event inside each open stream, then "
+        "[DONE]; /metrics still answers and /health is 500 for a moment before the port closes)",
+    )
     stall_step: int | None = Field(default=None, ge=0, description="index of the step that stalls")
     stall_s: float = Field(default=0.0, ge=0, le=3600, description="model seconds added to the stalled step")
 

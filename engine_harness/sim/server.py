@@ -25,7 +25,7 @@ from aiohttp import web
 
 from engine_harness.engines import SIM_API_KEY_VAR
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
-from engine_harness.sim.faults import FaultInjector
+from engine_harness.sim.faults import VLLM_DEATH_GRACE_S, VLLM_DEATH_MESSAGE, FaultInjector, vllm_death_events
 from engine_harness.sim.kv_transfer import LinkMetrics, consumer_transfer, producer_params
 from engine_harness.sim.openai_wire import (
     DONE_EVENT,
@@ -118,6 +118,12 @@ class SimServer:
             self._runner = None
 
     def _on_die(self, reason: str) -> None:
+        if self.config.faults.death == "vllm":  # its API server outlives the engine core for a moment
+            asyncio.get_running_loop().call_later(VLLM_DEATH_GRACE_S, self._close)
+        else:
+            self._close()
+
+    def _close(self) -> None:
         self.died.set()
         if self._site is not None:  # stop listening; connections in flight are dropped by their handlers
             site, self._site = self._site, None
@@ -158,6 +164,8 @@ class SimServer:
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.engine.dead is not None and self.config.faults.death == "vllm":
+            return _error(VLLM_DEATH_MESSAGE, 500, "EngineDeadError")
         if self.engine.dead is not None:
             _drop_connection(request)
         return web.Response(status=200 if self.ready else 503)
@@ -204,6 +212,8 @@ class SimServer:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        if self.engine.dead is not None and self.config.faults.death == "vllm":
+            return _error(VLLM_DEATH_MESSAGE, 500, "EngineDeadError")
         if self.engine.dead is not None:
             _drop_connection(request)
             return web.Response(status=503)
@@ -290,6 +300,9 @@ class SimServer:
         try:
             await self._write_events(request, resp, params, stream, rid)
         except EngineDead:
+            if self.config.faults.death == "vllm":
+                await resp.write(vllm_death_events())
+                return resp
             _drop_connection(request)  # like a crash: the stream just ends
         except ConnectionResetError:
             pass  # the client went away while we wrote; the caller aborts the request

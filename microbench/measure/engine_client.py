@@ -60,6 +60,19 @@ class EngineClient:
             **extra,
         }
 
+    async def alive(self, timeout_s: float = 5.0) -> bool:
+        """Whether the engine still answers ``/health`` with 200: after an error inside a stream, it tells
+        an engine that died (vLLM: its engine core; then 500, then a closed port) from one that answered
+        this very request with an error."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self.session.get(
+                f"{self.base_url}/health", headers=self.headers, timeout=timeout
+            ) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def complete(self, prompt: list[int], max_tokens: int = 1) -> StreamRecord:
         return await stream_request(
             self.session, self.completions_url, self.payload(prompt, max_tokens), headers=self.headers

@@ -28,6 +28,7 @@ from microbench.measure.interference import inject, raw_frame
 from microbench.measure.plan import ShardPlan
 from microbench.measure.sink import Attempt, PointSink, Stored
 from microbench.measure.timing import Timing
+from microbench.results.faults import INFRASTRUCTURE
 from microbench.results.records import RunRecord, point_name
 from microbench.results.windows import expected_chunks
 
@@ -181,6 +182,13 @@ class Shard:
         self.ctx.events.describe(f"chunk {self.plan.chunk} D{d} P{p} r{r}")
         with self.timing.phase("measurement windows"):
             inj = await inject(client, batch, p, self.space, self.rules)
+        failure = batch.failure() if batch is not None else None
+        if (inj.reasons or failure) and not await client.alive():
+            # an error inside a stream (vLLM's engine core died) or a failure, and the engine is gone: the
+            # infrastructure's fault however it showed up, not a verdict on the point (no attempt spent)
+            raise InfrastructureFault(
+                f"{INFRASTRUCTURE}the engine died during the point: {inj.reasons or failure}"
+            )
         with self.timing.phase("store + derive"):
             stamps = raw_frame(batch, inj.prefill, inj.t_inject_ns - int(5e9), time.perf_counter_ns())
         attempt = Attempt(
@@ -191,7 +199,7 @@ class Shard:
             cached_prompt_tokens=inj.prefill.cached_prompt_tokens,
             engine_steps=inj.steps if client.steps is not None else None,
             notes=inj.reasons,
-            decode_failure=batch.failure() if batch is not None else None,
+            decode_failure=failure,
             client_lag_max_ms=inj.client_lag_max_ms,
             baseline_file=batch_file,
             stamps=stamps,

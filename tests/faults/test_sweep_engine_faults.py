@@ -193,3 +193,28 @@ def test_an_engine_frozen_mid_point_leaves_no_valid_point_with_the_stall(place: 
     for o in stalled:
         validity = verdicts[(o.run_id, o.attempt)]
         assert not validity.valid and any("the engine stalled" in r for r in validity.reasons)
+
+
+@pytest.mark.parametrize("death", ["vllm", "crash"])
+def test_an_engine_core_killed_during_a_point_spends_no_attempt(place: Place, death: str) -> None:
+    # Issue #33: vLLM's engine core killed during an injection sends an error *inside* the stream (type
+    # BadRequestError, code 400), /metrics still answers for a moment, then the port closes; the suite took
+    # the in-stream error as the point's verdict. The sim dies that way on SIGUSR1 with --death vllm.
+    cfg = place.sweep_yaml(sim_args=("--death", death), max_attempts=1)  # a spent attempt: invalid for good
+    out = place.tmp / "run"
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("runs/*/*.json"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)  # inside the next point
+    (engine,) = psutil.Process(proc.pid).children()
+    engine.send_signal(signal.SIGUSR1)
+    text, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 12 and all(r.validity.valid for r in records), [
+        r.validity.reasons for r in records if not r.validity.valid
+    ]
+    assert any("no attempt spent" in line for line in text.splitlines()) and "restarting it" in text
