@@ -36,7 +36,16 @@ from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
 from benchcore.schema import StrictModel
 
-__all__ = ["CellEffect", "Comparison", "compare_frames", "compare_runs", "main", "run_warnings"]
+__all__ = [
+    "CellEffect",
+    "Comparison",
+    "align_chunks",
+    "compare_frames",
+    "compare_runs",
+    "main",
+    "run_warnings",
+    "write_comparison",
+]
 
 
 def _finite(x: float) -> float | None:
@@ -180,6 +189,17 @@ def _grid_warnings(cells: list[CellEffect]) -> list[str]:
     return [f"{n} cell(s) measured {which} (listed, not compared)" for which, n in sorted(only.items())]
 
 
+def align_chunks(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """When each run holds one chunk size and they differ (a chunk-size A/B), B's cells are matched to
+    A's on (D, P) and shown under A's chunk, with a note saying so; otherwise ``frame_b`` as it is."""
+    chunks_a, chunks_b = set(frame_a["chunk_size"]), set(frame_b["chunk_size"])
+    if len(chunks_a) != 1 or len(chunks_b) != 1 or chunks_a == chunks_b:
+        return frame_b, []
+    (ca,), (cb,) = chunks_a, chunks_b
+    note = f"chunk size differs (A {ca}, B {cb}): cells matched on (D, P), listed under A's chunk {ca}"
+    return frame_b.assign(chunk_size=ca), [note]
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -192,9 +212,11 @@ def compare_runs(
 ) -> Comparison:
     """Compare two run folders (``ValueError``/``FileNotFoundError`` naming the folder when one is not a
     run folder with records)."""
+    frame_a = records_frame(run_a, include_invalid_attempts=False)
+    frame_b, notes = align_chunks(frame_a, records_frame(run_b, include_invalid_attempts=False))
     cells = compare_frames(
-        records_frame(run_a, include_invalid_attempts=False),
-        records_frame(run_b, include_invalid_attempts=False),
+        frame_a,
+        frame_b,
         metric=metric,
         alpha=alpha,
         tolerance=tolerance,
@@ -208,7 +230,7 @@ def compare_runs(
         alpha=alpha,
         tolerance=tolerance,
         seed=seed,
-        warnings=run_warnings(run_a, run_b) + _grid_warnings(cells),
+        warnings=run_warnings(run_a, run_b) + notes + _grid_warnings(cells),
         cells=cells,
     )
 

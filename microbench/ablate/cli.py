@@ -127,13 +127,12 @@ def _stored(data: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def _write_manifests(folder: AblateFolder, config: AblateConfig) -> None:
-    first = config.grid.chunks[0]
-    specs = {name: config.spec(name, first).model_dump(mode="json") for name in config.names}
+    specs = {name: config.spec(name, config.grid.chunks[0]).model_dump(mode="json") for name in config.names}
     definition, engine = _stored(config.model_dump(mode="json"), specs[config.names[0]])
     folder.write_manifest(new_manifest(folder, definition, engine, seed=config.grid.seed))
     for name in config.names:
         arm: RunFolder = folder.arm(name)
-        grid = config.grid.model_dump(mode="json") | {"name": f"{config.name}-{name}"}
+        grid = config.arm_grid(name).model_dump(mode="json") | {"name": f"{config.name}-{name}"}
         grid["engine"] = grid["engine"] | config.arms[name]
         definition, engine = _stored(grid, specs[name])
         arm.write_manifest(new_manifest(arm, definition, engine, seed=config.grid.seed))

@@ -54,17 +54,18 @@ class AblateConfig(StrictModel):
     def _arms(cls, arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, values in arms.items():
             try:
-                overrides = EngineOverrides.of(values or {})
+                EngineOverrides.of(values or {})
             except ValueError as exc:
                 raise ValueError(f"arm {name}: {exc}") from None
-            if "chunk_size" in overrides.values:
-                raise ValueError(
-                    f"arm {name}: the grid's chunks are the cells compared; an arm cannot change chunk_size"
-                )
         return {name: values or {} for name, values in arms.items()}
 
     @model_validator(mode="after")
     def _check(self) -> AblateConfig:
+        if any("chunk_size" in arm for arm in self.arms.values()) and len(self.grid.chunks) > 1:
+            raise ValueError(
+                f"an arm changes chunk_size: give a grid of one chunk (not {self.grid.chunks}); the arms' "
+                "cells are then compared on (D, P)"
+            )
         if self.max_rounds < self.rounds:
             raise ValueError(f"max_rounds {self.max_rounds} is below rounds {self.rounds}")
         return self
@@ -72,6 +73,11 @@ class AblateConfig(StrictModel):
     @property
     def names(self) -> list[str]:
         return list(self.arms)
+
+    def arm_grid(self, arm: str) -> SweepConfig:
+        """The grid as ``arm`` measures it: the grid's, or its one chunk replaced by the arm's chunk_size."""
+        chunk = self.arms[arm].get("chunk_size")
+        return self.grid if chunk is None else self.grid.model_copy(update={"chunks": [int(chunk)]})
 
     def spec(self, arm: str, chunk: int) -> EngineSpec:
         """The engine of ``arm`` for ``chunk``: the grid's engine with the arm's overrides."""

@@ -58,7 +58,7 @@ class AblateRunner:
         """Per arm, one shard per chunk size: the same grid, seeds and prompt lengths, the arm's engine."""
         hardware = hardware_name(self.folder.read_manifest().hardware)
         return {
-            name: shard_plans(self.config.grid, hardware, functools.partial(self.config.spec, name))
+            name: shard_plans(self.config.arm_grid(name), hardware, functools.partial(self.config.spec, name))
             for name in self.config.names
         }
 

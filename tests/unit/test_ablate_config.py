@@ -38,14 +38,28 @@ def test_an_arm_is_the_grids_engine_with_its_overrides() -> None:
     [
         ({"A": {}}, "arms: Dictionary should have at least 2 items"),
         ({"A": {}, "B": {"no_such": 1}}, "arm B: unknown engine setting 'no_such'"),
-        ({"A": {}, "B": {"chunk_size": 8192}}, "arm B: the grid's chunks are the cells compared"),
+        (
+            {"A": {}, "B": {"chunk_size": 8192}},
+            "an arm changes chunk_size: give a grid of one chunk (not [512, 1024])",
+        ),
         ({"A": {}, "B": {"max_num_seqs": -1}}, "arm B: max_num_seqs=-1"),
     ],
 )
 def test_a_bad_definition_names_the_problem(arms: dict[str, dict[str, object]], message: str) -> None:
     with pytest.raises(AblateConfigError) as err:
-        load_ablation(None, {"arms": arms})
+        load_ablation(None, {"arms": arms, "grid": {"chunks": [512, 1024], "engine": {"kind": "sim"}}})
     assert message in str(err.value)
+
+
+def test_a_chunk_size_arm_measures_its_own_chunk() -> None:
+    config = AblateConfig.model_validate(
+        {
+            "grid": {"chunks": [2048], "engine": {"kind": "sim"}},
+            "arms": {"c2k": {}, "c8k": {"chunk_size": 8192}},
+        }
+    )
+    assert config.arm_grid("c2k").chunks == [2048] and config.arm_grid("c8k").chunks == [8192]
+    assert config.spec("c8k", 2048).chunk_size == 8192
 
 
 def test_a_missing_grid_file_is_named(tmp_path: Path) -> None:

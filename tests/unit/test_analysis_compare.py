@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.compare import Comparison, compare_frames, compare_runs, main, run_warnings
+from analysis.compare import Comparison, align_chunks, compare_frames, compare_runs, main, run_warnings
 from analysis.compare_pages import diff_heatmap, markdown, write_pages
 from analysis.effects import correct_pvalues, min_detectable_effect, min_rank_pvalue
 
@@ -72,6 +72,19 @@ def test_cells_of_one_run_only_are_reported_not_dropped() -> None:
     verdicts = {e.cell: e.verdict for e in compare_frames(a, b)}
     assert verdicts[(512, 2, 2048)] == "only in A" and verdicts[(1024, 2, 2048)] == "only in B"
     assert len(verdicts) == 3
+
+
+def test_a_chunk_size_ab_matches_cells_on_d_and_p() -> None:
+    rng = np.random.default_rng(2)
+    a = _frame({(2048, 2, 4096): _noisy(6, rng), (2048, 0, 4096): _noisy(6, rng)})
+    b = _frame({(8192, 2, 4096): _noisy(6, rng, 0.5), (8192, 0, 4096): _noisy(6, rng, 0.5)})
+    aligned, notes = align_chunks(a, b)
+    assert notes == [
+        "chunk size differs (A 2048, B 8192): cells matched on (D, P), listed under A's chunk 2048"
+    ]
+    assert {e.verdict for e in compare_frames(a, aligned)} == {"B better"}
+    two = pd.concat([a, a.assign(chunk_size=8192)])
+    assert align_chunks(two, b) == (b, [])  # several chunks in a run: cells keep their chunk
 
 
 def test_benjamini_hochberg_and_the_rank_tests_floor() -> None:
