@@ -36,6 +36,7 @@ from microbench.results.layout import AblateFolder, RunFolder, RunFolderBusy, ne
 __all__ = ["build_parser", "main"]
 
 RESULTS = Path("results")
+_DEFINITION_FLAGS = ("config", "sweep", "arm", "rounds", "until_resolved", "max_rounds", "max_minutes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +90,11 @@ def _resolve(args: argparse.Namespace) -> tuple[AblateFolder, AblateConfig, bool
     if args.resume:
         if args.out is None:
             raise BadInput("--resume needs --out (the ablation's run folder)")
+        given = [f"--{k.replace('_', '-')}" for k in _DEFINITION_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise BadInput(
+                f"--resume continues the stored ablation; drop {', '.join(given)} (or start a new run)"
+            )
         folder = AblateFolder(args.out)
         if not folder.exists():
             raise BadInput(f"--resume: {folder.root} has no manifest.json; nothing to resume")

@@ -71,7 +71,9 @@ def test_a_finished_ablation_resumes_without_measuring(
     before = sorted(p.stat().st_mtime_ns for p in (ablation / "arms").rglob("runs/*/*.json"))
     assert main(["--resume", "--out", str(ablation)]) == 0
     assert sorted(p.stat().st_mtime_ns for p in (ablation / "arms").rglob("runs/*/*.json")) == before
-    assert "starting" not in capsys.readouterr().out
+    assert "start-up" not in capsys.readouterr().out  # no engine started
+    assert main(["--resume", "--out", str(ablation), "--rounds", "9"]) == 2
+    assert "drop --rounds" in capsys.readouterr().err
 
 
 def test_an_unknown_setting_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
