@@ -43,6 +43,7 @@ __all__ = [
     "compare_frames",
     "compare_runs",
     "main",
+    "round_levels",
     "run_warnings",
     "write_comparison",
 ]
@@ -93,6 +94,8 @@ class Comparison(StrictModel):
     seed: int
     correction: str = CORRECTION
     warnings: list[str] = Field(default_factory=list)
+    levels_a: list[float | None] = Field(default_factory=list, description="round_levels of run A")
+    levels_b: list[float | None] = Field(default_factory=list, description="round_levels of run B")
     cells: list[CellEffect]
 
     def counts(self) -> dict[str, int]:
@@ -112,6 +115,24 @@ def _valid_values(frame: pd.DataFrame, metric: str | None) -> dict[tuple[int, in
         values = rows.loc[rows.index.intersection(group.index), column] if column in rows else []
         out[cell] = [float(v) for v in values if v is not None and math.isfinite(v)]
     return out
+
+
+def round_levels(frame: pd.DataFrame, metric: str | None = None) -> list[float | None]:
+    """Per repetition (a round, in an ablation), the median over cells of each value / its cell's median:
+    the machine's level in that round (1.0: typical). A trend across rounds is drift, which alternating
+    the arms' order spreads over both arms; None: no valid value in that repetition."""
+    rows = frame[(frame["source"] == "runs") & frame["valid"]]
+    shares: dict[int, list[float]] = {}
+    for key, group in rows.groupby(CELL):
+        values = group[metric or headline_column(int(key[1]))]
+        median = values.median()
+        if not median > 0:
+            continue
+        for rep, value in zip(group["repetition"], values, strict=True):
+            if math.isfinite(value):
+                shares.setdefault(int(rep), []).append(value / median)
+    last = max(shares, default=-1)
+    return [float(pd.Series(shares[r]).median()) if r in shares else None for r in range(last + 1)]
 
 
 def compare_frames(
@@ -231,6 +252,8 @@ def compare_runs(
         tolerance=tolerance,
         seed=seed,
         warnings=run_warnings(run_a, run_b) + notes + _grid_warnings(cells),
+        levels_a=round_levels(frame_a, metric),
+        levels_b=round_levels(frame_b, metric),
         cells=cells,
     )
 

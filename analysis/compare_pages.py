@@ -24,7 +24,7 @@ from benchcore.pages import png_data_uri, render_page
 if TYPE_CHECKING:
     from analysis.compare import CellEffect, Comparison
 
-__all__ = ["COLUMNS", "diff_heatmap", "markdown", "rows", "verdict_lines", "write_pages"]
+__all__ = ["COLUMNS", "diff_heatmap", "levels_line", "markdown", "rows", "verdict_lines", "write_pages"]
 
 COLUMNS = [
     "chunk",
@@ -79,11 +79,23 @@ def _summary(c: Comparison) -> str:
     return f"{c.name_b} against {c.name_a} over {len(c.cells)} cells: {counts}"
 
 
+def levels_line(c: Comparison) -> str:
+    """Each run's level per repetition (round): drift shows as a trend."""
+
+    def fmt(levels: list[float | None]) -> str:
+        return " ".join("–" if v is None else f"{v:.3f}" for v in levels) or "–"
+
+    return (
+        f"Level per repetition (median over cells of value / cell median; a trend is drift): "
+        f"{c.name_a} {fmt(c.levels_a)}; {c.name_b} {fmt(c.levels_b)}"
+    )
+
+
 def verdict_lines(c: Comparison) -> list[str]:
     """What a terminal shows: the warnings, one line per cell, the counts."""
     lines = [f"warning: {w}" for w in c.warnings]
     lines += ["  ".join(r) for r in [COLUMNS, *rows(c)]]
-    return [*lines, _summary(c)]
+    return [*lines, levels_line(c), _summary(c)]
 
 
 def _method(c: Comparison) -> str:
@@ -145,7 +157,7 @@ def diff_heatmap(c: Comparison) -> Figure:
 def markdown(c: Comparison, heatmap: str | None = HEATMAP) -> str:
     lines = [f"# {c.name_b} against {c.name_a}", "", f"- A: `{c.run_a}`", f"- B: `{c.run_b}`"]
     lines += [f"- **warning**: {w}" for w in c.warnings]
-    lines += ["", _method(c), "", _summary(c), ""]
+    lines += ["", _method(c), "", levels_line(c), "", _summary(c), ""]
     if heatmap:
         lines += [f"![{c.name_b}/{c.name_a} per cell]({heatmap})", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -168,6 +180,7 @@ def html(c: Comparison, heatmap_png: bytes | None) -> str:
         c=c,
         method=_method(c),
         summary=_summary(c),
+        levels=levels_line(c),
         columns=COLUMNS,
         rows=rows(c),
         heatmap=png_data_uri(heatmap_png) if heatmap_png else None,

@@ -11,7 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.compare import Comparison, align_chunks, compare_frames, compare_runs, main, run_warnings
+from analysis.compare import (
+    Comparison,
+    align_chunks,
+    compare_frames,
+    compare_runs,
+    main,
+    round_levels,
+    run_warnings,
+)
 from analysis.compare_pages import diff_heatmap, markdown, write_pages
 from analysis.effects import correct_pvalues, min_detectable_effect, min_rank_pvalue
 
@@ -85,6 +93,13 @@ def test_a_chunk_size_ab_matches_cells_on_d_and_p() -> None:
     assert {e.verdict for e in compare_frames(a, aligned)} == {"B better"}
     two = pd.concat([a, a.assign(chunk_size=8192)])
     assert align_chunks(two, b) == (b, [])  # several chunks in a run: cells keep their chunk
+
+
+def test_round_levels_show_drift() -> None:
+    drifting = _frame({(512, d, 1024): [100.0 * (1 + d), 110.0 * (1 + d), 120.0 * (1 + d)] for d in (0, 2)})
+    assert round_levels(drifting) == pytest.approx([100 / 110, 1.0, 120 / 110])
+    gap = drifting[drifting["repetition"] != 1]
+    assert round_levels(gap)[1] is None
 
 
 def test_benjamini_hochberg_and_the_rank_tests_floor() -> None:
