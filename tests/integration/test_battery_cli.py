@@ -11,6 +11,7 @@ import pytest
 
 from microbench.battery.cli import main
 from microbench.battery.report import BatteryReport
+from microbench.loadgen.trace import read_trace
 from microbench.results.layout import job_folder
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,7 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
     secret = "sk-battery-planted-41c9e2"
     cmd = [sys.executable, "-m", "microbench.battery", "run", "--engine", "sim", "--api-key-env", "BENCH_KEY"]
     cmd += ["--engine-args", "--alpha-ms 4 --time-scale 0.5", "--tests", "prefix_cache", "--profile", "quick"]
-    cmd += ["--cold-start", "--out", str(tmp_path / "run")]
+    cmd += ["--cold-start", "--api", "chat", "--out", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != "BENCH_KEY"}
     # the variable named but not set: a clear error before any engine starts
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -100,6 +101,12 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
         (a.requests, a.requests) for a in prefix.data.arms
     ]
     assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]
+    # chat: text prompts of exact counts through the bundled tokenizer, which the report declares (4.4.1)
+    assert report.disclosures is not None and report.disclosures.prompts["form"] == "text"
+    assert report.disclosures.tokenizer["vocab_size"] == 259
+    head, rows = read_trace(next((tmp_path / "run" / "traces").glob("prefix-cache/cache-*")))
+    assert head.prompts["salt"] == report.disclosures.prompts["salt"] and head.seed == 42
+    assert (rows["status"] == "ok").all() and (rows["input_tokens"] - rows["prompt_tokens"] == 19).all()
     for path in (tmp_path / "run").rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
 

@@ -156,6 +156,13 @@ def test_capacity_fairness_prefix_cache(battery: tuple[BatteryReport, Path]) -> 
     assert [a.name for a in pc.arms] == ["Cache Disabled", "Cache (Cold)", "Cache (Warm)"]
     assert cold.prefix_hit_rate is not None and cold.prefix_hit_rate < warm.prefix_hit_rate  # type: ignore[operator]
     assert disabled.hit_tokens == 0 and warm.prefix_hit_rate is not None and warm.prefix_hit_rate > 0.9
+    reqs = {t.name: t.requirements for t in report.tests}
+    warmed = [r for r in reqs["prefix_cache"] if "warmed up after its restart" in r.text]
+    assert [(r.met, r.detail) for r in warmed] == [(True, "2 warm-ups after restarts")]
+    stand_ins = {name: [r.text for r in rs if r.detail.startswith("stand-in")] for name, rs in reqs.items()}
+    assert stand_ins["fairness"] == ["runs the draft's Synthetic-Skewed workload"]
+    assert stand_ins["long_context"] == ["runs the draft's Long Context (document + question) workload"]
+    assert stand_ins["ttft"] == []  # synthetic-uniform is the draft's own workload
     assert warm.ttft.p50 < disabled.ttft.p50  # type: ignore[operator]
 
 
