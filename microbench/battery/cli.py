@@ -49,7 +49,8 @@ from microbench.battery.context import BatteryContext
 from microbench.battery.disclosures import SUT_BOUNDARIES
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.render import gate_lines
-from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
+from microbench.battery.requirement_table import link_tests, markdown_table, scan
+from microbench.battery.runner import REPO, ordered_tests, plan_battery, run_battery, write_report
 from microbench.battery.warmup import warm_up
 from microbench.workloads.prompts import prompt_source
 from microbench.workloads.reference import WORKLOADS
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m microbench.battery", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the battery's tests")
+    sub.add_parser("requirements", help="print the requirement table (README), read off the code and tests")
     run = sub.add_parser("run", help="run the battery against an engine and write its reports")
     add_engine_flags(run, default_text="sim")
     run.add_argument(
@@ -334,6 +336,9 @@ def _emit(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "requirements":
+        print(markdown_table(link_tests(scan(), REPO / "tests")), end="")
+        return 0
     if args.command == "list":
         for t in ordered_tests():
             print(f"{t.section:>5}  {t.name:<16} {t.title}")

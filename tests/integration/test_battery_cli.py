@@ -75,6 +75,10 @@ def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -
     assert "needs two or more named configurations" in report.tests[1].reason
     prefix = report.tests[0]
     assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]  # the restart happened
+    declared = [
+        r.met for r in prefix.requirements if r.text == "cold-start measurement: warm-up skipped and declared"
+    ]
+    assert declared == [True]
     assert (
         report.warmup.cold_start and "cold-start measurement" in (tmp_path / "report-minimum.md").read_text()
     )

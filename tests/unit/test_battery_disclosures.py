@@ -47,6 +47,10 @@ def test_a_launched_engine_s_boundary_guardrails_and_gpus_are_measured(
     assert d.accelerators == ["NVIDIA H100 80GB HBM3"] and d.workload_seed == 42
     assert d.tokenizer["vocab_size"] == 259 and d.tokenizer["name"] == "qwen3-moe-tiny"
     assert _unmet(ctx) == []
+    refs = {r.ref: r.detail for r in disclosure_requirements(d)}
+    assert list(refs) == ["4.1", "4.8.1", "C.1", "4.3.3", "4.4.1", "4.4.2", "4.4.3"]
+    assert refs["4.3.3"] == "workload seed 42, arrival seed 0, prompt salt 7"
+    assert refs["4.4.2"].startswith("Option A, native tokenizer") and "EOS ignored" in refs["4.4.3"]
     reqs = [*disclosure_requirements(d), must("5.1", "a test's own", True)]
     assert verdict(reqs) == "unconditionally compliant"
 
@@ -69,7 +73,7 @@ def test_an_external_engine_not_described_is_not_compliant_until_stated() -> Non
 
 def test_a_stand_in_workload_makes_a_test_conditional_and_names_it() -> None:
     reqs = workload_stand_ins(_ctx(ExternalEngine("http://x"), workload_name="conversation"))
-    assert [r.level for r in reqs] == ["SHOULD"] and "conversation" in reqs[0].text
+    assert [(r.ref, r.level) for r in reqs] == [("4.3.2", "SHOULD")] and "conversation" in reqs[0].text
     assert "STAND-IN" in reqs[0].detail and verdict(reqs) == "conditionally compliant"
     assert workload_stand_ins(_ctx(ExternalEngine("http://x"))) == []  # synthetic-uniform is the draft's own
 
