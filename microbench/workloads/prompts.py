@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from engine_harness.engines import DEFAULT_MODEL
+from engine_harness.spec import MODELS_DIR
 from microbench.client.prompts import TokenSpace, token_space_for
 
 __all__ = [
@@ -163,11 +164,13 @@ class TextRenderer:
 
 
 def _tokenizer_path(model: str, tokenizer: str | None) -> str | None:
-    """The given tokenizer, else the served model's folder, else the bundled one for the sim ('sim')."""
+    """The given tokenizer, else the served model's folder (a path, or a bundled model's name as vLLM serves
+    it), else the bundled one for the sim ('sim')."""
     if tokenizer is not None:
         return tokenizer
-    if (Path(model) / "tokenizer.json").is_file():
-        return model
+    for folder in (Path(model), MODELS_DIR / model):
+        if (folder / "tokenizer.json").is_file():
+            return str(folder)
     return DEFAULT_MODEL if model == "sim" else None  # the sim tokenizes as the bundled tiny models do
 
 

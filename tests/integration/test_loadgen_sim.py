@@ -71,6 +71,9 @@ async def test_run_writes_a_complete_trace(tmp_path: Path) -> None:
     header = write_trace(tmp_path, result, workload={"name": "small"}, seed=5)
     head, rows = read_trace(tmp_path)
     assert head == header and tuple(rows.columns) == TRACE_COLUMNS
+    rtt = head.network["rtt_ms"]
+    assert head.network["probes"] == 5 and 0 < rtt["min"] <= rtt["median"] <= rtt["max"] < 1000
+    assert head.hardware["cpu_cores"] and isinstance(head.hardware["gpus"], list)  # the generator's host
     assert len(rows) == 44 and rows["warmup"].sum() == 4
     assert (rows["status"] == "ok").all()
     assert (rows["output_tokens"] == rows["max_tokens"]).all()

@@ -6,7 +6,13 @@ import pytest
 
 from engine_harness.engines import DEFAULT_MODEL
 from microbench.client.prompts import TokenSpace
-from microbench.workloads.prompts import PromptFactory, TextRenderer, load_tokenizer, text_space
+from microbench.workloads.prompts import (
+    PromptFactory,
+    TextRenderer,
+    load_tokenizer,
+    prompt_source,
+    text_space,
+)
 
 
 class _MergingTokenizer:
@@ -48,3 +54,14 @@ def test_a_vocabulary_without_printable_tokens_is_a_clear_error(tmp_path: Path) 
     (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"\\u0100": 0, "\\u0101": 1}}}')
     with pytest.raises(ValueError, match="no run of printable-ASCII tokens"):
         text_space(tmp_path)
+
+
+def test_chat_finds_the_tokenizer_by_path_bundled_name_or_the_sim() -> None:
+    for model in (DEFAULT_MODEL, "qwen3-moe-tiny", "sim"):
+        _, text, disclosure = prompt_source("chat", model, salt=5)
+        assert text is not None and disclosure["form"] == "text" and disclosure["salt"] == "5"
+        assert disclosure["tokenizer"].endswith("qwen3-moe-tiny") and disclosure["token_space"] == [33, 127]
+    _, text, disclosure = prompt_source("completions", "org/hub-model")
+    assert text is None and disclosure["token_space"] == [1000, 30000]  # ids every large vocabulary holds
+    with pytest.raises(ValueError, match="pass --tokenizer PATH"):
+        prompt_source("chat", "org/hub-model")
