@@ -108,6 +108,7 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
     # chat: text prompts of exact counts through the bundled tokenizer, which the report declares (4.4.1)
     assert report.disclosures is not None and report.disclosures.prompts["form"] == "text"
     assert report.disclosures.tokenizer["vocab_size"] == 259
+    assert "| Tokenizer | qwen3-moe-tiny, 259 tokens, sha256 " in (tmp_path / "run" / "report.md").read_text()
     head, rows = read_trace(next((tmp_path / "run" / "traces").glob("prefix-cache/cache-*")))
     assert head.prompts["salt"] == report.disclosures.prompts["salt"] and head.seed == 42
     assert (rows["status"] == "ok").all() and (rows["input_tokens"] - rows["prompt_tokens"] == 19).all()
