@@ -136,6 +136,9 @@ class BatteryReport(StrictModel):
     profile: str
     seed: int
     workload: str
+    workload_spec: dict[str, Any] = Field(
+        default_factory=dict, description="the battery workload's full spec (4.3.3: repeatable exactly)"
+    )
     system: SystemInfo
     warmup: WarmupResult
     tests: list[TestResult]

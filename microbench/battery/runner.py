@@ -172,6 +172,7 @@ async def run_battery(
         profile=ctx.profile.name,
         seed=ctx.seed,
         workload=ctx.workload_name,
+        workload_spec=ctx.workload_spec().model_dump(mode="json"),
         system=system,
         warmup=warmup,
         tests=results,

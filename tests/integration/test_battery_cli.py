@@ -111,6 +111,7 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
     assert "| Tokenizer | qwen3-moe-tiny, 259 tokens, sha256 " in (tmp_path / "run" / "report.md").read_text()
     head, rows = read_trace(next((tmp_path / "run" / "traces").glob("prefix-cache/cache-*")))
     assert head.prompts["salt"] == report.disclosures.prompts["salt"] and head.seed == 42
+    assert report.workload_spec["name"] == "synthetic-uniform" and report.workload_spec["seed"] == 42
     assert (rows["status"] == "ok").all() and (rows["input_tokens"] - rows["prompt_tokens"] == 19).all()
     for path in (tmp_path / "run").rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
