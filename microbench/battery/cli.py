@@ -53,8 +53,8 @@ from microbench.battery.requirement_table import link_tests, markdown_table, sca
 from microbench.battery.runner import REPO, ordered_tests, plan_battery, run_battery, write_report
 from microbench.battery.warmup import warm_up
 from microbench.workloads.prompts import prompt_source
-from microbench.workloads.reference import WORKLOADS
-from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
+from microbench.workloads.reference import WORKLOADS, load_workload
+from microbench.workloads.spec import WorkloadSpecError
 
 __all__ = ["BatteryConfig", "build_parser", "main"]
 
@@ -82,6 +82,7 @@ class BatteryConfig(StrictModel):
     api: Literal["completions", "chat"] = "completions"
     tokenizer: str | None = None
     salt: int | None = None
+    sharegpt: str | None = None
     sut_boundary: str | None = None
     guardrails: str | None = None
 
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus", type=int, help="accelerator count of the SUT (default 0: CPU only)")
     run.add_argument("--api", choices=["completions", "chat"], help="endpoint family (default completions)")
     run.add_argument("--tokenizer", help="tokenizer.json or model folder (chat's text prompts; 4.4.1)")
+    run.add_argument("--sharegpt", metavar="FILE", help="ShareGPT JSON for the conversation workload (A.3)")
     run.add_argument("--salt", type=int, help="prompt salt of an earlier run (its report): same prompts")
     run.add_argument(
         "--sut-boundary", help=f"what the URL reaches: {' | '.join(SUT_BOUNDARIES)} (external engines)"
@@ -163,7 +165,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "gpus": given.get("gpus", config.gpus),
         **{
             k: given.get(k, getattr(config, k))
-            for k in ("api", "tokenizer", "salt", "sut_boundary", "guardrails")
+            for k in ("api", "tokenizer", "salt", "sharegpt", "sut_boundary", "guardrails")
         },
     }
 
@@ -215,17 +217,16 @@ async def _engine(
 def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
     """Bad input (exit 2) is found before anything is written or started: the workload, the SLOs, the
     accelerator count, the engine flags."""
-    if s["workload"] not in WORKLOADS:
-        try:
-            fields = load_workload_spec(s["workload"]).timing_fields()
-        except (WorkloadSpecError, OSError, ValueError) as exc:
-            raise BadInput(f"--workload: {exc}") from None
-        if fields:
-            raise BadInput(
-                f"--workload {s['workload']}: the battery sets every test's load itself, so the spec's "
-                f"{', '.join(fields)} would be ignored; remove them (or run the spec with "
-                "python -m microbench.loadgen, which honours them)"
-            )
+    try:
+        fields = load_workload(s["workload"], sharegpt_path=s["sharegpt"]).timing_fields()
+    except (WorkloadSpecError, OSError, ValueError) as exc:
+        raise BadInput(f"--workload: {exc}") from None
+    if fields:
+        raise BadInput(
+            f"--workload {s['workload']}: the battery sets every test's load itself, so the spec's "
+            f"{', '.join(fields)} would be ignored; remove them (or run the spec with "
+            "python -m microbench.loadgen, which honours them)"
+        )
     if s["sut_boundary"] is not None and s["sut_boundary"] not in SUT_BOUNDARIES:
         raise BadInput(
             f"--sut-boundary must be one of {', '.join(SUT_BOUNDARIES)} (got {s['sut_boundary']!r})"
@@ -307,6 +308,7 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
             prompt_disclosure=disclosure,
             sut_boundary=s["sut_boundary"],
             guardrails=s["guardrails"],
+            sharegpt_path=s["sharegpt"],
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])

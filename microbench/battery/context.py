@@ -32,8 +32,8 @@ from microbench.measure.saturation import SATURATION_RULE
 from microbench.measure.sustainable import Capacity, LedgerEntry, capacity_from
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory, TextRenderer
-from microbench.workloads.reference import WORKLOADS, reference_workload
-from microbench.workloads.spec import WorkloadSpec, load_workload_spec
+from microbench.workloads.reference import load_workload
+from microbench.workloads.spec import WorkloadSpec
 
 __all__ = ["BatteryContext"]
 
@@ -68,6 +68,7 @@ class BatteryContext:
     prompt_disclosure: dict[str, Any] = field(default_factory=dict)  # form, token space, salt, tokenizer
     sut_boundary: str | None = None  # as stated by the user (None: measured or not stated)
     guardrails: str | None = None
+    sharegpt_path: str | None = None  # the conversation workload's ShareGPT file (None: its stand-in)
     _runs: int = 0
     _labels: set[str] = field(default_factory=set)
 
@@ -78,9 +79,8 @@ class BatteryContext:
     def workload_spec(self, name: str | None = None) -> WorkloadSpec:
         """A reference workload by name or a spec YAML path (default: the battery's ``--workload``)."""
         name = name or self.workload_name
-        if name in WORKLOADS:
-            return reference_workload(name, max_model_len=self.max_model_len)
-        return load_workload_spec(name)
+        sharegpt = self.sharegpt_path if name == "conversation" else None
+        return load_workload(name, max_model_len=self.max_model_len, sharegpt_path=sharegpt)
 
     def requests(self, spec: WorkloadSpec, prompts: PromptFactory | None = None) -> Iterator[RequestSpec]:
         """Endless requests of ``spec``, fitted to the engine's context and capped by the profile."""

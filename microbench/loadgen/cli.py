@@ -36,9 +36,8 @@ from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import prompt_source
-from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.reference import WORKLOADS, load_workload
 from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler
-from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["build_parser", "main"]
 
@@ -62,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--requests", type=int, help="first-round requests per stage")
     run.add_argument("--duration", type=duration, help="issuing time per stage, e.g. 30s")
     run.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests (closed loop, 4)")
+    run.add_argument("--sharegpt", metavar="FILE", help="ShareGPT JSON for the conversation workload (A.3)")
     run.add_argument("--salt", type=int, help="prompt salt of an earlier run (its header): same prompts")
     run.add_argument("--token-range", help="token ids LO:HI prompts are drawn from (default: the model's)")
     run.add_argument("--max-model-len", type=int, help="engine's context limit: longer requests are clipped")
@@ -71,12 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--events", action="store_true", help="also write events.jsonl")
     add_out(run, "results/load-<UTC time>")
     return parser
-
-
-def _workload_spec(name: str, max_model_len: int | None) -> WorkloadSpec:
-    if name in WORKLOADS:
-        return reference_workload(name, max_model_len=max_model_len)
-    return load_workload_spec(name)
 
 
 async def _first_model(url: str, api_key_env: str | None) -> str:
@@ -101,7 +95,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _prompts(args: argparse.Namespace, model: str) -> tuple[Workload, dict[str, Any]]:
     try:
-        spec = _workload_spec(args.workload, args.max_model_len)
+        spec = load_workload(args.workload, max_model_len=args.max_model_len, sharegpt_path=args.sharegpt)
         space = TokenSpace.parse(args.token_range) if args.token_range else None
         factory, text, disclosure = prompt_source(
             args.api, model, tokenizer=args.tokenizer, space=space, salt=args.salt

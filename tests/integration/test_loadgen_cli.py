@@ -143,3 +143,18 @@ def test_the_header_s_salt_repeats_every_prompt_and_length(
         assert _cli(sim, tmp_path / "fresh", *flags) == 0
     assert len(first) == 8 and again == first
     assert [s[2] for s in sent] == [s[2] for s in first] and [s[1] for s in sent] != [s[1] for s in first]
+
+
+def test_the_conversation_workload_reads_a_sharegpt_file_by_flag(tmp_path: Path) -> None:
+    turns = [[{"from": "human", "value": "q" * n}, {"from": "gpt", "value": "a" * 8}] for n in (20, 40)]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([{"conversations": t} for t in turns]))
+    flags = ("--scheduler", "concurrency", "--concurrency", "2", "--requests", "6", "--sharegpt", str(path))
+    with _sim() as sim:
+        assert _cli(sim, tmp_path / "run", *flags, workload="conversation") == 0
+        assert _cli(sim, tmp_path / "refused", *flags) == 2  # synthetic-uniform would ignore the file
+    header, rows = read_trace(tmp_path / "run")
+    assert "ShareGPT file" in header.workload["notes"][0] and not any(
+        "STAND-IN" in n for n in header.workload["notes"]
+    )
+    assert set(rows["prompt_tokens"] - rows["prefix_tokens"]) <= {20, 40} and set(rows["max_tokens"]) == {8}

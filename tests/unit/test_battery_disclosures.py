@@ -78,6 +78,18 @@ def test_a_stand_in_workload_makes_a_test_conditional_and_names_it() -> None:
     assert workload_stand_ins(_ctx(ExternalEngine("http://x"))) == []  # synthetic-uniform is the draft's own
 
 
+def test_a_sharegpt_file_replaces_the_conversation_stand_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "sharegpt.json"
+    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]')
+    ctx = _ctx(ExternalEngine("http://x"), workload_name="conversation", sharegpt_path=str(path))
+    assert workload_stand_ins(ctx) == [] and "ShareGPT file" in ctx.workload_spec().notes[0]
+    assert ctx.workload_spec("code-completion").name == "code-completion"  # other workloads never read it
+    assert main(["run", "--sharegpt", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "only the conversation workload reads it, not 'synthetic-uniform'" in capsys.readouterr().err
+
+
 def test_no_tokenizer_file_gives_no_card(tmp_path: Path) -> None:
     assert tokenizer_card(None) == {} and tokenizer_card(str(tmp_path)) == {}
 
