@@ -29,6 +29,7 @@ from engine_harness.sim.params import SimConfig
 from engine_harness.sim.scheduler import EOS_TOKEN_ID, Scheduler, SimRequest, StepPlan
 from engine_harness.sim.tokenizer import sample_token
 from engine_harness.sim.vllm_metrics import SimMetrics
+from engine_harness.step_model import StepShape
 
 __all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
 
@@ -274,8 +275,8 @@ class SimEngine:
                 self._wake.clear()  # nothing fits: wait for an abort or a new request
                 await self._wake.wait()
                 continue
-            totals = (plan.decode_tokens, plan.prefill_tokens, plan.chunk_context)
-            model_s = cfg.step.sample_s(*totals, plan.decode_context, self._jitter_rng)
+            shape = plan.shape
+            model_s = cfg.step.sample_s(shape, self._jitter_rng)
             if faults.stall_step == self.num_steps:
                 model_s += faults.stall_s
             # Back to back, a step starts when the previous one ended: the host work in between (token
@@ -290,7 +291,7 @@ class SimEngine:
             else:
                 await asyncio.sleep(0)
             t1 = prev_end = time.perf_counter_ns()
-            self._finish_step(plan, totals, model_s, t0, t1)
+            self._finish_step(plan, shape, model_s, t0, t1)
 
     @staticmethod
     async def _wait_until(deadline_ns: int, spin_ns: int) -> None:
@@ -311,9 +312,7 @@ class SimEngine:
                 time.sleep(_NAP_NS / 1e9)  # noqa: ASYNC251 - a nap shorter than any loop timer
             await asyncio.sleep(0)
 
-    def _finish_step(
-        self, plan: StepPlan, totals: tuple[int, int, float], model_s: float, t0: int, t1: int
-    ) -> None:
+    def _finish_step(self, plan: StepPlan, shape: StepShape, model_s: float, t0: int, t1: int) -> None:
         sched, m = self.scheduler, self.metrics
         streams = self._streams
         result = sched.commit(plan, lambda req: streams[req.request_id].draw())
@@ -325,9 +324,9 @@ class SimEngine:
             t_start_ns=t0,
             duration_ns=t1 - t0,
             model_duration_s=model_s,
-            decode_tokens=totals[0],
-            prefill_tokens=totals[1],
-            chunk_context=totals[2],
+            decode_tokens=shape.decode_tokens,
+            prefill_tokens=shape.prefill_tokens,
+            chunk_context=shape.chunk_attention,
             num_decode_reqs=len(plan.chunks) - len(prefill_chunks),
             num_prefill_reqs=len(prefill_chunks),
             preemptions=len(plan.preempted),

@@ -18,6 +18,7 @@ import pandas as pd
 
 from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import MetricsError, Snapshot, step_counts
+from engine_harness.step_model import num_prefill_steps
 from microbench.results.records import (
     Baseline,
     Derived,
@@ -29,7 +30,7 @@ from microbench.results.records import (
     Validity,
 )
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
-from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
+from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
 
 __all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
 
@@ -256,7 +257,7 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
         tpot_after_prefill_p50_ms=percentile_ms(cut.after, 50) if cut else None,
         num_chunks_actual=chunks.actual,
         num_chunks_source=chunks.source,
-        num_chunks_expected=expected_chunks(
+        num_chunks_expected=num_prefill_steps(
             obs.config.new_prefill_tokens,
             obs.config.chunk_size,
             obs.config.decode_batch_size,
@@ -302,12 +303,11 @@ def derive(inp: DeriveInputs) -> RunRecord:
             reasons.append(obs.decode_failure)
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
-    exclusive = cfg.scheduling == "exclusive"
-    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, exclusive)
+    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, cfg.scheduling)
     chunks = count_chunks(
         len(steps.prefill) or None,
         counts.mixed_steps,
-        expected_chunks(cfg.new_prefill_tokens, cfg.chunk_size, d, cfg.scheduling),
+        num_prefill_steps(cfg.new_prefill_tokens, cfg.chunk_size, d, cfg.scheduling),
     )
     local = None
     if cut is not None:

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from benchcore.schema import StrictModel
+from engine_harness.step_model import Scheduling
 from engine_harness.steps import EngineStep
 
 __all__ = [
@@ -55,7 +56,7 @@ class RunConfig(StrictModel):
     engine: str = Field(description="engine kind and version, e.g. 'vllm 0.32.0'")
     decode_context: int = Field(ge=0, description="prompt tokens of each decode stream (shared prefix)")
     decode_max_tokens: int = Field(ge=0, description="max_tokens of each decode stream")
-    scheduling: Literal["mixed", "exclusive"] | None = Field(
+    scheduling: Scheduling | None = Field(
         None,
         description="how prefill steps treat the running decodes: 'mixed' (they ride in every prefill "
         "step: vLLM, SGLang --enable-mixed-chunk) or 'exclusive' (a prefill step runs instead of the "

@@ -17,6 +17,7 @@ from rich.progress import Progress, TaskID
 from benchcore.console import console
 from engine_harness.engines import engine_kind
 from engine_harness.launch import EngineProcess
+from engine_harness.step_model import Scheduling, num_prefill_steps
 from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.faults import infrastructure_reasons
@@ -27,7 +28,6 @@ from microbench.results.records import (
     RunConfig,
     point_name,
 )
-from microbench.results.windows import expected_chunks
 from microbench.sweep.config import SweepConfig
 from microbench.sweep.faults import FaultBudget, InfrastructureFault, batch_fault, infrastructure_error
 from microbench.sweep.lifecycle import EngineLifecycle, SweepAborted, Timing, progress_bar
@@ -292,12 +292,12 @@ class SweepRunner:
         """Decode tokens one injection uses: local baseline, window, recovery, and slack."""
         return (
             self.rules.local_gaps
-            + expected_chunks(p, chunk, d, self._scheduling(chunk))
+            + num_prefill_steps(p, chunk, d, self._scheduling(chunk))
             + self.rules.recovery_gaps
             + 8
         )
 
-    def _scheduling(self, chunk: int) -> str:
+    def _scheduling(self, chunk: int) -> Scheduling:
         spec = self.sweep.engine_spec(chunk)
         return engine_kind(spec.kind).scheduling(spec)
 
