@@ -128,7 +128,24 @@ _SGLANG_CPU: dict[str, Any] = {
     # 1.02 s without.
     "overlap_schedule": False,
 }
+# Presets for SGLang on the seed's cards: seed 002's model, budget (8192) and prefix caching, the context
+# length of the vLLM preset of the same card (engines.PRESETS, kv_budget), and otherwise SGLang's GPU
+# defaults, as a user runs it: the overlap scheduler on, CUDA graphs on, its own page size (the seed's
+# block 16 is vLLM's default) and its own --mem-fraction-static (that knob sizes weights + KV pool only,
+# not vLLM's whole-process budget, so the seed's 0.9 would leave too little for activations and graphs).
+_SGLANG_GPU: dict[str, Any] = {
+    "kind": "sglang",
+    "model": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+    "chunk_size": 8192,
+    "prefix_caching": True,
+    "mixed_chunk": False,
+    "overlap_schedule": True,
+}
 SGLANG_PRESETS: dict[str, dict[str, Any]] = {
     "sglang-cpu": _SGLANG_CPU,
     "sglang-cpu-mixed": _SGLANG_CPU | {"mixed_chunk": True},
+    "sglang-h100": _SGLANG_GPU | {"max_model_len": 65536},
+    "sglang-h100-mixed": _SGLANG_GPU | {"max_model_len": 65536, "mixed_chunk": True},
+    "sglang-h20": _SGLANG_GPU | {"max_model_len": 200000},
+    "sglang-h20-mixed": _SGLANG_GPU | {"max_model_len": 200000, "mixed_chunk": True},
 }

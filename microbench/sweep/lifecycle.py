@@ -28,7 +28,7 @@ from rich.progress import (
 from benchcore.flags import hms
 from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
-from engine_harness.telemetry import TelemetrySampler, default_source
+from engine_harness.telemetry import TelemetrySampler, default_source, engine_visible_devices
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
 from microbench.client.retry import with_retry
@@ -153,7 +153,8 @@ class EngineLifecycle:
             await engine.start()
         self.restarts = 0
         self._record(chunk, engine)
-        sampler = TelemetrySampler(default_source(lambda: [engine.pid] if engine.pid else []), interval_s=0.5)
+        gpus = engine_visible_devices(spec.env)  # only the engine's GPUs are sampled
+        sampler = TelemetrySampler(default_source(lambda: [engine.pid] if engine.pid else [], gpus), 0.5)
         sampler.start()
         try:
             yield engine
