@@ -32,7 +32,7 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.robust import RobustFit, huber_fit, r_squared
-from analysis.steps import CANDIDATES, steps_frame, windows_frame
+from analysis.steps import CANDIDATES, EAGER, graph_ceiling, steps_frame, windows_frame
 from engine_harness import step_model
 from microbench.results.records import RunRecord
 
@@ -65,11 +65,14 @@ class StepFit:
     diagnostics: dict[str, float]
     residuals: pd.DataFrame = field(repr=False)
     selection: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    columns: list[str] = field(default_factory=list)  # the design columns fitted (the candidate's + eager)
+    cuda_graph_max_tokens: int = 0  # the engine's CUDA-graph ceiling: eager_ms applies above it
 
     def step_ms(self, shape: step_model.StepShape) -> float:
-        """The fitted model's duration of one step (the candidate's columns only)."""
-        row = step_model.design_row(shape)
-        return sum(self.params[step_model.PARAMS[col]] * row[col] for col in CANDIDATES[self.model])
+        """The fitted model's duration of one step (the fitted columns only)."""
+        row = step_model.design_row(shape, self.cuda_graph_max_tokens)
+        cols = self.columns or CANDIDATES[self.model]
+        return sum(self.params[step_model.PARAMS[col]] * row[col] for col in cols)
 
     def prefill_ms(
         self,
@@ -144,10 +147,17 @@ def _loo_steps(frame: pd.DataFrame, cols: list[str]) -> float:
     return float(np.nanmedian(errors)) if errors else math.nan
 
 
+def _columns(name: str, frame: pd.DataFrame) -> list[str]:
+    """A candidate's columns, with the eager-step term where the steps lie on both sides of a CUDA-graph
+    ceiling (a break in the step cost that CPU data never show)."""
+    return CANDIDATES[name] + ([EAGER] if frame[EAGER].nunique() > 1 else [])
+
+
 def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:
     """Every candidate's in-sample R² and leave-one-P-out median error on the steps."""
     rows = []
-    for name, cols in CANDIDATES.items():
+    for name in CANDIDATES:
+        cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue
         predicted = frame[cols].to_numpy(float) @ _ols(frame, cols).params
@@ -191,7 +201,7 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
         best = selection["loo_p_median_ape_pct"].min()
         ok = selection[selection["loo_p_median_ape_pct"] <= best * 1.1] if math.isfinite(best) else selection
         model = str(ok.sort_values(["parameters", "loo_p_median_ape_pct"]).iloc[0]["model"])
-    cols = CANDIDATES[model]
+    cols = _columns(model, frame)
     result = _ols(frame, cols)
     ci = result.conf_int
     params = {step_model.PARAMS[c]: float(v) for c, v in zip(cols, result.params, strict=True)}
@@ -202,9 +212,11 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
     residuals = frame.assign(predicted_ms=predicted, residual_ms=y - predicted)
     loo = float(row["loo_p_median_ape_pct"])
     diagnostics = _diagnostics(y, predicted, y - predicted)
+    ceiling = max((graph_ceiling(r) for r in records), default=0)
     return StepFit(
-        model, params, cis, r_squared(y, predicted), loo, len(frame), data, diagnostics, residuals, selection
-    )
+        model, params, cis, r_squared(y, predicted), loo, len(frame), data, diagnostics, residuals, selection,
+        cols, ceiling,
+    )  # fmt: skip
 
 
 def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
@@ -334,7 +346,7 @@ def leave_one_p_out(records: list[RunRecord], model: str | None = None) -> pd.Da
         )
         steps = steps_frame(test)
         if not steps.empty:
-            cols = CANDIDATES[step.model]
+            cols = step.columns
             pred = steps[cols].to_numpy(float) @ np.array([step.params[step_model.PARAMS[c]] for c in cols])
             row["step_step_mape"] = _mape(steps["elapsed_ms"].to_numpy(float), pred)
         else:

@@ -20,17 +20,25 @@ from __future__ import annotations
 
 import pandas as pd
 
-from engine_harness.step_model import COLUMNS, MODEL_COLUMNS, Chunk, StepShape, chunk_schedule, design_row
+from engine_harness.step_model import COLUMNS, Chunk, StepShape, chunk_schedule, design_row
 from microbench.results.records import RunRecord
 
-__all__ = ["CANDIDATES", "steps_frame", "windows_frame"]
+__all__ = ["CANDIDATES", "EAGER", "graph_ceiling", "steps_frame", "windows_frame"]
 
 # A candidate model uses a subset of the step model's design columns (``engine_harness.step_model``).
 CANDIDATES: dict[str, list[str]] = {
     "c·ctx": ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m"],
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
-    "c·(ctx + c/2) + D·ctx_dec": MODEL_COLUMNS,
+    "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
 }
+# Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
+EAGER = "eager_steps"
+
+
+def graph_ceiling(rec: RunRecord) -> int:
+    """The largest step the record's engine ran as a CUDA graph (0: none, or not known)."""
+    mode = rec.interference.step_mode
+    return (mode.cuda_graph_max_tokens or 0) if mode is not None else 0
 
 
 def _keys(rec: RunRecord) -> dict[str, int]:
@@ -58,7 +66,7 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     for rec in records:
         if not rec.validity.valid:
             continue
-        d, dec_ctx = rec.config.decode_batch_size, _decode_context(rec)
+        d, dec_ctx, ceiling = rec.config.decode_batch_size, _decode_context(rec), graph_ceiling(rec)
         ctx = 0
         for i, step in enumerate(s for s in rec.interference.engine_steps_log if s.prefill_tokens > 0):
             c = step.prefill_tokens
@@ -67,12 +75,12 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
                 continue
             row = {**_keys(rec), "step_index": i, "kind": "mixed", "context": float(ctx)}
             shape = StepShape(step.decode_tokens, (Chunk(c, ctx),), step.decode_tokens * dec_ctx)
-            rows.append(row | design_row(shape) | {"elapsed_ms": step.elapsed_ms})
+            rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": step.elapsed_ms})
             ctx += c
         if rec.interference.engine_steps_log and rec.interference.decode_step_ms is not None and d:
             row = {**_keys(rec), "step_index": -1, "kind": "decode", "context": 0.0}
             shape = StepShape(d, (), d * dec_ctx)
-            rows.append(row | design_row(shape) | {"elapsed_ms": rec.interference.decode_step_ms})
+            rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": rec.interference.decode_step_ms})
     columns = [
         "chunk_size",
         "decode_batch_size",
@@ -107,7 +115,7 @@ def windows_frame(records: list[RunRecord], only_without_log: bool = True) -> pd
                 StepShape(riders, (Chunk(min(size, p - i * size), i * size),), riders * dec_ctx)
                 for i in range(itf.num_chunks_actual)
             ]
-        summed = pd.DataFrame([design_row(s) for s in sched]).sum()
+        summed = pd.DataFrame([design_row(s, graph_ceiling(rec)) for s in sched]).sum()
         elapsed = (
             itf.engine_prefill_time_ms if itf.engine_prefill_time_ms is not None else itf.prefill_duration_ms
         )

@@ -21,6 +21,7 @@ from engine_harness import sglang_kind as sg
 from engine_harness.environments import EngineEnvError, package_installed
 from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS, MetricNames
 from engine_harness.steps import (
+    VLLM_LOGGING_CONFIG,
     StepSourceFactory,
     no_step_source,
     sglang_step_source,
@@ -210,6 +211,8 @@ def _vllm_env(spec: EngineSpec) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
     if spec.cpu_threads_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    if spec.log_iteration_details:  # stamped step lines time whole steps in every mode (step_modes)
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(VLLM_LOGGING_CONFIG)
     return env | spec.env
 
 

@@ -14,6 +14,11 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
 - ``δ`` (``delta_ns``): a decode token's attention to its own request's context (``ctx_dec``), which grows
   while a batch is reused.
 
+On a GPU whose engine runs CUDA graphs (vLLM: steps up to ``max_cudagraph_capture_size`` tokens, 512 by
+default), a step above that ceiling runs eagerly: it pays ``eager_ms`` more (kernel launches a graph
+replays at once). ``cuda_graph_max_tokens`` is that ceiling (0: no graphs, as on CPU: no break); it is the
+engine's setting, not fitted, and ``eager_ms`` is the break the fit estimates.
+
 Scheduling (``Scheduling``) decides which steps a prompt of ``P`` tokens takes next to ``D`` running
 decodes at a token budget (chunk size) ``B``:
 
@@ -50,6 +55,7 @@ __all__ = [
     "decode_delay_ms",
     "design_row",
     "extra_wait_ms",
+    "is_eager",
     "num_prefill_steps",
     "prefill_budget",
 ]
@@ -109,6 +115,15 @@ class StepModel(StrictModel):
         default=15.0, ge=0, le=1e6, description="per chunk token × (its context + chunk/2) token (ns)"
     )
     delta_ns: float = Field(default=0.0, ge=0, le=1e6, description="per decode token × its context (ns)")
+    eager_ms: float = Field(
+        default=0.0,
+        ge=0,
+        le=10_000,
+        description="extra fixed cost of a step above the CUDA-graph ceiling (ms)",
+    )
+    cuda_graph_max_tokens: int = Field(
+        default=0, ge=0, le=1 << 20, description="largest step run as a CUDA graph (0: none, no break)"
+    )
 
     def step_ms(self, shape: StepShape) -> float:
         """The model's duration of one step in ms."""
@@ -118,6 +133,7 @@ class StepModel(StrictModel):
             + self.beta_c_ms * shape.prefill_tokens
             + self.gamma_ns * 1e-6 * shape.chunk_attention
             + self.delta_ns * 1e-6 * shape.decode_context
+            + self.eager_ms * is_eager(shape, self.cuda_graph_max_tokens)
         )
 
     def coefficients(self) -> dict[str, float]:
@@ -125,12 +141,18 @@ class StepModel(StrictModel):
         return {name: float(getattr(self, name)) for name in dict.fromkeys(PARAMS.values())}
 
 
+def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
+    """The step runs eagerly although the engine captures CUDA graphs (it is above their ceiling)."""
+    return bool(cuda_graph_max_tokens) and shape.num_tokens > (cuda_graph_max_tokens or 0)
+
+
 # The design matrix of the linear fit: one column per term, in ms-consistent units, so that a column's
 # coefficient is the parameter ``PARAMS[column]`` (attention columns are in millions of token × token, so
 # their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only alternative to
-# ``c_attn_m`` (both estimate γ); ``MODEL_COLUMNS`` are the model's own.
-COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m"]
-MODEL_COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"]
+# ``c_attn_m`` (both estimate γ); ``eager_steps`` (1 for a step above the CUDA-graph ceiling) is fitted
+# where the data hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
+COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m", "eager_steps"]
+MODEL_COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "eager_steps"]
 PARAMS = {
     "n_steps": "alpha_ms",
     "decode_tokens": "beta_d_ms",
@@ -138,12 +160,14 @@ PARAMS = {
     "c_ctx_m": "gamma_ns",
     "c_attn_m": "gamma_ns",
     "d_ctx_m": "delta_ns",
+    "eager_steps": "eager_ms",
 }
 
 
-def design_row(shape: StepShape) -> dict[str, float]:
-    """One step's row of every column of ``COLUMNS``: ``StepModel.step_ms(shape)`` equals the sum over
-    ``MODEL_COLUMNS`` of the row's value times the column's parameter."""
+def design_row(shape: StepShape, cuda_graph_max_tokens: int | None = 0) -> dict[str, float]:
+    """One step's row of every column of ``COLUMNS`` on an engine with that CUDA-graph ceiling:
+    ``StepModel.step_ms(shape)`` equals the sum over ``MODEL_COLUMNS`` of the row's value times the
+    column's parameter."""
     return {
         "n_steps": 1.0,
         "decode_tokens": float(shape.decode_tokens),
@@ -151,6 +175,7 @@ def design_row(shape: StepShape) -> dict[str, float]:
         "c_ctx_m": shape.chunk_context / 1e6,
         "c_attn_m": shape.chunk_attention / 1e6,
         "d_ctx_m": shape.decode_context / 1e6,
+        "eager_steps": float(is_eager(shape, cuda_graph_max_tokens)),
     }
 
 

@@ -105,6 +105,24 @@ class SimConfig(StrictModel):
         "request (parsing, tokenization, hand-off): in the client's TTFT, not in the engine's queue time"
     )  # fmt: skip
     step: SimStepModel = Field(default_factory=lambda: SimStepModel())
+    # GPU-like modes (engine_harness.sim.gpu_modes): host work before the device runs a step, and how vLLM
+    # would run and time it
+    host_ms: float = Field(
+        default=0.0, ge=0, le=10_000, description="host work per step (ms): input prep, launch"
+    )
+    host_ns_per_token: float = Field(default=0.0, ge=0, le=1e6, description="host work per step token (ns)")
+    executor: Literal["mp", "uni"] = Field(
+        default="mp", description="vLLM's executor the sim times its steps as: mp (the elapsed field "
+        "times the whole step, as on CPU) or uni (one GPU: the field starts after the launch)"
+    )  # fmt: skip
+    async_scheduling: bool = Field(
+        default=False, description="two batches in flight (CUDA vLLM's default): a step's host work overlaps "
+        "the previous step's device work, the field times the wait on the older batch"
+    )  # fmt: skip
+    vllm_log: bool = Field(
+        default=False, description="log like CUDA vLLM on stdout: its start-up statement and a stamped "
+        "iteration line per step (the sweep then reads the sim as it reads vLLM)"
+    )  # fmt: skip
     time_scale: float = Field(
         default=1.0,
         ge=0,

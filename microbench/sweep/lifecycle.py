@@ -28,6 +28,7 @@ from rich.progress import (
 from benchcore.flags import hms
 from benchcore.redact import redact_argv
 from engine_harness.launch import EngineProcess
+from engine_harness.step_modes import describe_step_mode
 from engine_harness.telemetry import TelemetrySampler, default_source, engine_visible_devices
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
@@ -196,6 +197,11 @@ class EngineLifecycle:
             "probes_ms": [round(p, 3) for p in warm.probes_ms],
             "verified": warm.verified,
         }
+        if client.steps is not None:
+            await client.steps.mark()  # a source that asks the engine for its mode knows it from here on
+            if (mode := client.steps.mode) is not None:
+                manifest.step_modes[str(chunk)] = mode
+                self.console.print(f"chunk {chunk}: {describe_step_mode(mode)}", soft_wrap=True)
         self.folder.write_manifest(manifest)
         if not warm.verified:
             self.console.print(

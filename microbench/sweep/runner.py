@@ -271,6 +271,7 @@ class SweepRunner:
                 prompt_tokens=inj.prefill.prompt_tokens,
                 cached_prompt_tokens=inj.prefill.cached_prompt_tokens,
                 engine_steps=inj.steps if client.steps is not None else None,
+                step_mode=client.steps.mode if client.steps is not None else None,
                 notes=inj.reasons,
                 decode_failure=batch.failure() if batch is not None else None,
                 client_lag_max_ms=inj.client_lag_max_ms,

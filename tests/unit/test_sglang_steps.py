@@ -76,8 +76,14 @@ def test_the_source_reads_the_mode_from_sglangs_own_server_args_line(tmp_path: P
     log.write_text(args.format(off=False, mixed=False, every=1) + args.format(off=True, mixed=True, every=1))
     source = sglang_step_source(None, "http://x", log)  # type: ignore[arg-type]
     assert isinstance(source, SglangLogStepSource) and source.mixed  # the last start counts
+    assert source.mode is not None and source.mode.async_scheduling is False  # --disable-overlap-schedule
+    assert source.mode.timing == "log_interval"
+    # SGLang's GPU default, the overlap scheduler: lines still one per step, in order, each written when
+    # its step's outputs went out; the record's mode says the overlap was on (it used to give no source)
     log.write_text(args.format(off=False, mixed=False, every=1))
-    assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # overlap: lines late
+    overlap = sglang_step_source(None, "http://x", log)  # type: ignore[arg-type]
+    assert isinstance(overlap, SglangLogStepSource) and overlap.mode is not None
+    assert overlap.mode.async_scheduling is True and overlap.mode.timing == "log_interval"
     log.write_text(args.format(off=True, mixed=False, every=40))
     assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # one line per 40
     assert sglang_step_source(None, "http://x", tmp_path / "none.log") is None  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from engine_harness.step_model import (
     decode_delay_ms,
     design_row,
     extra_wait_ms,
+    is_eager,
     num_prefill_steps,
     prefill_budget,
 )
@@ -42,11 +43,26 @@ def test_the_cost_of_one_step_by_hand() -> None:
 
 def test_the_design_row_times_the_parameters_is_the_step() -> None:
     shape = StepShape(7, (Chunk(300, 1200),), 7 * 900.0)
-    row = design_row(shape)
-    coef = MODEL.coefficients()
-    assert sum(row[c] * coef[PARAMS[c]] for c in MODEL_COLUMNS) == pytest.approx(MODEL.step_ms(shape))
+    graphs = MODEL.model_copy(update={"eager_ms": 3.0, "cuda_graph_max_tokens": 256})
+    for model in (MODEL, graphs):
+        row = design_row(shape, model.cuda_graph_max_tokens)
+        coef = model.coefficients()
+        assert sum(row[c] * coef[PARAMS[c]] for c in MODEL_COLUMNS) == pytest.approx(model.step_ms(shape))
     assert row["c_ctx_m"] == pytest.approx(300 * 1200 / 1e6)  # the cached-context-only alternative
-    assert set(coef) == {"alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns"}
+    assert set(coef) == {"alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "eager_ms"}
+
+
+def test_a_step_above_the_cuda_graph_ceiling_pays_the_eager_cost() -> None:
+    graphs = StepModel(
+        alpha_ms=2.0, beta_d_ms=0.0, beta_c_ms=0.0, gamma_ns=0.0, eager_ms=3.0, cuda_graph_max_tokens=512
+    )
+    assert graphs.step_ms(StepShape(8, (Chunk(504),))) == 2.0  # 512 tokens: a graph
+    assert graphs.step_ms(StepShape(8, (Chunk(505),))) == 5.0  # 513: eager
+    assert graphs.step_ms(StepShape(600)) == 5.0  # a decode batch above the ceiling too
+    no_graphs = graphs.model_copy(update={"cuda_graph_max_tokens": 0})  # CPU: no ceiling, no break
+    assert no_graphs.step_ms(StepShape(8, (Chunk(8000),))) == 2.0
+    assert not is_eager(StepShape(8, (Chunk(8000),)), None)
+    assert design_row(StepShape(8, (Chunk(505),)), 512)["eager_steps"] == 1.0
 
 
 def test_mixed_and_exclusive_schedules_by_hand() -> None:
