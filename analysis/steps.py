@@ -95,15 +95,21 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def _timed_log(rec: RunRecord) -> bool:
+    """The record's step log gives its steps durations (not so where the engine's mode allowed none)."""
+    return any(s.elapsed_ms is not None for s in rec.interference.engine_steps_log)
+
+
 def windows_frame(records: list[RunRecord], only_without_log: bool = True) -> pd.DataFrame:
     """One row per valid record: the regressors summed over its prefill window (chunks from the step
     model's ``chunk_schedule`` in the record's scheduling, or ``num_chunks_actual`` equal chunks when that
     differs) and, as ``elapsed_ms``, the engine's prefill time when /metrics had it, else the client's
-    send → first token. By default only records without a step log."""
+    send → first token. By default only records without a step log that times its steps (an engine
+    mode that allowed no durations leaves a log that counts the chunks but prices none)."""
     rows = []
     for rec in records:
         itf = rec.interference
-        if not rec.validity.valid or (only_without_log and itf.engine_steps_log):
+        if not rec.validity.valid or (only_without_log and _timed_log(rec)):
             continue
         cfg = rec.config
         d, p = cfg.decode_batch_size, cfg.new_prefill_tokens

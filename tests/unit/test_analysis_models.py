@@ -105,6 +105,22 @@ def test_window_fallback_without_step_logs(records: list[RunRecord]) -> None:
     assert fit.params["gamma_ns"] == pytest.approx(TRUTH.gamma_ns, rel=0.10)
 
 
+def test_a_step_log_without_durations_falls_back_to_the_windows(records: list[RunRecord]) -> None:
+    # an engine whose mode allowed no step durations (its field no whole step, its lines unstamped): the
+    # log still counts the chunks, but the fit uses the prefill windows, never the raw field
+    def untimed(r: RunRecord) -> RunRecord:
+        log = [
+            s.model_copy(update={"elapsed_ms": None, "reported_ms": 1.0})
+            for s in r.interference.engine_steps_log
+        ]
+        itf = r.interference.model_copy(update={"engine_steps_log": log, "decode_step_ms": None})
+        return r.model_copy(update={"interference": itf})
+
+    fit = fit_step_model([untimed(r) for r in records])
+    assert fit.data == "windows"
+    assert fit.params["gamma_ns"] == pytest.approx(TRUTH.gamma_ns, rel=0.10)
+
+
 def test_seed_model_penalties(records: list[RunRecord]) -> None:
     seed = fit_seed_model(records)
     assert len(seed.penalty_ms) == 2 * 5  # one per (D > 0, chunk)
