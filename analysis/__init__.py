@@ -2,7 +2,9 @@
 
 Modules: ``table`` (run folder → ``interference_table.csv``), ``steps`` (per-step/per-window fit data),
 ``models`` (seed and step models), ``breakeven`` (KV transfer cost, link profiles in ``links/``),
-``policy`` (offload lookup table + CLI), ``plots`` (Figures), ``report`` (Markdown/HTML + CLI),
+``policy`` (offload lookup table + CLI), ``plots`` (Figures), ``criteria`` (seed 002's success criteria,
+each verdict naming what it judged), ``sweep_report`` (the sweep's one typed report: ``SweepReport``),
+``report`` (its Markdown/HTML renderers + CLI; page template in ``templates/``),
 ``synthetic`` (a run folder from a known step model, for tests and demos).
 """
 

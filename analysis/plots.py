@@ -240,7 +240,7 @@ def model_comparison(records: list[RunRecord]) -> Figure:
     frames = []
     for name, model in (
         ("seed: n × D × penalty(D, chunk)", seed),
-        ("step: α + β_d·D + β_c·c + γ·c·ctx", step),
+        (f"step: α + β_d·D + β_c·c + γ·{step.model}", step),
     ):
         pred = np.array([model.interference_ms(int(d), int(p), int(c), s) for d, p, c, s in keys])
         r2 = r_squared(target["interference_ms"].to_numpy(), pred)
@@ -255,6 +255,6 @@ def model_comparison(records: list[RunRecord]) -> Figure:
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
     ax.set(xscale="log", yscale="log", xlabel="measured total interference ms (aggregate decode delay)",
            ylabel="predicted ms")  # fmt: skip
-    ax.set_title("constant-penalty model vs step model")
+    ax.set_title("seed 002's product model vs the step model")
     ax.legend(fontsize=8)
     return fig

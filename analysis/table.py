@@ -293,13 +293,17 @@ def interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -> pd.D
     return aggregate_cells(records_frame(run_dir), n_boot=n_boot, seed=seed)
 
 
-def write_interference_table(run_dir: Path, n_boot: int = 2000, seed: int = 0) -> Path:
-    """Write ``<run_dir>/interference_table.csv`` and ``.parquet``; return the CSV path.
+def write_interference_table(
+    run_dir: Path, n_boot: int = 2000, seed: int = 0, table: pd.DataFrame | None = None
+) -> Path:
+    """Write ``<run_dir>/interference_table.csv`` and ``.parquet``; return the CSV path. ``table``: the
+    run's table when the caller has aggregated it already (else it is aggregated here).
 
     Empty CSV fields mean "not measured" (e.g. baseline and penalty of D = 0 cells), never zero.
     """
     run_dir = Path(run_dir)
-    table = interference_table(run_dir, n_boot=n_boot, seed=seed)
+    if table is None:
+        table = interference_table(run_dir, n_boot=n_boot, seed=seed)
     csv_path = run_dir / "interference_table.csv"
     atomic_write_bytes(csv_path, table.to_csv(index=False, float_format="%.6g").encode())
     parquet = io.BytesIO()

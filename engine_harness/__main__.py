@@ -19,6 +19,7 @@ from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out, duration
 from engine_harness.engines import DEFAULT_PRESET, ENGINE_KINDS, EngineSpec, engine_kind, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
+from engine_harness.handles import model_cards
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError, scrape
 
@@ -64,8 +65,10 @@ async def _inspect(url: str, kind: str) -> dict[str, object]:
     names = engine_kind(kind).metrics
     base = url.rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        async with session.get(f"{base}/v1/models") as resp:
-            models = await resp.json(content_type=None) if resp.status == 200 else {"status": resp.status}
+        try:
+            model_ids = [m.get("id") for m in await model_cards(session, base)]
+        except (aiohttp.ClientResponseError, KeyError, TypeError):
+            model_ids = []
         version = None
         async with session.get(f"{base}{engine_kind(kind).version_path}") as resp:
             if resp.status == 200:
@@ -82,7 +85,6 @@ async def _inspect(url: str, kind: str) -> dict[str, object]:
         "preemptions": snap.total(names.preemptions),
         "engine_steps": (snap.histogram(names.iteration_tokens) or {}).get(float("inf")),
     }
-    model_ids = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
     return {"url": base, "version": version, "models": model_ids, "metrics": summary}
 
 

@@ -31,19 +31,21 @@ import yaml
 from pydantic import Field, ValidationError
 
 from benchcore.cli import BadInput, Failed, run_cli
-from benchcore.flags import add_out, arm, duration_ms
+from benchcore.flags import add_out, duration_ms
 from benchcore.schema import StrictModel
 from engine_harness.engines import DEFAULT_PRESET, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
-from engine_harness.launch import EngineError, EngineProcess
-from microbench.battery.context import BatteryContext
-from microbench.battery.engine import (
+from engine_harness.handles import (
+    ENGINE_PREFIX,
     EngineHandle,
     EngineOverrides,
     ExternalEngine,
     LaunchedEngine,
+    parse_arm,
     served_model,
 )
+from engine_harness.launch import EngineError, EngineProcess
+from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.render import gate_lines
 from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
@@ -53,7 +55,6 @@ from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
 
 __all__ = ["BatteryConfig", "build_parser", "main"]
 
-ENGINE_PREFIX = "engine:"
 ARM_HELP = (
     "a configuration for 5.10 (repeat; the first is the baseline): NAME=URL, an endpoint, or "
     f"NAME={ENGINE_PREFIX}[KEY=VALUE,...], the battery's engine (--engine vllm|sim) restarted with "
@@ -75,25 +76,6 @@ class BatteryConfig(StrictModel):
     ttft_slo: str | None = Field(default=None, description="a duration, e.g. 500ms")
     tpot_slo: str | None = None
     gpus: int = Field(default=0, ge=0)
-
-
-def _arm(value: str) -> tuple[str, str | EngineOverrides]:
-    try:
-        name, target = arm(value)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"--arm wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
-        ) from None
-    if not target:
-        raise argparse.ArgumentTypeError(
-            f"--arm wants NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..., got {value!r}"
-        )
-    if not target.startswith(ENGINE_PREFIX):
-        return name, target
-    try:
-        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cold-start", action="store_true", default=None, help="skip warm-up, declared (4.5.3)")
     run.add_argument(
         "--arm",
-        type=_arm,
+        type=parse_arm,
         action="append",
         metavar=f"NAME=URL|NAME={ENGINE_PREFIX}KEY=VALUE,...",
         help=ARM_HELP,
@@ -148,7 +130,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         config = BatteryConfig.model_validate(base)
     except ValidationError as exc:
         raise BadInput(f"--config {args.config}: {exc}") from None
-    arms = [(n, _arm(f"{n}={v}")[1]) for n, v in config.arms.items()] if args.arm is None else args.arm
+    arms = [(n, parse_arm(f"{n}={v}")[1]) for n, v in config.arms.items()] if args.arm is None else args.arm
     slo = {
         k: duration_ms(v) if v else None for k, v in (("ttft", config.ttft_slo), ("tpot", config.tpot_slo))
     }
@@ -286,7 +268,7 @@ async def _run(args: argparse.Namespace, out: Path) -> int:
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])
-            rows = await plan_battery(ctx, [t.name for t in ordered_tests(names)], _emit)
+            rows = await plan_battery(ctx, ordered_tests(names), _emit)
             (out / "plan.json").write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
             print(f"plan only: nothing else ran; plan in {out / 'plan.json'}")
             return 0

@@ -14,62 +14,27 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import pandas as pd
 
+from engine_harness.handles import EngineHandle, EngineOverrides
 from engine_harness.metrics import MetricsError, Snapshot, scrape
-from microbench.battery.engine import EngineHandle, EngineOverrides
-from microbench.battery.plan import progress_line
 from microbench.battery.profiles import Profile
-from microbench.battery.saturation import SATURATION_RULE
-from microbench.battery.stats import request_latencies
-from microbench.battery.sustainable import Capacity, LedgerEntry, capacity_from
+from microbench.battery.progress import progress_line
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
-from microbench.loadgen.trace import StageHealth, stage_health, trace_frame, write_trace
+from microbench.loadgen.trace import write_trace
+from microbench.measure.capacity import CapacityPlan, CapacitySearch, capacity_ledger, measure_capacity
+from microbench.measure.runs import Run, run_of
+from microbench.measure.saturation import SATURATION_RULE
+from microbench.measure.sustainable import Capacity, LedgerEntry, capacity_from
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.reference import WORKLOADS, reference_workload
 from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
-__all__ = ["BatteryContext", "Run", "StageWindow"]
-
-
-@dataclass
-class StageWindow:
-    """One stage of a run: its requests' latencies and its issuing window (s from the session start)."""
-
-    name: str
-    latencies: pd.DataFrame
-    start_s: float
-    issue_end_s: float
-    end_s: float
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        """Output tokens of successful requests over the stage's wall time (start to drained)."""
-        ok = self.latencies[self.latencies["ok"]]
-        return float(ok["output_tokens"].fillna(0).sum()) / max(self.end_s - self.start_s, 1e-9)
-
-
-@dataclass
-class Run:
-    """The records of one session: trace frame, latencies, stage windows, load-generator health."""
-
-    frame: pd.DataFrame
-    latencies: pd.DataFrame
-    stages: dict[str, StageWindow]
-    health: list[StageHealth]
-
-    def stage(self, name: str) -> StageWindow:
-        return self.stages[name]
-
-    @property
-    def generator_warnings(self) -> list[str]:
-        return [h.warning for h in self.health if h.warning]
+__all__ = ["BatteryContext"]
 
 
 @dataclass
@@ -91,7 +56,7 @@ class BatteryContext:
     cpu_count: int = 1
     estimates: dict[str, float] = field(default_factory=dict)
     ledger: list[LedgerEntry] = field(default_factory=list)
-    search: Any = None  # capacity_search.CapacitySearch once measured
+    search: CapacitySearch | None = None  # once measured
     capacity_note: str | None = None
     on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
     emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
@@ -153,19 +118,7 @@ class BatteryContext:
                 workload={"battery_label": label},
                 engine={"base_url": settings.base_url, "model": self.model, "kind": self.engine.kind},
             )
-        frame = trace_frame(result)
-        latencies = request_latencies(frame)
-        windows = {}
-        for outcome in result.stages:
-            mask = (frame["stage"] == outcome.name).to_numpy()
-            windows[outcome.name] = StageWindow(
-                outcome.name,
-                latencies[mask].reset_index(drop=True),
-                (outcome.start_ns - result.t0_ns) / 1e9,
-                (outcome.issue_end_ns - result.t0_ns) / 1e9,
-                (outcome.end_ns - result.t0_ns) / 1e9,
-            )
-        return Run(frame, latencies, windows, stage_health(result, frame))
+        return run_of(result)
 
     async def _tick(self, label: str, session: LoadSession, stages: list[Stage]) -> None:
         """Print a progress line every ``progress_every_s`` while ``stages`` run (reads only counts)."""
@@ -206,27 +159,46 @@ class BatteryContext:
                 return False
             await asyncio.sleep(0.05)
 
+    async def capacity_search(self) -> CapacitySearch:
+        """The one capacity measurement (5.2.3), run when a test first asks; its levels join ``ledger``."""
+        if self.search is None:
+            spec = self.workload_spec()
+            self.search = await measure_capacity(self.run, lambda: self.requests(spec), self.capacity_plan())
+            self.ledger += capacity_ledger(self.search, "5.2")
+            if self.on_capacity is not None:
+                self.on_capacity()
+        return self.search
+
     async def capacity_rps(self) -> float:
         """The battery's sustainable open-loop rate (req/s), from the one capacity measurement.
 
-        Measured the first time a test asks (``capacity_search.measure_capacity``: closed-loop ramp, then
-        an open-loop search, every level in ``ledger``). When no open-loop level was sustainable, half the
-        lowest rate probed stands in, and ``capacity_note`` says so.
+        Measured the first time a test asks (``measure.capacity.measure_capacity``: closed-loop ramp,
+        then an open-loop search, every level in ``ledger`` as 5.2's). When no open-loop level was
+        sustainable, half the lowest rate probed stands in, and ``capacity_note`` says so.
         """
-        if self.search is None:
-            from microbench.battery.capacity_search import measure_capacity
-
-            self.search = await measure_capacity(self)
-            if self.on_capacity is not None:
-                self.on_capacity()
-        if self.search.sustainable_rps is not None:
-            return self.search.sustainable_rps
-        lowest = min(s.value for s in self.search.search)
+        search = await self.capacity_search()
+        if search.sustainable_rps is not None:
+            return search.sustainable_rps
+        lowest = min(s.value for s in search.search)
         self.capacity_note = (
             "no open-loop level was sustainable; loads scale by half the lowest probed rate "
             f"({lowest:.2f} req/s)"
         )
         return lowest / 2
+
+    def capacity_plan(self) -> CapacityPlan:
+        """The profile's capacity settings, the run's seed and SLOs (5.2's search; 5.6's, 5.10's ramps)."""
+        p = self.profile
+        return CapacityPlan(
+            start_concurrency=p.probe_concurrency,
+            max_concurrency=p.capacity_max,
+            level_duration_s=p.level_duration_s,
+            closed_ttft_p99_ms=p.capacity_ttft_p99_ms,
+            search_probes=p.search_probes,
+            seed=self.seed,
+            ttft_slo_ms=self.ttft_slo_ms,
+            tpot_slo_ms=self.tpot_slo_ms,
+        )
 
     def capacity(self) -> Capacity:
         """Max sustainable throughput, rate and peak over every level entered so far."""

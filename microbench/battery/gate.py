@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from microbench.battery.levels import LevelRow
 from microbench.battery.report import BatteryReport
-from microbench.battery.stats import Distribution
+from microbench.measure.levels import LevelRow
+from microbench.measure.stats import Distribution
 
 __all__ = ["check_report", "distribution_order", "walk"]
 

@@ -1,8 +1,10 @@
-"""Battery tests registered by name: ``@register_test("ttft", "5.1", "Time to First Token")``.
+"""Battery tests registered by name: ``@register_test("ttft", "5.1", "Time to First Token", estimate=...)``.
 
 A test is an async function of a ``BatteryContext`` returning an ``Outcome`` (its typed data, the
 requirements it checked, and notes). Raising ``SkipTest`` says why the engine or the run cannot give
-what the test needs; the runner reports it as skipped with that reason.
+what the test needs; the runner reports it as skipped with that reason. A test registers with itself
+what the plan needs (``plan``): its estimate, and whether it scales its load by the capacity measurement.
+A new test is a new module in ``sections/``: importing that package imports every module in it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from benchcore.registry import Registry
 from microbench.battery.compliance import Requirement, must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.plan import PlanEstimate
 from microbench.battery.report import TestData
 
 __all__ = [
@@ -49,14 +52,23 @@ class BatteryTest:
     section: str
     title: str
     run: TestFunction
+    estimate: PlanEstimate | None = None  # None: no load of its own (5.2 reports the capacity measurement)
+    needs_capacity: bool = False  # scales its load by the capacity measurement (planned before it)
 
 
 TESTS: Registry[BatteryTest] = Registry("battery test")
 
 
-def register_test(name: str, section: str, title: str) -> Callable[[TestFunction], TestFunction]:
+def register_test(
+    name: str,
+    section: str,
+    title: str,
+    *,
+    estimate: PlanEstimate | None = None,
+    needs_capacity: bool = False,
+) -> Callable[[TestFunction], TestFunction]:
     def add(fn: TestFunction) -> TestFunction:
-        TESTS.register(name)(BatteryTest(name, section, title, fn))
+        TESTS.register(name)(BatteryTest(name, section, title, fn, estimate, needs_capacity))
         return fn
 
     return add

@@ -1,20 +1,20 @@
 """Renderers of a ``BatteryReport``: JSON, the minimum viable report (C.1), the full report (C.2) as Markdown,
-and a self-contained HTML page (figures embedded as base64 PNG).
+and a self-contained HTML page (``templates/battery_report.html`` on the shared layout of
+``benchcore.pages``, figures embedded as base64 PNG).
 
 Every number comes from the report object; tables are the tests' own ``Table`` layouts.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 
+from benchcore.pages import png_data_uri, render_page
 from microbench.battery.gate import check_report
 from microbench.battery.plots import caption_for
 from microbench.battery.report import BatteryReport, Table, TestResult, capacity_rows, num
 from microbench.battery.sections.ttft import TtftData
-from microbench.battery.sustainable import Capacity
+from microbench.measure.sustainable import Capacity
 
 __all__ = ["gate_lines", "html_report", "markdown_full", "markdown_minimum"]
 
@@ -250,60 +250,33 @@ def markdown_full(report: BatteryReport, figures_dir: str = "figures") -> str:
     return "\n".join(out)
 
 
-def _html_table(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table.rows)
-    note = f"<p class='note'>{html.escape(table.note)}</p>" if table.note else ""
-    return (
-        f"<h4>{html.escape(table.title)}</h4><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
-        f"{note}"
-    )
-
-
-_CSS = (
-    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-    "table{border-collapse:collapse;margin:.5em 0}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
-    "font-size:90%}th{background:#f3f3f3}.note{color:#555;font-size:90%}img{max-width:100%}"
-    "pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}"
-    ".scroll{overflow-x:auto;max-width:100%}"
-    ".gate{background:#fde2e2;border:3px solid #c00;color:#900;padding:.5em 1em;font-weight:bold}"
-    "figure{margin:1em 0}figcaption{color:#444;font-size:90%;margin-top:.3em}"
-)
-
-
-def _html_gate(report: BatteryReport) -> list[str]:
-    gate = gate_lines(report)
-    if not gate:
-        return []
-    items = "".join(f"<li>{html.escape(g.removeprefix('- '))}</li>" for g in gate[1:])
-    return [f"<div class='gate'><p>{html.escape(gate[0])}</p><ul>{items}</ul></div>"]
-
-
 def html_report(report: BatteryReport, figures_dir: Path | None) -> str:
-    """One self-contained HTML page: the minimum report, then the full report with embedded figures."""
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>LLM Benchmark Report</title>"
-        f"<style>{_CSS}</style></head><body><h1>LLM Benchmark Report</h1>",
-        *_html_gate(report),
-        "<h2>Minimum viable report (C.1)</h2>",
-        f"<pre>{html.escape(markdown_minimum(report, gate=False).strip().strip('`').strip())}</pre>",
-    ]
+    """One self-contained HTML page (``templates/battery_report.html`` on the shared layout): the minimum
+    report, then the full report with its figures embedded."""
+    sections = []
     for heading, tables, test in _sections(report):
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
-        if test is not None and test.status != "ran":
-            parts.append(f"<p><em>{html.escape(test.status)}</em>: {html.escape(test.reason)}</p>")
-        parts += [_html_table(t) for t in tables]
-        if test is not None:
-            for name in test.figures:
-                if figures_dir is not None and (figures_dir / name).is_file():
-                    data = base64.b64encode((figures_dir / name).read_bytes()).decode()
-                    cap = html.escape(caption_for(test.name))
-                    parts.append(
-                        f"<figure><img alt='{cap}' src='data:image/png;base64,{data}'>"
-                        f"<figcaption>{cap}</figcaption></figure>"
-                    )
-            if test.notes:
-                parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in test.notes) + "</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        figures = []
+        if test is not None and figures_dir is not None:
+            figures = [
+                {"src": png_data_uri((figures_dir / name).read_bytes()), "caption": caption_for(test.name)}
+                for name in test.figures
+                if (figures_dir / name).is_file()
+            ]
+        sections.append({
+            "heading": heading,
+            "skipped": test is not None and test.status != "ran",
+            "status": test.status if test else "",
+            "reason": test.reason if test else "",
+            "tables": tables,
+            "figures": figures,
+            "notes": test.notes if test else [],
+        })  # fmt: skip
+    gate = gate_lines(report)
+    return render_page(
+        "microbench.battery",
+        "battery_report.html",
+        title="LLM Benchmark Report",
+        banner=[gate[0], *(g.removeprefix("- ") for g in gate[1:])] if gate else [],
+        minimum=markdown_minimum(report, gate=False).strip().strip("`").strip(),
+        sections=sections,
+    )

@@ -14,11 +14,10 @@ from pydantic import BeforeValidator, Field, SerializeAsAny
 from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
-from microbench.battery.levels import verdict_text
-from microbench.battery.sustainable import Capacity
+from microbench.measure.levels import verdict_text
+from microbench.measure.sustainable import Capacity
 
 __all__ = [
-    "REPORT_VERSION",
     "TEST_DATA",
     "BatteryReport",
     "SystemInfo",
@@ -34,8 +33,6 @@ __all__ = [
     "parse_test_data",
     "pct",
 ]
-
-REPORT_VERSION = 1  # update on a breaking change of the report's fields
 
 
 class Table(StrictModel):
@@ -132,7 +129,7 @@ class SystemInfo(StrictModel):
 class BatteryReport(StrictModel):
     """Everything a battery run produced (raw traces live beside it under traces/)."""
 
-    version: Literal[1] = 1
+    version: Literal[1] = 1  # update on a breaking change of the report's fields
     created_at: str
     command: str
     profile: str

@@ -22,8 +22,9 @@ from benchcore.provenance import cpu_model, git_commit
 from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import verdict
 from microbench.battery.context import BatteryContext
-from microbench.battery.plan import RESTART_S, PlanRow, Probe, Progress, estimate_plan, format_plan
+from microbench.battery.plan import RESTART_S, PlanRow, Probe, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
+from microbench.battery.progress import Progress
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
@@ -87,11 +88,13 @@ async def _probe(ctx: BatteryContext) -> Probe:
     )
 
 
-async def plan_battery(ctx: BatteryContext, names: list[str], emit: Callable[[str], None]) -> list[PlanRow]:
-    """Probe briefly, then print (``emit``) and return the plan of the named tests."""
+async def plan_battery(
+    ctx: BatteryContext, tests: list[BatteryTest], emit: Callable[[str], None]
+) -> list[PlanRow]:
+    """Probe briefly, then print (``emit``) and return the plan of ``tests``."""
     probe = await _probe(ctx)
     restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
-    rows = estimate_plan(names, ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s)
+    rows = estimate_plan(tests, ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s)
     emit(format_plan(rows, probe, ctx.profile.name))
     return rows
 
@@ -124,7 +127,7 @@ async def run_battery(
         ctx.on_capacity = lambda: state.save_context(ctx, warmup)
     progress = None
     if emit and todo:
-        progress = Progress(await plan_battery(ctx, [t.name for t in todo], emit), emit)
+        progress = Progress(await plan_battery(ctx, todo, emit), emit)
     results = []
     for test in selected:
         if test.name in done:

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from microbench.battery.capacity_search import CapacitySearch
 from microbench.battery.context import BatteryContext
 from microbench.battery.report import TestResult, WarmupResult
-from microbench.battery.sustainable import LedgerEntry
+from microbench.measure.capacity import CapacitySearch
+from microbench.measure.sustainable import LedgerEntry
 
 __all__ = ["RunState"]
 

@@ -3,7 +3,9 @@
 A workload turns into an iterator of ``RequestSpec``; a scheduler gives the times. ``build_payload`` maps a
 spec to a ``/v1/completions`` (token ids or text) or ``/v1/chat/completions`` (text) body. By default it
 asks for exact output lengths (``ignore_eos`` + ``min_tokens``, understood by vLLM and the sim engine) and
-for a running ``usage`` in every chunk, so tokens per chunk come from the server.
+for a running ``usage`` in every chunk, so tokens per chunk come from the server. ``completion_body`` is
+that body for a bare prompt: the one OpenAI request body of the suite (the sweep's and the transfer
+benchmark's probes and streams send it too).
 A multi-turn request carries ``next_turn``: given the finished round's ``StreamRecord`` it returns the
 next round (or None), which the session sends ``think_time_s`` after the response ends.
 """
@@ -19,7 +21,7 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.client.streams import StreamRecord
 
-__all__ = ["ApiSettings", "NextTurn", "RequestSpec", "build_payload"]
+__all__ = ["ApiSettings", "NextTurn", "RequestSpec", "build_payload", "completion_body"]
 
 NextTurn = Callable[["RequestSpec", StreamRecord], "RequestSpec | None"]
 
@@ -63,19 +65,44 @@ class ApiSettings(StrictModel):
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
 
+def completion_body(
+    model: str,
+    prompt: list[int] | str,
+    max_tokens: int,
+    *,
+    exact_output_length: bool = True,
+    stream_usage: bool | None = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A ``/v1/completions`` body: ``model``, ``prompt``, ``max_tokens``, then the suite's options.
+
+    ``exact_output_length``: ``ignore_eos`` and ``min_tokens = max_tokens``, so the output has the asked
+    length. ``stream_usage``: ask for ``usage`` in the stream (True: in every chunk, False: at its end,
+    None: no ``stream_options``, for a request that does not stream). ``extra`` (sampling, say
+    ``temperature=0``) is merged last. ``stream`` is set by the caller.
+    """
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    if exact_output_length:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if stream_usage is not None:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": stream_usage}
+    body.update(extra)
+    return body
+
+
 def build_payload(spec: RequestSpec, api: ApiSettings) -> dict[str, Any]:
     """The JSON body for ``spec`` (``stream`` is set by the caller)."""
-    body: dict[str, Any] = {"model": api.model, "max_tokens": spec.max_tokens, **spec.sampling}
+    if api.api == "chat" and not isinstance(spec.prompt, str):
+        raise ValueError("the chat API needs text prompts; use api='completions' for token ids")
+    body = completion_body(
+        api.model,
+        spec.prompt,
+        spec.max_tokens,
+        exact_output_length=api.exact_output_length,
+        stream_usage=api.continuous_usage if spec.streaming else None,
+        **{**spec.sampling, **api.extra_body},
+    )
     if api.api == "chat":
-        if not isinstance(spec.prompt, str):
-            raise ValueError("the chat API needs text prompts; use api='completions' for token ids")
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
-    else:
-        body["prompt"] = spec.prompt
-    if api.exact_output_length:
-        body["ignore_eos"] = True
-        body["min_tokens"] = spec.max_tokens
-    if spec.streaming:
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": api.continuous_usage}
-    body.update(api.extra_body)
+        body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
     return body

@@ -17,6 +17,7 @@ import aiohttp
 
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out, duration
+from engine_harness.handles import model_cards
 from microbench.client import aio
 from microbench.client.prompts import TokenSpace
 from microbench.client.requests import ApiSettings
@@ -68,9 +69,8 @@ def _workload_spec(name: str, max_model_len: int | None) -> WorkloadSpec:
 
 async def _first_model(url: str) -> str:
     try:
-        async with aiohttp.ClientSession() as http, http.get(url.rstrip("/") + "/v1/models") as resp:
-            resp.raise_for_status()
-            return str((await resp.json())["data"][0]["id"])
+        async with aiohttp.ClientSession() as http:
+            return str((await model_cards(http, url))[0]["id"])
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
         raise BadInput(
             f"no model list at {url}/v1/models ({exc}); is the engine running? (or pass --model)"

@@ -1,56 +1,77 @@
-"""End of a sweep: write ``interference_table.csv`` and print it with seed 002's four success criteria.
+"""End of a sweep: write ``interference_table.csv`` and print the run's ``SweepReport`` (the per-cell
+table and seed 002's four success criteria, each naming what it judged).
 
-The criteria are computed by ``analysis.criteria`` (one place, shared with ``python -m analysis.report``);
-the model-fit criterion needs the fits of ``analysis.models``, made here on the run's records.
+The report is the one ``analysis.report`` renders as Markdown and HTML (``analysis.sweep_report``): the
+table is aggregated once, written, and printed from the same object.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from analysis.criteria import success_criteria
-from analysis.models import compare_models
-from analysis.table import SEED_COLUMNS, load_records, write_interference_table
+from analysis.sweep_report import SweepReport, analyse_run, sweep_report
+from analysis.table import SEED_COLUMNS, write_interference_table
 
-__all__ = ["print_summary"]
+__all__ = ["print_report", "print_summary"]
+
+_COLUMNS = {  # column → header
+    **dict(zip(SEED_COLUMNS, ["chunk", "D", "P", "base ms", "during ms", "penalty ms", "ratio", "chunks",
+                              "prefill ms"], strict=True)),
+    "repetitions": "reps", "invalid": "inval", "outliers": "outl", "cv_penalty_ratio": "CV ratio",
+    "cv_step_time_full_chunk_ms": "CV step",
+}  # fmt: skip
+_MARKS = {"PASS": "[green]PASS", "FAIL": "[red]FAIL", "N/A": "[yellow]N/A"}
 
 
-def _fmt(v: object, digits: int = 2) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+def _fmt(v: object, column: str) -> str:
+    if v is None:
         return "–"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:.1%}" if column.startswith("cv") else f"{v:.2f}"
+    return str(v)
 
 
-def _comparison(run_dir: Path) -> pd.DataFrame | None:
-    try:
-        return compare_models(load_records(run_dir))
-    except (ValueError, KeyError, ZeroDivisionError):  # too few valid points to fit either model
-        return None
+def print_report(report: SweepReport, console: Console, where: str) -> None:
+    """The per-cell table and the success criteria of ``report`` (``where``: the table's file)."""
+    view = Table(title=f"interference table ({where}); against each point's local baseline")
+    for head in _COLUMNS.values():
+        view.add_column(head, justify="right")
+    index = [report.table.columns.index(c) for c in _COLUMNS]
+    for row in report.table.rows:
+        view.add_row(*(_fmt(row[i], c) for i, c in zip(index, _COLUMNS, strict=True)))
+    console.print(view)
+    for c in report.criteria:
+        console.print(
+            f"{_MARKS[c.status]}[/] {escape(c.criterion)}: {escape(c.measured)} [dim](judged: "
+            f"{escape(c.judged)})",
+            soft_wrap=True,
+        )
+        for line in c.beside:
+            console.print(f"      beside it: {escape(line)}", soft_wrap=True)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def print_summary(run_dir: Path, console: Console) -> None:
+    """Aggregate the run folder once, write its table and print its report."""
     try:
-        csv = write_interference_table(run_dir)
-    except ValueError as exc:  # no valid point yet
-        console.print(f"no table written: {exc}")
+        analysis = analyse_run(run_dir)
+    except (ValueError, FileNotFoundError) as exc:  # no valid point yet
+        console.print(f"no table written: {escape(str(exc))}")
         return
+    where = str(Path(run_dir) / "interference_table.csv")
+    try:
+        write_interference_table(run_dir, table=analysis.table)
     except OSError as exc:  # a full disk or read-only folder: the records on disk are intact
-        console.print(f"[red]no table written: {exc}", soft_wrap=True)
+        console.print(f"[red]no table written: {escape(str(exc))}", soft_wrap=True)
+        where = "not written"
+    try:
+        report = sweep_report(analysis)
+    except ValueError as exc:  # a report that contradicts itself is a bug, shown instead of printed
+        console.print(f"[red]no report: {escape(str(exc))}", soft_wrap=True)
         return
-    table = pd.read_csv(csv)
-    view = Table(title=f"interference table ({csv}); against each point's local baseline", show_lines=False)
-    cols = [*SEED_COLUMNS, "repetitions", "invalid", "outliers", "cv_penalty_ratio"]
-    heads = ["chunk", "D", "P", "base ms", "during ms", "penalty ms", "ratio", "chunks", "prefill ms", "reps",
-             "inval", "outl", "CV"]  # fmt: skip
-    for h in heads:
-        view.add_column(h, justify="right")
-    for row in table[cols].itertuples(index=False):
-        view.add_row(*(_fmt(v, 3 if c.startswith("cv") else 2) for c, v in zip(cols, row, strict=True)))
-    console.print(view)
-    for c in success_criteria(table, _comparison(run_dir)).itertuples():
-        mark = {"PASS": "[green]PASS", "FAIL": "[red]FAIL"}.get(c.status, "[yellow]N/A")
-        console.print(f"{mark}[/] {c.criterion}: {c.measured}", soft_wrap=True)
+    print_report(report, console, where)

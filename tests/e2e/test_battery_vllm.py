@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from engine_harness.handles import ExternalEngine, served_model
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import ExternalEngine, served_model
 from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport

@@ -47,6 +47,8 @@ def test_notebook_executes_and_shows_the_heatmap(tmp_path: Path, monkeypatch: py
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert f"run {run_dir.name}" in text and "valid" in text
+    shown = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    assert "R² of the step model" in shown  # the report's criteria, each naming what it judged
     heatmap_cell = next(
         c for c in nb.cells if c.cell_type == "code" and "plots.penalty_heatmaps(table)" in c.source
     )

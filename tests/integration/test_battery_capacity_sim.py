@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.inprocess_sim import InProcessSim
 
 from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import InProcessSim
 from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
 from microbench.battery.render import markdown_minimum

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine_harness.engines import resolve_spec
+from engine_harness.handles import EngineOverrides, ExternalEngine, LaunchedEngine
 from engine_harness.launch import EngineProcess
 from engine_harness.sim import SimConfig, SimServer
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import EngineOverrides, ExternalEngine, LaunchedEngine
 from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
 from microbench.battery.sections.guardrail import GuardrailData

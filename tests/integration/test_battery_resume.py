@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fixtures.inprocess_sim import InProcessSim
 
 from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import InProcessSim
 from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
 

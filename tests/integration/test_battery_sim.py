@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.inprocess_sim import InProcessSim
 
 from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import InProcessSim
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
 from microbench.battery.runner import ordered_tests, run_battery, write_report

@@ -13,6 +13,7 @@ from analysis.breakeven import breakeven_table, load_link, load_model_kv
 from analysis.criteria import success_criteria
 from analysis.models import fit_step_model
 from analysis.report import main, pick_timeline_record
+from analysis.sweep_report import SweepReport
 from analysis.synthetic import synthesize_run
 from analysis.table import interference_table, load_raw, load_records
 
@@ -66,10 +67,9 @@ def test_timeline_and_fit_figures(run: Path, tmp_path: Path) -> None:
 def test_success_criteria_statuses(run: Path) -> None:
     table = interference_table(run)
     crit = success_criteria(table, None)
-    assert len(crit) == 4
-    assert crit.status.tolist() == ["PASS", "N/A", "PASS", "PASS"]
+    assert [c.status for c in crit] == ["PASS", "N/A", "PASS", "PASS"]
     low = table.assign(penalty_ratio=1.05)
-    assert success_criteria(low, None).status.iloc[0] == "FAIL"
+    assert success_criteria(low, None)[0].status == "FAIL"
 
 
 def test_report_files(run: Path, tmp_path: Path) -> None:
@@ -82,4 +82,9 @@ def test_report_files(run: Path, tmp_path: Path) -> None:
     assert not re.search(r'src="(?!data:)', html)  # self-contained: no external image
     assert "| PASS |" in md and "## Manifest" in md and '"run_id": "syn"' in md
     assert "1 invalid attempts excluded" in md
+    assert "| R² of the step model (" in md and "penalty_last_step_ms" in md  # the current penalty
+    assert "<td>" in html and "| PASS |" not in html  # the page is rendered, not Markdown pasted in
+    assert not (tmp_path / "rep" / "interference_table.csv").exists()  # the run's table is the sweep's
+    back = SweepReport.model_validate_json((tmp_path / "rep" / "report.json").read_text())
+    assert back.run_id == "syn" and [c.key for c in back.criteria][1] == "model_fits"
     assert main([str(tmp_path / "nope")]) == 2

@@ -3,44 +3,28 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
+from fixtures.latencies import latencies
 
-from microbench.battery.capacity_search import rate_search
-from microbench.battery.context import StageWindow
-from microbench.battery.levels import level_row
-from microbench.battery.plan import Probe, estimate_plan, progress_line
+from microbench.battery.plan import Probe, estimate_plan
 from microbench.battery.profiles import profile
-from microbench.battery.saturation import steady_state
+from microbench.battery.progress import progress_line
+from microbench.battery.registry import TESTS
 from microbench.battery.sections.fairness import jain_over_classes, mixed_order
-from microbench.battery.stats import fit_scaling, fit_verdict, saturation_point
-from microbench.battery.sustainable import LedgerEntry, capacity_from
-
-
-def _lat(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
-    n = send.size
-    return pd.DataFrame(
-        {
-            "ok": np.ones(n, dtype=bool),
-            "slo_class": [""] * n,
-            "client_id": ["a"] * n,
-            "input_tokens": np.full(n, 100.0),
-            "output_tokens": np.full(n, tokens),
-            "send_s": send,
-            "done_s": done,
-            "ttft_s": np.full(n, 0.05),
-            "tpot_s": np.full(n, 0.01),
-            "e2e_s": done - send,
-            "error": [None] * n,
-        }
-    )
+from microbench.measure.levels import level_row
+from microbench.measure.runs import StageWindow
+from microbench.measure.saturation import steady_state
+from microbench.measure.scaling import fit_scaling, fit_verdict
+from microbench.measure.search import rate_search
+from microbench.measure.stats import saturation_point
+from microbench.measure.sustainable import LedgerEntry, capacity_from
 
 
 def test_the_ramp_to_littles_law_is_not_queue_growth() -> None:
     # issue #23's CPU case: 31 req/s for 4 s, every request 0.5 s end to end. The in-flight count climbs
     # 0 → 15.5 in the first 0.5 s (Little's law), then stays: the old 10% cut called that growth.
     send = np.arange(0, 4, 1 / 31)
-    s = steady_state(_lat(send, send + 0.5), 0.0, 4.0)
+    s = steady_state(latencies(send, send + 0.5), 0.0, 4.0)
     assert s.ramp_s == pytest.approx(1.0)  # max(10% of 4 s, 2 × 0.5 s)
     assert s.inflight_mean == pytest.approx(15.5, abs=1.0)
     assert not s.saturated and not s.queue_growing and s.reasons == []
@@ -56,7 +40,7 @@ def test_an_overloaded_level_is_saturated_by_both_signs() -> None:
     for i, t in enumerate(send):
         free = max(free, t) + 0.05
         done[i] = free + 0.3
-    s = steady_state(_lat(send, done), 0.0, 4.0)
+    s = steady_state(latencies(send, done), 0.0, 4.0)
     assert s.saturated and s.queue_growing
     assert any("completions" in r for r in s.reasons)
     assert s.completion_rate == pytest.approx(20, rel=0.1)
@@ -64,7 +48,7 @@ def test_an_overloaded_level_is_saturated_by_both_signs() -> None:
 
 def test_a_window_shorter_than_three_e2e_times_is_inconclusive() -> None:
     send = np.arange(0, 2, 0.1)
-    s = steady_state(_lat(send, send + 0.8), 0.0, 2.0)
+    s = steady_state(latencies(send, send + 0.8), 0.0, 2.0)
     assert s.ramp_s == pytest.approx(1.0)  # 2 × 0.8 capped at half the window
     assert not s.conclusive
 
@@ -72,7 +56,7 @@ def test_a_window_shorter_than_three_e2e_times_is_inconclusive() -> None:
 def test_level_rates_use_the_nominal_window_with_its_empty_tail() -> None:
     # 3.1 req/s asked for 10 s; the last arrival fell at 9.0 s. The open loop now ends at 10 s (nominal).
     send = np.array([0.2, 1.0, 1.5, 2.4, 3.0, 3.3, 4.1, 5.0, 5.6, 6.2, 7.0, 7.7, 8.4, 9.0])
-    lat = _lat(send, send + 0.1, tokens=32.0)
+    lat = latencies(send, send + 0.1, tokens=32.0)
     row = level_row(StageWindow("level", lat, 0.0, 10.0, 10.2), 3.1)
     # ramp max(1.0 s, 2 × 0.1 s) = 1 s; window [1, 10): 13 requests finish in it (1.1 … 9.1)
     assert row.window_s == pytest.approx(9.0)
@@ -159,11 +143,24 @@ def test_jain_over_classes_and_an_exact_class_mix() -> None:
 
 def test_plan_estimates_the_conformant_ttft_test_from_the_probe() -> None:
     p = profile("conformant")
-    rows = estimate_plan(["ttft"], p, Probe(rps=10.0, e2e_s=0.5))
+    rows = estimate_plan([TESTS.get("ttft")], p, Probe(rps=10.0, e2e_s=0.5))
     assert [r.name for r in rows] == ["capacity measurement (5.2)", "ttft"]
     ttft = rows[1]
     assert ttft.requests == 10_000
     assert ttft.seconds == pytest.approx(10_000 / (0.5 * 10.0) + 0.5)
+
+
+def test_every_test_registers_its_plan_and_the_capacity_is_planned_once_before_the_first_that_needs_it() -> (
+    None
+):
+    p = profile("quick")
+    tests = [TESTS.get(n) for n in TESTS.names()]
+    rows = estimate_plan(tests, p, Probe(rps=10.0, e2e_s=0.5), configs=2)
+    assert [r.name for r in rows] == ["capacity measurement (5.2)", *TESTS.names()]
+    no_load = [r.name for r in rows[1:] if r.seconds == 0]
+    assert no_load == ["throughput"]  # 5.2 reports the capacity measurement, which is its load
+    alone = estimate_plan([TESTS.get("fairness"), TESTS.get("guardrail")], p, Probe(rps=10.0, e2e_s=0.5))
+    assert [r.name for r in alone] == ["fairness", "guardrail"] and alone[1].seconds == 0  # one config
 
 
 def test_progress_line_extrapolates_a_count_and_counts_down_a_duration() -> None:
@@ -181,7 +178,7 @@ def test_progress_line_extrapolates_a_count_and_counts_down_a_duration() -> None
 
 
 def test_the_ramp_survives_one_slow_level() -> None:
-    from microbench.battery.capacity_search import ramp_done
+    from microbench.measure.capacity import ramp_done
 
     def rows(*tps: float):  # type: ignore[no-untyped-def]
         return [_row_at(2**i, t) for i, t in enumerate(tps, start=2)]
@@ -194,7 +191,9 @@ def test_the_ramp_survives_one_slow_level() -> None:
 
 def _row_at(concurrency: int, tps: float):  # type: ignore[no-untyped-def]
     send = np.arange(0, 4, 0.1)
-    row = level_row(StageWindow("level", _lat(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed")
+    row = level_row(
+        StageWindow("level", latencies(send, send + 0.1), 0.0, 4.0, 4.2), concurrency, loop="closed"
+    )
     return row.model_copy(update={"output_tps": tps})
 
 
@@ -207,14 +206,14 @@ def test_a_backlog_draining_after_a_stall_is_not_a_steady_level() -> None:
     for i, t in enumerate(send):
         free = max(free, t) + 1 / 60
         done[i] = free + 0.1
-    s = steady_state(_lat(send, done), 0.0, 4.0)
+    s = steady_state(latencies(send, done), 0.0, 4.0)
     assert s.saturated and any("backlog drains" in r for r in s.reasons)
     assert s.completion_rate > 36
 
 
 def test_an_open_level_judged_over_too_short_a_window_is_not_sustainable() -> None:
     send = np.arange(0, 2, 0.1)
-    row = level_row(StageWindow("level", _lat(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
+    row = level_row(StageWindow("level", latencies(send, send + 0.8), 0.0, 2.0, 2.9), 10.0)
     assert not row.steady.saturated and not row.steady.conclusive and not row.sustainable
 
 
@@ -228,7 +227,7 @@ def _simulated_level(rng: np.random.Generator, rate: float, e2e: float, duration
         last = 0.0
         for i in range(send.size):
             last = done[i] = max(send[i] + latency[i], last + 1 / mu)
-    return steady_state(_lat(send, done), 0.0, duration)
+    return steady_state(latencies(send, done), 0.0, duration)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchcore.cli import BadInput
+from engine_harness.handles import EngineOverrides
 from microbench.battery.cli import build_parser, main
-from microbench.battery.engine import EngineOverrides
 
 
 def _configs(*values: str) -> list[tuple[str, str | EngineOverrides]]:

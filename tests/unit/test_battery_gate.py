@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from microbench.battery.context import StageWindow
 from microbench.battery.gate import check_report, distribution_order
-from microbench.battery.levels import ledger_entry, level_row
 from microbench.battery.render import html_report, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
-from microbench.battery.saturation import SATURATION_RULE
 from microbench.battery.sections.tradeoff import TradeoffData
-from microbench.battery.stats import Distribution
-from microbench.battery.sustainable import capacity_from
+from microbench.measure.levels import ledger_entry, level_row
+from microbench.measure.runs import StageWindow
+from microbench.measure.saturation import SATURATION_RULE
+from microbench.measure.stats import Distribution
+from microbench.measure.sustainable import capacity_from
 
 
 def _row(rate: float, tokens: float = 10.0):  # type: ignore[no-untyped-def]
@@ -79,7 +79,7 @@ def test_a_max_below_a_sustainable_level_fails_loudly_and_is_not_swapped() -> No
     minimum = markdown_minimum(report)
     assert minimum.startswith("CONSISTENCY GATE FAILED")
     assert f"Max Throughput: {rows[0].output_tps:.1f}" in minimum  # shown as measured, not replaced
-    assert "class='gate'" in html_report(report, None)
+    assert 'class="gate"' in html_report(report, None)
 
 
 def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
@@ -119,7 +119,7 @@ def test_the_committed_conformant_run_is_conformant_and_consistent() -> None:
 
 def test_c1_says_which_sustainable_rate_set_the_loads_when_a_later_level_went_higher() -> None:
     from microbench.battery.render import _scaled_by
-    from microbench.battery.sustainable import LedgerEntry
+    from microbench.measure.sustainable import LedgerEntry
 
     def entry(test: str, offered: float, ok: bool) -> LedgerEntry:
         return LedgerEntry(

@@ -15,8 +15,9 @@ from microbench.battery.sections.capacity import is_oom
 from microbench.battery.sections.long_context import LengthRow, LongContextData
 from microbench.battery.sections.prefix_cache import population_requests
 from microbench.battery.sections.ttft import TtftData
-from microbench.battery.stats import fit_scaling, summarize
 from microbench.client.requests import RequestSpec
+from microbench.measure.scaling import fit_scaling
+from microbench.measure.stats import summarize
 
 
 def test_verdicts_follow_the_draft_wording() -> None:

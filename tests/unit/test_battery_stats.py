@@ -8,21 +8,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from microbench.battery.saturation import steady_state
 from microbench.battery.sections.itl import itl_level
-from microbench.battery.stats import (
-    fit_scaling,
+from microbench.battery.warmup import probe_variation, settle
+from microbench.measure.saturation import steady_state
+from microbench.measure.scaling import fit_scaling
+from microbench.measure.search import search_max
+from microbench.measure.stats import (
     jain_index,
     knee_point,
     length_bucket_label,
     modality,
     optimal_point,
     saturation_point,
-    search_max,
     starvation_rate,
     summarize,
 )
-from microbench.battery.warmup import probe_variation, settle
 
 
 def test_summarize_matches_numpy_and_handles_empty() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from microbench.client.requests import ApiSettings, RequestSpec, build_payload
+from microbench.client.requests import ApiSettings, RequestSpec, build_payload, completion_body
 from microbench.client.streams import StreamRecord
 from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSettings, StageOutcome
 from microbench.loadgen.trace import TRACE_COLUMNS, read_trace, write_trace
@@ -71,3 +71,19 @@ def test_payload_asks_for_exact_lengths_and_running_usage() -> None:
     with pytest.raises(ValueError, match="chat API needs text"):
         build_payload(RequestSpec([5], 1, 1), chat)
     assert build_payload(RequestSpec("hi", 1, 1, streaming=False), chat)["messages"][0]["content"] == "hi"
+
+
+def test_completion_body_options() -> None:
+    """The one request body: exact lengths and running usage by default; each option drops its keys."""
+    assert completion_body("m", [1], 4, temperature=0) == {
+        "model": "m", "prompt": [1], "max_tokens": 4, "ignore_eos": True, "min_tokens": 4,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "temperature": 0,
+    }  # fmt: skip
+    bare = completion_body("m", "hi", 1, exact_output_length=False, stream_usage=None)
+    assert bare == {"model": "m", "prompt": "hi", "max_tokens": 1}
+    assert (
+        completion_body("m", [1], 2, stream_usage=False)["stream_options"]["continuous_usage_stats"] is False
+    )
+    off = ApiSettings.model_validate({"model": "m", "exact_output_length": False, "extra_body": {"top_k": 1}})
+    body = build_payload(RequestSpec([5], 1, 3, streaming=False), off)
+    assert body == {"model": "m", "prompt": [5], "max_tokens": 3, "top_k": 1}

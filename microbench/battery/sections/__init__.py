@@ -1,27 +1,10 @@
-"""The ten tests of the draft's §5, one module each; importing this package registers them in order."""
+"""The ten tests of the draft's §5, one module each; importing this package imports every module in it,
+and each registers its test (``registry.register_test``): a new test is a new file here, no list to edit."""
 
-from microbench.battery.sections import (
-    capacity,  # 5.5
-    fairness,  # 5.6
-    guardrail,  # 5.10
-    itl,  # 5.4
-    long_context,  # 5.9
-    memory_pressure,  # 5.8
-    prefix_cache,  # 5.7
-    throughput,  # 5.2
-    tradeoff,  # 5.3
-    ttft,  # 5.1
-)
+import importlib
+import pkgutil
 
-__all__ = [
-    "capacity",
-    "fairness",
-    "guardrail",
-    "itl",
-    "long_context",
-    "memory_pressure",
-    "prefix_cache",
-    "throughput",
-    "tradeoff",
-    "ttft",
-]
+__all__: list[str] = []
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

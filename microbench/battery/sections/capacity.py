@@ -8,16 +8,19 @@ out-of-memory error. ``find_max_concurrency`` is shared with 5.8, which needs th
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar, Literal
 
-from microbench.battery.capacity_search import closed_criteria
 from microbench.battery.compliance import must
-from microbench.battery.context import BatteryContext, StageWindow
-from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.context import BatteryContext
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct
-from microbench.battery.stats import SearchStep, search_max
 from microbench.loadgen.stages import Stage
+from microbench.measure.capacity import closed_criteria
+from microbench.measure.levels import LevelRow, ledger_entry, level_row
+from microbench.measure.runs import StageWindow
+from microbench.measure.search import SearchStep, search_max
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["CapacityData", "find_max_concurrency", "is_oom", "judge_closed_level", "run_capacity"]
@@ -137,7 +140,13 @@ async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
     )
 
 
-@register_test("capacity", "5.5", "Concurrent Request Capacity")
+def _plan(i: PlanInputs) -> Estimate:
+    p = i.profile
+    n = max(1, int(math.log2(p.capacity_max / p.capacity_initial)) + 3)
+    return Estimate(n, int(n * i.probe.rps * p.capacity_duration_s), n * i.level_s(p.capacity_duration_s))
+
+
+@register_test("capacity", "5.5", "Concurrent Request Capacity", estimate=_plan)
 async def run_capacity(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     data = await find_max_concurrency(ctx)

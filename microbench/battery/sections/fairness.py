@@ -20,13 +20,14 @@ import numpy as np
 from pydantic import Field
 
 from benchcore.schema import StrictModel
-from microbench.battery.capacity_search import closed_loop_ramp
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
-from microbench.battery.stats import Distribution, jain_index, starvation_rate, summarize
 from microbench.loadgen.stages import Stage
+from microbench.measure.capacity import closed_loop_ramp
+from microbench.measure.stats import Distribution, jain_index, starvation_rate, summarize
 from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
@@ -159,13 +160,23 @@ class FairnessData(TestData):
         return {"Jain's index (over classes)": num(self.jain, ".3f")}
 
 
-@register_test("fairness", "5.6", "Scheduling Fairness")
+def _plan(i: PlanInputs) -> Estimate:
+    p = i.profile
+    rate = p.fairness_load * i.probe.rps
+    mixed = max(p.fairness_per_class / 0.2, rate * p.fairness_duration_s)
+    reqs = 2 * p.fairness_per_class + mixed
+    return Estimate(3, int(reqs), reqs / rate + 6 * i.probe.e2e_s)
+
+
+@register_test("fairness", "5.6", "Scheduling Fairness", estimate=_plan)
 async def run_fairness(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     mixed_spec = class_workload(["short", "long"], ctx.seed)
     key = "fairness_capacity_rps"
     if key not in ctx.estimates:  # the mixed workload's own service rate: the capacity search's ramp
-        ramp = await closed_loop_ramp(ctx, "fairness/closed", mixed_spec)
+        ramp = await closed_loop_ramp(
+            ctx.run, lambda: ctx.requests(mixed_spec), "fairness/closed", ctx.capacity_plan()
+        )
         ctx.estimates[key] = max(r.request_rps for r in ramp)
     rate = p.fairness_load * ctx.estimates[key]
     n_mixed = max(

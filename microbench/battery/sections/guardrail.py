@@ -16,16 +16,17 @@ from typing import Literal
 from pydantic import Field
 
 from benchcore.schema import StrictModel
-from microbench.battery.capacity_search import closed_loop_ramp
+from engine_harness.handles import EngineOverrides, NotRestartable
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import EngineOverrides, NotRestartable
-from microbench.battery.levels import level_row
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
-from microbench.battery.stats import Distribution, summarize
 from microbench.battery.warmup import warm_up
 from microbench.loadgen.stages import Stage
+from microbench.measure.capacity import closed_loop_ramp
+from microbench.measure.levels import level_row
+from microbench.measure.stats import Distribution, summarize
 from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
@@ -125,7 +126,9 @@ async def _probe(ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec) -
     The maximum is the best level meeting 5.5's criteria (≥ 99% completed, TTFT P99 within the limit), or
     the best level at all when none met them; the same ramp 5.2 starts from, not a fixed-concurrency probe.
     """
-    rows = await closed_loop_ramp(ctx, f"guardrail/{name}/closed", spec, base_url=url)
+    rows = await closed_loop_ramp(
+        ctx.run, lambda: ctx.requests(spec), f"guardrail/{name}/closed", ctx.capacity_plan(), base_url=url
+    )
     good = [r for r in rows if r.slo_met] or rows
     best = max(good, key=lambda r: r.output_tps)
     return best.output_tps, best.request_rps
@@ -160,7 +163,19 @@ async def _levels(
     return levels
 
 
-@register_test("guardrail", "5.10", "Guardrail Overhead")
+def _plan(i: PlanInputs) -> Estimate:
+    """Each configuration's levels and a restart; nothing with fewer than two configurations."""
+    if i.configs < 2:
+        return Estimate(0, 0, 0.0)
+    p, n = i.profile, 4 + len(i.profile.guardrail_levels)
+    return Estimate(
+        i.configs * n,
+        int(i.configs * n * i.probe.rps * p.level_duration_s),
+        i.configs * (n * i.level_s(p.level_duration_s) + i.restart_s),
+    )
+
+
+@register_test("guardrail", "5.10", "Guardrail Overhead", estimate=_plan)
 async def run_guardrail(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     configs = ctx.guardrail_configs

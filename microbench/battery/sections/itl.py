@@ -18,13 +18,14 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms, num
 from microbench.battery.sections.ttft import distribution_table
-from microbench.battery.stats import Distribution, inter_chunk_gaps, modality, summarize
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import Stage
+from microbench.measure.levels import LevelRow, ledger_entry, level_row
+from microbench.measure.stats import Distribution, inter_chunk_gaps, modality, summarize
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["BURST_GAP_S", "ItlData", "ItlLevel", "itl_level", "run_itl"]
@@ -151,7 +152,13 @@ def _long_enough(requests: Iterator[RequestSpec], minimum: int) -> Iterator[Requ
         yield r if r.max_tokens >= minimum else dataclasses.replace(r, max_tokens=minimum)
 
 
-@register_test("itl", "5.4", "Inter-Token Latency Distribution")
+def _plan(i: PlanInputs) -> Estimate:
+    p = i.profile
+    secs = sum(p.itl_requests / (f * i.probe.rps) + 2 * i.probe.e2e_s for f in p.itl_levels)
+    return Estimate(len(p.itl_levels), p.itl_requests * len(p.itl_levels), secs)
+
+
+@register_test("itl", "5.4", "Inter-Token Latency Distribution", estimate=_plan, needs_capacity=True)
 async def run_itl(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()

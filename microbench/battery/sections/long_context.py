@@ -2,8 +2,9 @@
 
 Lengths come from the profile (the Long Context workload's targets in the conformant one), ascending; a
 length that does not fit the engine's context with the fixed output is left out and named. Each length
-runs ``context_requests`` cold prompts of exactly that many tokens. The fit (``stats.fit_scaling``) gives
-the exponent k of TTFT ∝ length^k and a straight line, each with R², over every request.
+runs ``context_requests`` cold prompts of exactly that many tokens. The fit
+(``measure.scaling.fit_scaling``) gives the exponent k of TTFT ∝ length^k and a straight line, each with
+R², over every request.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import Literal
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
-from microbench.battery.stats import Distribution, ScalingFit, fit_scaling, summarize
 from microbench.loadgen.stages import Stage
+from microbench.measure.scaling import ScalingFit, fit_scaling
+from microbench.measure.stats import Distribution, summarize
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["LengthRow", "LongContextData", "run_long_context"]
@@ -97,7 +100,14 @@ def _ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f" (95% CI {ci[0]:.2f} to {ci[1]:.2f})"
 
 
-@register_test("long_context", "5.9", "Long Context Scaling")
+def _plan(i: PlanInputs) -> Estimate:
+    p, probe = i.profile, i.probe
+    reqs = len(p.context_lengths) * p.context_requests
+    secs = sum(p.context_requests * probe.e2e_s * n / probe.input_tokens for n in p.context_lengths)
+    return Estimate(len(p.context_lengths), reqs, secs)
+
+
+@register_test("long_context", "5.9", "Long Context Scaling", estimate=_plan)
 async def run_long_context(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     limit = ctx.max_model_len

@@ -17,11 +17,12 @@ from typing import Literal
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
 from microbench.battery.sections.capacity import find_max_concurrency, judge_closed_level
 from microbench.loadgen.stages import Stage
+from microbench.measure.levels import LevelRow
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["MemoryPressureData", "PressureLevel", "run_memory_pressure"]
@@ -91,7 +92,12 @@ class MemoryPressureData(TestData):
         ]
 
 
-@register_test("memory_pressure", "5.8", "Memory Pressure Behaviour")
+def _plan(i: PlanInputs) -> Estimate:
+    p, n = i.profile, len(i.profile.pressure_levels)
+    return Estimate(n, int(n * i.probe.rps * p.pressure_duration_s), n * i.level_s(p.pressure_duration_s))
+
+
+@register_test("memory_pressure", "5.8", "Memory Pressure Behaviour", estimate=_plan)
 async def run_memory_pressure(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = ctx.estimates.get("max_concurrency")

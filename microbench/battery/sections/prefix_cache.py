@@ -13,15 +13,16 @@ from __future__ import annotations
 from typing import Literal
 
 from benchcore.schema import StrictModel
+from engine_harness.handles import NotRestartable
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.engine import NotRestartable
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num, pct
-from microbench.battery.stats import Distribution, summarize
 from microbench.battery.warmup import warm_up
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import Stage
+from microbench.measure.stats import Distribution, summarize
 from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.schedulers import parse_scheduler
 
@@ -147,7 +148,12 @@ async def _arm(ctx: BatteryContext, name: str, requests: list[RequestSpec]) -> C
     )
 
 
-@register_test("prefix_cache", "5.7", "Prefix Cache Effectiveness")
+def _plan(i: PlanInputs) -> Estimate:
+    reqs = 3 * i.profile.prefix_requests
+    return Estimate(3, reqs, reqs * i.probe.e2e_s / i.profile.prefix_concurrency + 2 * i.restart_s)
+
+
+@register_test("prefix_cache", "5.7", "Prefix Cache Effectiveness", estimate=_plan)
 async def run_prefix_cache(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     spec = ctx.workload_spec(WORKLOAD)

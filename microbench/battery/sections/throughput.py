@@ -1,6 +1,6 @@
 """5.2 Output Token Throughput: the battery's one capacity measurement, reported.
 
-``capacity_search.measure_capacity`` runs once per battery (whichever test needs the capacity first): a
+``measure.capacity.measure_capacity`` runs once per battery (whichever test needs the capacity first): a
 closed-loop ramp, then an open-loop search for the highest sustainable Poisson rate, each level judged by
 ``saturation.SATURATION_RULE`` (after the ramp, over several E2E times). Every level goes into the capacity
 ledger; the maximum this test shows is the ledger's (``sustainable.capacity_from``), the same figure
@@ -13,12 +13,13 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from microbench.battery.capacity_search import RESOLUTION, CapacitySearch
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, level_rate_rows, ms, num
+from microbench.measure.capacity import CapacitySearch
+from microbench.measure.levels import LevelRow
+from microbench.measure.search import RESOLUTION
 
 __all__ = ["ThroughputData", "run_throughput"]
 
@@ -77,11 +78,11 @@ class ThroughputData(TestData):
         return tables
 
 
-@register_test("throughput", "5.2", "Output Token Throughput")
+@register_test("throughput", "5.2", "Output Token Throughput", needs_capacity=True)
 async def run_throughput(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
-    await ctx.capacity_rps()
-    search: CapacitySearch = ctx.search
+    await ctx.capacity_rps()  # notes a capacity without a sustainable level
+    search = await ctx.capacity_search()
     best = search.sustainable_rps
     at_max = next((r for r in search.open_loop if best is not None and r.offered == best), None)
     data = ThroughputData(

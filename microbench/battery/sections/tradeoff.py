@@ -15,11 +15,12 @@ from typing import Literal
 
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, num, pct
-from microbench.battery.stats import knee_point, optimal_point, saturation_point
 from microbench.loadgen.stages import Stage
+from microbench.measure.levels import LevelRow, ledger_entry, level_row
+from microbench.measure.stats import knee_point, optimal_point, saturation_point
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["TradeoffData", "run_tradeoff"]
@@ -106,7 +107,13 @@ class TradeoffData(TestData):
         }
 
 
-@register_test("tradeoff", "5.3", "Throughput-Latency Trade-off")
+def _plan(i: PlanInputs) -> Estimate:
+    p, n = i.profile, len(i.profile.tradeoff_levels)
+    reqs = sum(f * i.probe.rps * p.level_duration_s for f in p.tradeoff_levels)
+    return Estimate(n, int(reqs), n * i.level_s(p.level_duration_s))
+
+
+@register_test("tradeoff", "5.3", "Throughput-Latency Trade-off", estimate=_plan, needs_capacity=True)
 async def run_tradeoff(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()

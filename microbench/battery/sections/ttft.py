@@ -17,11 +17,12 @@ import numpy as np
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.levels import LevelRow, ledger_entry, level_row
+from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.registry import Outcome, register_test, sample_requirements
 from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms
-from microbench.battery.stats import Distribution, length_bucket_label, summarize
 from microbench.loadgen.stages import Stage
+from microbench.measure.levels import LevelRow, ledger_entry, level_row
+from microbench.measure.stats import Distribution, length_bucket_label, summarize
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["BucketRow", "TtftData", "distribution_table", "run_ttft"]
@@ -106,7 +107,12 @@ def distribution_table(title: str, label: str, dist: Distribution, requests: int
     return Table(title=title, columns=["Metric", "Value"], rows=rows)
 
 
-@register_test("ttft", "5.1", "Time to First Token")
+def _plan(i: PlanInputs) -> Estimate:
+    p = i.profile
+    return Estimate(1, p.ttft_requests, p.ttft_requests / (p.ttft_load * i.probe.rps) + i.probe.e2e_s)
+
+
+@register_test("ttft", "5.1", "Time to First Token", estimate=_plan, needs_capacity=True)
 async def run_ttft(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()

@@ -15,10 +15,10 @@ import numpy as np
 from pydantic import Field
 
 from benchcore.schema import StrictModel
-from microbench.battery.context import StageWindow
-from microbench.battery.saturation import SteadyState, steady_state
-from microbench.battery.stats import Distribution, summarize
-from microbench.battery.sustainable import LedgerEntry
+from microbench.measure.runs import StageWindow
+from microbench.measure.saturation import SteadyState, steady_state
+from microbench.measure.stats import Distribution, summarize
+from microbench.measure.sustainable import LedgerEntry
 
 __all__ = ["LevelRow", "ledger_entry", "level_row", "verdict_text"]
 

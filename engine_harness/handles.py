@@ -1,16 +1,19 @@
-"""The engine under test as the battery sees it: a URL, a model, metric names, and whether it can restart.
+"""A running engine as a job sees it: a URL, a model, metric names, and whether it can restart.
 
 ``LaunchedEngine`` wraps an ``EngineProcess`` (vLLM, SGLang or the subprocess sim: restartable with new
-settings); ``InProcessSim`` wraps a ``SimServer`` (tests); ``ExternalEngine`` is only a URL and cannot be
-restarted, so tests that need a restart say so instead of pretending.
+settings); ``ExternalEngine`` is only a URL and cannot be restarted, so a job that needs a restart says so
+instead of pretending. (The tests' in-process sim handle lives in ``tests/fixtures/inprocess_sim.py``.)
 
-``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the battery launched the engine with
-(5.10's engine-settings configurations, ``--arm NAME=engine:KEY=VALUE,...``); only a ``LaunchedEngine``
-can be ``reconfigure``d with them.
+``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the job launched the engine with
+(the battery's 5.10 engine-settings configurations, an A/B arm: ``--arm NAME=engine:KEY=VALUE,...``, see
+``parse_arm``); only a ``LaunchedEngine`` can be ``reconfigure``d with them. ``served_model`` and
+``model_cards`` are the one reading of an engine's ``/v1/models``.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,18 +21,21 @@ import aiohttp
 import yaml
 from pydantic import ValidationError
 
+from benchcore.flags import arm
 from engine_harness.engines import EngineSpec, auth_headers, engine_kind
 from engine_harness.launch import EngineProcess
 from engine_harness.metric_names import MetricNames
-from engine_harness.sim import SimConfig, SimServer
 
 __all__ = [
+    "ARM_SYNTAX",
+    "ENGINE_PREFIX",
     "EngineHandle",
     "EngineOverrides",
     "ExternalEngine",
-    "InProcessSim",
     "LaunchedEngine",
     "NotRestartable",
+    "model_cards",
+    "parse_arm",
     "served_model",
 ]
 
@@ -39,7 +45,7 @@ _FIXED_FIELDS = frozenset({"kind", "url", "model", "served_model_name"})
 
 
 class NotRestartable(RuntimeError):
-    """The engine cannot be restarted with other settings by the battery."""
+    """The engine cannot be restarted with other settings by this run (it did not launch it)."""
 
 
 @dataclass(frozen=True)
@@ -76,18 +82,51 @@ class EngineOverrides:
         return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
 
 
+async def model_cards(
+    http: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The entries of the engine's ``/v1/models`` (an HTTP error raises ``aiohttp.ClientResponseError``)."""
+    async with http.get(base_url.rstrip("/") + "/v1/models", headers=headers) as resp:
+        resp.raise_for_status()
+        body = await resp.json(content_type=None)
+    return list(body["data"])
+
+
 async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:
     """The first model of ``/v1/models`` and its ``max_model_len`` (None when not advertised)."""
-    url = base_url.rstrip("/") + "/v1/models"
-    async with aiohttp.ClientSession() as http, http.get(url, headers=auth_headers(api_key_env)) as resp:
-        resp.raise_for_status()
-        card = (await resp.json())["data"][0]
+    async with aiohttp.ClientSession() as http:
+        card = (await model_cards(http, base_url, auth_headers(api_key_env)))[0]
     limit = card.get("max_model_len")
     return str(card["id"]), None if limit is None else int(limit)
 
 
+ENGINE_PREFIX = "engine:"
+ARM_SYNTAX = f"NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..."
+
+
+def parse_arm(value: str) -> tuple[str, str | EngineOverrides]:
+    """``NAME=URL`` (an endpoint) or ``NAME=engine:[KEY=VALUE,...]`` (the launched engine restarted with
+    those ``EngineSpec`` fields changed; ``engine:`` alone: as launched): an argparse ``type``.
+
+    Shared by every job that compares configurations of one engine (battery 5.10, ablate); it lives here,
+    not in ``benchcore.flags``, because its values are engine settings checked against ``EngineSpec``.
+    """
+    try:
+        name, target = arm(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--arm wants {ARM_SYNTAX}, got {value!r}") from None
+    if not target:
+        raise argparse.ArgumentTypeError(f"--arm wants {ARM_SYNTAX}, got {value!r}")
+    if not target.startswith(ENGINE_PREFIX):
+        return name, target
+    try:
+        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+
+
 class EngineHandle:
-    """What every engine offers the battery."""
+    """What every engine offers a job."""
 
     kind: str = "external"
     metrics: MetricNames = engine_kind("vllm").metrics
@@ -108,23 +147,21 @@ class EngineHandle:
 
     @property
     def prefix_caching(self) -> bool | None:
-        """Whether prefix caching is on (None: not known for an engine the battery did not start)."""
+        """Whether prefix caching is on (None: not known for an engine this run did not start)."""
         return None
 
     @property
     def can_reconfigure(self) -> bool:
-        """Whether ``reconfigure`` works: the battery launched the engine from an ``EngineSpec``."""
+        """Whether ``reconfigure`` works: this run launched the engine from an ``EngineSpec``."""
         return False
 
     async def set_prefix_caching(self, enabled: bool) -> None:
         """Restart with prefix caching on or off (raises ``NotRestartable`` where impossible)."""
-        raise NotRestartable(
-            f"engine kind {self.kind!r} is not started by the battery and cannot be restarted"
-        )
+        raise NotRestartable(f"engine kind {self.kind!r} is not started by this run and cannot be restarted")
 
     async def reconfigure(self, overrides: EngineOverrides) -> bool:
         """Restart as launched but with ``overrides`` unless it runs so already; True if it restarted."""
-        raise NotRestartable(f"engine kind {self.kind!r} was not launched by the battery from an engine spec")
+        raise NotRestartable(f"engine kind {self.kind!r} was not launched by this run from an engine spec")
 
 
 class ExternalEngine(EngineHandle):
@@ -186,36 +223,3 @@ class LaunchedEngine(EngineHandle):
             return False
         await self.process.restart(spec)
         return True
-
-
-class InProcessSim(EngineHandle):
-    """A ``SimServer`` in this process (tests); a restart is a new server with the changed config."""
-
-    kind = "sim"
-
-    def __init__(self, server: SimServer) -> None:
-        self.server = server
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.server.config.model_dump(mode="json", exclude_defaults=True)
-
-    @property
-    def can_restart(self) -> bool:
-        return True
-
-    @property
-    def prefix_caching(self) -> bool | None:
-        return self.server.config.enable_prefix_caching
-
-    async def set_prefix_caching(self, enabled: bool) -> None:
-        config: SimConfig = self.server.config
-        if config.enable_prefix_caching == enabled:
-            return
-        await self.server.stop()
-        self.server = SimServer(config.model_copy(update={"enable_prefix_caching": enabled}))
-        await self.server.start()

@@ -1,4 +1,4 @@
-"""The battery's one capacity: every load level any test runs is entered in one ledger, judged by one rule.
+"""One capacity per run: every load level any test runs is entered in one ledger, judged by one rule.
 
 ``capacity_from(entries)`` (pure) gives the figures the report shows wherever it names a maximum:
 

@@ -1,17 +1,16 @@
-"""Pure computations of the battery: distributions, per-request latencies, and the draft's derived points.
+"""Pure statistics of load runs: distributions, per-request latencies, and the draft's derived points.
 
-Everything here takes arrays or trace frames and returns numbers, so each rule of the draft is unit-tested
-on synthetic data with a known answer: percentile summaries (5.1.4.1), input-length buckets (5.1.4.2),
-knee / saturation / optimal points (5.3.4), the
-capacity search (5.2.3, 5.5.3), ITL statistics with per-request jitter, pauses, tail ratio and modality
-(5.4.4), Jain's index and starvation (5.6.4), and the context-scaling fit with R² (5.9.4).
+Everything here takes arrays or trace frames and returns numbers, so each rule of the IETF draft is
+unit-tested on synthetic data with a known answer: percentile summaries (5.1.4.1), input-length buckets
+(5.1.4.2), knee / saturation / optimal points (5.3.4), ITL gaps and modality (5.4.4), Jain's index and
+starvation (5.6.4). The context-scaling fit is ``scaling``; the searches for a maximum are ``search``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,13 +19,8 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 
 __all__ = [
-    "FIT_RULE",
     "LENGTH_BUCKETS",
     "Distribution",
-    "ScalingFit",
-    "SearchStep",
-    "fit_scaling",
-    "fit_verdict",
     "inter_chunk_gaps",
     "jain_index",
     "knee_point",
@@ -35,7 +29,6 @@ __all__ = [
     "optimal_point",
     "request_latencies",
     "saturation_point",
-    "search_max",
     "starvation_rate",
     "summarize",
 ]
@@ -218,142 +211,3 @@ def starvation_rate(waits: Sequence[float] | np.ndarray, factor: float = 5.0) ->
     if w.size == 0:
         raise ValueError("starvation rate needs at least one wait")
     return float(np.mean(w > factor * np.median(w)))
-
-
-FIT_RULE = "meaningful with ≥ 4 distinct lengths spanning ≥ 16× and power-law R² ≥ 0.9"
-
-
-class ScalingFit(StrictModel):
-    """TTFT ∝ length^k on log-log axes (k with its 95% CI), the linear fit, each with R², and a verdict."""
-
-    exponent: float
-    exponent_ci: tuple[float, float] | None = Field(default=None, description="95% CI (OLS, t)")
-    coefficient: float = Field(..., description="c in TTFT = c · length^k (seconds)")
-    r2_power: float
-    intercept_s: float
-    slope_s_per_token: float
-    r2_linear: float
-    best: str
-    lengths: int = Field(default=0, description="distinct context lengths fitted")
-    span: float = Field(default=0.0, description="longest / shortest length")
-    meaningful: bool = False
-    verdict: str = ""
-
-
-def fit_verdict(lengths: int, span: float, r2: float) -> tuple[bool, str]:
-    """Whether a scaling fit can support a headline exponent (``FIT_RULE``), and why not when it cannot."""
-    reasons = []
-    if lengths < 4:
-        reasons.append(f"{lengths} distinct lengths (< 4)")
-    if span < 16:
-        reasons.append(f"lengths span {span:.0f}× (< 16×)")
-    if not r2 >= 0.9:  # NaN (the times do not vary) says nothing either
-        reasons.append(f"R² {r2:.2f} (< 0.9)")
-    if reasons:
-        return False, "not meaningful: " + ", ".join(reasons)
-    return True, f"meaningful ({FIT_RULE})"
-
-
-def _slope_ci(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
-    if x.size < 3:
-        return None
-    import statsmodels.api as sm
-
-    fit = sm.OLS(y, sm.add_constant(x)).fit()
-    lo, hi = fit.conf_int(0.05)[1]
-    return (float(lo), float(hi)) if math.isfinite(lo) and math.isfinite(hi) else None
-
-
-def fit_scaling(lengths: Sequence[float], ttft_s: Sequence[float]) -> ScalingFit:
-    """Least-squares fits of TTFT against context length: a power law (log-log) and a straight line."""
-    x, y = np.asarray(lengths, dtype=float), np.asarray(ttft_s, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    x, y = x[keep], y[keep]
-    if np.unique(x).size < 2:
-        raise ValueError("the scaling fit needs at least two distinct context lengths")
-    from analysis.robust import r_squared  # statsmodels with it: only when a fit is asked for
-
-    k, log_c = np.polyfit(np.log(x), np.log(y), 1)
-    r2_power = r_squared(np.log(y), k * np.log(x) + log_c)
-    slope, intercept = np.polyfit(x, y, 1)
-    r2_linear = r_squared(y, slope * x + intercept)
-    distinct, span = int(np.unique(x).size), float(x.max() / x.min())
-    meaningful, verdict = fit_verdict(distinct, span, r2_power)
-    return ScalingFit(
-        exponent=float(k),
-        exponent_ci=_slope_ci(np.log(x), np.log(y)),
-        coefficient=float(math.exp(log_c)),
-        r2_power=r2_power,
-        intercept_s=float(intercept),
-        slope_s_per_token=float(slope),
-        r2_linear=r2_linear,
-        best="linear" if r2_linear >= r2_power else f"power law (k = {k:.2f})",
-        lengths=distinct,
-        span=span,
-        meaningful=meaningful,
-        verdict=verdict,
-    )
-
-
-class SearchStep(StrictModel):
-    """One probe of a capacity search: the load tried and whether it met the criteria."""
-
-    value: float
-    passed: bool
-
-
-async def search_max(
-    passes: Callable[[float], Awaitable[bool]],
-    *,
-    initial: float,
-    maximum: float,
-    minimum: float,
-    resolution: float,
-    integer: bool = False,
-    max_probes: int = 32,
-) -> tuple[float | None, list[SearchStep]]:
-    """The largest load in [minimum, maximum] for which ``passes`` holds, assuming it is monotone.
-
-    Starts at ``initial``; doubles while it passes (capped at ``maximum``), halves while it fails (down to
-    ``minimum``), then bisects between the last pass and the first failure until they are within
-    ``resolution`` (5.5.3's "increase toward maximum / decrease / until convergence"). ``integer`` rounds
-    probes (concurrency). Returns the best passing value (None if even ``minimum`` fails) and every probe.
-    """
-    if not minimum <= initial <= maximum or resolution <= 0:
-        raise ValueError("search_max needs minimum <= initial <= maximum and resolution > 0")
-    steps: list[SearchStep] = []
-    seen: dict[float, bool] = {}
-
-    async def probe(value: float) -> bool:
-        value = float(round(value)) if integer else value
-        if value not in seen:
-            seen[value] = await passes(value)
-            steps.append(SearchStep(value=value, passed=seen[value]))
-        return seen[value]
-
-    good: float | None = None
-    bad: float | None = None
-    value = initial
-    for _ in range(max_probes):  # each turn probes a new value: doubling or halving never repeats one
-        if await probe(value):
-            good = float(round(value)) if integer else value
-            if value >= maximum:
-                return good, steps
-            value = min(value * 2, maximum)
-        else:
-            bad = float(round(value)) if integer else value
-            if value <= minimum:
-                return None, steps
-            value = max(value / 2, minimum)
-        if good is not None and bad is not None:
-            break
-    while good is not None and bad is not None and bad - good > resolution and len(steps) < max_probes:
-        mid = (good + bad) / 2
-        mid = float(math.floor(mid)) if integer else mid
-        if mid in (good, bad):
-            break
-        if await probe(mid):
-            good = mid
-        else:
-            bad = mid
-    return good, steps
