@@ -225,21 +225,24 @@ class SimEngine:
                 stream = self._streams.get(req.request_id)
                 if stream is not None and stream.t_scheduled_ns is None:
                     stream.t_scheduled_ns = t0
-            # async scheduling: the device work first, then the next step is planned and launched (its
-            # host work overlaps this step's device work) before this step's outputs go out
-            first_s = device_s if cfg.async_scheduling else host + device_s
-            await self._sleep(t0, first_s, scale, spin_ns)
-            done, plan = plan, None
-            result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
-            host_next = 0.0
-            if cfg.async_scheduling and sched.has_work():
-                plan = sched.schedule()
-                plan = plan if plan.chunks else None
-                host_next = host_s(cfg, plan.shape) if plan is not None else 0.0
+            done, plan, host_next = plan, None, 0.0
+            if not cfg.async_scheduling:
+                await self._sleep(t0, host + device_s, scale, spin_ns)
+                t1 = prev_end = time.perf_counter_ns()  # the step's end; committing is the next one's time
+                result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
+            else:
+                # the device work first; then the next step is planned and launched (its host work overlaps
+                # this step's device work) before this step's outputs go out
+                await self._sleep(t0, device_s, scale, spin_ns)
+                result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
+                if sched.has_work():
+                    plan = sched.schedule()
+                    plan = plan if plan.chunks else None
+                    host_next = host_s(cfg, plan.shape) if plan is not None else 0.0
+                if host_next > device_s:
+                    await self._sleep(t0, host_next, scale, spin_ns)
+                t1 = prev_end = time.perf_counter_ns()
             whole_s, reported_s = step_times(cfg, device_s, host, host_next)
-            if whole_s > first_s:
-                await self._sleep(t0, whole_s, scale, spin_ns)
-            t1 = prev_end = time.perf_counter_ns()
             self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1)
 
     async def _sleep(self, t0: int, model_s: float, scale: float, spin_ns: int) -> None:

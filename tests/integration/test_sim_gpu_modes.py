@@ -168,12 +168,16 @@ def test_the_step_model_is_recovered_with_its_graph_break_and_the_raw_field_miss
     # the sim's own form: on two chunk sizes the eager jump (every 1024-token step) and the chunk's
     # attention to itself (c²/2) are close to collinear, so the data alone may pick c·ctx + eager
     fit = fit_step_model(load_records(run), "c·(ctx + c/2)")
-    assert fit.data == "steps"
+    # the steps, and the bare prefills (D = 0) of one step after idle, whose start no line stamps, from
+    # their windows (the engine's prefill time)
+    assert fit.data in ("steps", "steps+windows")
     assert fit.cuda_graph_max_tokens == 512 and "eager_steps" in fit.columns  # the break is fitted
     for name in CHECKED:
         assert fit.params[name] == pytest.approx(truth[name], rel=0.10), (name, fit.params, truth)
     raw = fit_step_model(_raw_records(run), fit.model)
     misses = {name: raw.params[name] / truth[name] - 1 for name in CHECKED}
-    print(f"\n{mode}: raw-field fit misses " + ", ".join(f"{k} {v:+.0%}" for k, v in misses.items()))
+    errors = {name: fit.params[name] / truth[name] - 1 for name in CHECKED}
+    print(f"\n{mode}: fit off by " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()))
+    print(f"{mode}: raw-field fit misses " + ", ".join(f"{k} {v:+.0%}" for k, v in misses.items()))
     # uni: α and β_c without the host work (−14%, −17%); async: α less the next step's host work (−17%)
     assert misses["alpha_ms"] < -0.10
