@@ -1,8 +1,8 @@
 """PD-transfer cost model and break-even against measured interference (DESIGN.md §5, seed 002 §3).
 
-* ``kv_bytes_per_token = 2 × layers × kv_heads × head_dim × dtype bytes`` from a model config: a
-  Hugging Face ``config.json``, a bundled tiny model's name (its ``engine_harness/models/<name>/config.json``
-  read as data), or a name in ``model_configs.yaml`` (the target Qwen3-Coder-30B-A3B-Instruct).
+* ``kv_bytes_per_token`` (one definition: ``engine_harness.model_kv``) from a model config: a Hugging
+  Face ``config.json``, a bundled tiny model's name (its ``engine_harness/models/<name>/config.json``),
+  or a name in ``model_configs.yaml`` (the target Qwen3-Coder-30B-A3B-Instruct).
 * Link profiles are data: ``analysis/links/<name>.yaml`` (``LinkProfile``): a setup latency and a
   bandwidth, or a flat ``fixed_ms`` budget (seed 002's 50 ms layer-wise budget).
 * Transfer of P tokens' KV: **bulk** ``setup + bytes / bandwidth`` after the prefill; **layer-wise**
@@ -15,9 +15,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,12 +23,12 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine_harness.model_kv import ModelKV, read_model_kv
 from microbench.results.layout import RunFolder
 
 __all__ = [
     "LINKS_DIR",
     "LinkProfile",
-    "ModelKV",
     "TransferMode",
     "breakeven_table",
     "list_links",
@@ -41,58 +39,17 @@ __all__ = [
 
 LINKS_DIR = Path(__file__).resolve().parent / "links"
 MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs.yaml"
-# The bundled tiny models' configs: read as data files (analysis never imports engine_harness).
+# The bundled tiny models' configs, read as data files.
 BUNDLED_MODELS = Path(__file__).resolve().parent.parent / "engine_harness" / "models"
 TransferMode = Literal["bulk", "layerwise"]
-DTYPE_BYTES = {
-    "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2, "float32": 4, "float": 4, "fp32": 4,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ModelKV:
-    """The KV-cache shape of one model."""
-
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @classmethod
-    def from_config(cls, name: str, cfg: dict[str, Any], dtype: str | None = None) -> ModelKV:
-        """From a Hugging Face config mapping; ``dtype`` overrides ``torch_dtype`` (e.g. an fp8 KV cache)."""
-        try:
-            layers = int(cfg["num_hidden_layers"])
-            heads = int(cfg["num_attention_heads"]) if "num_attention_heads" in cfg else None
-            kv_heads = int(cfg.get("num_key_value_heads") or heads or 0)
-            head_dim = int(cfg.get("head_dim") or (int(cfg["hidden_size"]) // heads if heads else 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"model config {name!r} lacks the attention shape: {exc}") from exc
-        dtype_name = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        if dtype_name not in DTYPE_BYTES:
-            raise ValueError(f"unknown KV dtype {dtype_name!r} for {name}; known: {sorted(DTYPE_BYTES)}")
-        if min(layers, kv_heads, head_dim) <= 0:
-            raise ValueError(f"model config {name!r} has a non-positive attention dimension")
-        return cls(name, layers, kv_heads, head_dim, DTYPE_BYTES[dtype_name])
 
 
 def load_model_kv(model: str | Path, dtype: str | None = None) -> ModelKV:
     """A model's KV shape: a path to ``config.json`` (or its folder), or a name in ``model_configs.yaml``
     (a path-like run model name such as ``engine_harness/models/qwen3-moe-tiny`` matches by its last part)."""
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return ModelKV.from_config(path.parent.name, json.loads(path.read_text()), dtype)
-    bundled = BUNDLED_MODELS / Path(str(model)).name / "config.json"
-    if bundled.is_file():
-        return ModelKV.from_config(bundled.parent.name, json.loads(bundled.read_text()), dtype)
+    local = read_model_kv(model, dtype) or read_model_kv(BUNDLED_MODELS / Path(str(model)).name, dtype)
+    if local is not None:
+        return local
     known: dict[str, dict[str, Any]] = yaml.safe_load(MODEL_CONFIGS.read_text())
     for key in (str(model), Path(str(model)).name):
         if key in known:

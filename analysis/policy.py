@@ -30,7 +30,6 @@ import pandas as pd
 
 from analysis.breakeven import (
     LinkProfile,
-    ModelKV,
     TransferMode,
     breakeven_table,
     load_link,
@@ -40,6 +39,7 @@ from analysis.breakeven import (
 from analysis.table import aggregate_cells, load_manifest, load_records, records_frame
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
+from engine_harness.model_kv import ModelKV
 
 __all__ = ["FORMAT", "POLICY_COLUMNS", "Decision", "OffloadPolicy", "OutOfRangeError", "build_policy", "main"]
 

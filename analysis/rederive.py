@@ -12,14 +12,13 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from analysis.table import write_interference_table
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput, run_cli
-from microbench.results.layout import RunFolder, attempt_stem
+from microbench.results.layout import RunFolder, attempt_stem, job_folder
 from microbench.results.records import RunRecord, read_record
 
 __all__ = ["differences", "main", "rederive_run"]
@@ -45,18 +44,22 @@ def differences(stored: Any, derived: Any, path: str = "", rel: float = 1e-9) ->
     return [] if stored == derived else [f"{path}: {stored!r} → {derived!r}"]
 
 
-def _stored_records(folder: RunFolder) -> Iterator[Path]:
-    for sub in ("runs", "invalid"):
-        yield from sorted((folder.root / sub).glob("*/*.json"))
+def _sweep_folder(run: Path) -> RunFolder:
+    """``run`` as a sweep's folder; another job's folder or no run folder is bad input."""
+    try:
+        folder = job_folder(run)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if not isinstance(folder, RunFolder):
+        raise BadInput(f"{run} is a {folder.JOB} run; only a sweep's records are re-derived")
+    return folder
 
 
 def rederive_run(run: Path, write: bool) -> dict[str, list[str]]:
     """Re-derive every stored record; returns {record path: differences}; rewrites them when ``write``."""
-    folder = RunFolder(run)
-    if not folder.exists():
-        raise BadInput(f"{run} is not a sweep run folder (no manifest.json)")
+    folder = _sweep_folder(run)
     changed: dict[str, list[str]] = {}
-    for path in _stored_records(folder):
+    for path in folder.stored_record_paths():
         stored = read_record(path, RunRecord)
         c = stored.config
         stem = attempt_stem(c.decode_batch_size, c.new_prefill_tokens, c.repetition, stored.validity.attempt)
@@ -77,7 +80,7 @@ def rederive_run(run: Path, write: bool) -> dict[str, list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     changed = rederive_run(args.run, write=not args.check)
-    total = sum(1 for _ in _stored_records(RunFolder(args.run)))
+    total = sum(1 for _ in _sweep_folder(args.run).stored_record_paths())
     for name, diff in changed.items():
         print(f"{name}: {len(diff)} field(s) differ, e.g. {diff[0]}")
     verb = "differ from" if args.check else "were rewritten from"

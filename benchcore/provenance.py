@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,10 @@ def new_run_id(name: str) -> str:
     return f"{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{name}"
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: Iterable[str] = _PACKAGES) -> dict[str, str]:
+    """Installed versions of the distributions ``names`` (default: the suite's own); absent ones left out."""
     out = {}
-    for name in _PACKAGES:
+    for name in names:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

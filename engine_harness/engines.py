@@ -1,8 +1,10 @@
 """Engine kinds and their settings: one strict ``EngineSpec`` → argv, environment and metric names.
 
 Each kind (``vllm``, ``sglang``, ``external``, ``sim``) is a small ``EngineKind`` registered by name; the
-differences between engines live in those tables, not in ``if kind == …`` chains elsewhere. Presets
-(``cpu``, ``h100``, ``h20``) are plain dictionaries of settings from seed 002's hardware table.
+differences between engines live in those tables, not in ``if kind == …`` chains elsewhere. A kind's
+command line is its own module (``vllm_kind``, ``sglang_kind``, ``sim_kind``), which reads the spec's
+fields (``spec.SpecFields``) and nothing of this table. Presets (``cpu``, ``h100``, ``h20``) are plain
+dictionaries of settings from seed 002's hardware table.
 """
 
 from __future__ import annotations
@@ -11,23 +13,23 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from benchcore.schema import StrictModel
 from engine_harness import sglang_kind as sg
 from engine_harness.environments import EngineEnvError, package_installed
 from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS, MetricNames
+from engine_harness.sim_kind import SIM_API_KEY_VAR, sim_argv, sim_scheduling
+from engine_harness.spec import DEFAULT_MODEL, MODELS_DIR, SpecFields
 from engine_harness.steps import (
-    VLLM_LOGGING_CONFIG,
     StepSourceFactory,
     no_step_source,
     sglang_step_source,
     sim_step_source,
     vllm_step_source,
 )
+from engine_harness.vllm_kind import vllm_argv, vllm_env
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -44,56 +46,11 @@ __all__ = [
     "spec_from_settings",
 ]
 
-MODELS_DIR = Path(__file__).resolve().parent / "models"
-DEFAULT_MODEL = str(MODELS_DIR / "qwen3-moe-tiny")
 SETUP_HINT = "bash scripts/setup.sh"
-SIM_API_KEY_VAR = "SIM_API_KEY"  # the sim reads its key as vLLM reads VLLM_API_KEY
 
 
-class EngineSpec(StrictModel):
-    """What to run and how: everything that decides the engine's command line and environment."""
-
-    kind: Literal["vllm", "sglang", "external", "sim"] = "vllm"
-    python: str | None = Field(
-        None,
-        description="interpreter of the engine's environment; default: the kind's own environment where "
-        "one is set up (sglang: .venv-sglang/bin/python), else the suite's interpreter",
-    )
-    model: str = Field(DEFAULT_MODEL, description="model folder or hub name served by the engine")
-    served_model_name: str | None = Field(None, description="name clients send; default: the model")
-    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
-    port: int | None = Field(None, ge=1, le=65535, description="fixed port; default: a free one")
-    url: str | None = Field(None, description="base URL of an external engine (kind=external)")
-    api_key_env: str | None = Field(
-        None, description="name of the environment variable holding the API key (never the key itself)"
-    )
-    chunk_size: int | None = Field(
-        None,
-        gt=0,
-        description="token budget per step: vLLM max-num-batched-tokens, SGLang chunked-prefill-size",
-    )
-    prefix_caching: bool = True
-    enforce_eager: bool = Field(False, description="disable CUDA graphs (the seed's ablation)")
-    max_model_len: int | None = Field(None, gt=0)
-    max_num_seqs: int | None = Field(None, gt=0)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    block_size: int | None = Field(None, gt=0)
-    load_format: str | None = Field(None, description="'dummy' serves random weights from a config")
-    dtype: str | None = None
-    cpu_kvcache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE for the CPU build")
-    cpu_threads_bind: str | None = Field(None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1' or 'auto'")
-    log_iteration_details: bool = Field(False, description="vLLM logs every engine step with its time")
-    mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")
-    device: str | None = Field(None, description="SGLang --device ('cpu' on a box without a GPU)")
-    attention_backend: str | None = Field(None, description="SGLang --attention-backend (CPU: torch_native)")
-    overlap_schedule: bool = Field(
-        True, description="SGLang's overlap scheduler (False: --disable-overlap-schedule; see sglang_kind)"
-    )
-    max_total_tokens: int | None = Field(
-        None, gt=0, description="SGLang --max-total-tokens: the KV pool in tokens (CPU: else ≈85% of RAM)"
-    )
-    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the argv")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
+class EngineSpec(SpecFields):
+    """What to run and how (``spec.SpecFields``), checked against the engine kind's table."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> EngineSpec:
@@ -115,14 +72,6 @@ class EngineSpec(StrictModel):
                 "into its log; guard it with a gateway and measure that with --engine external --api-key-env"
             )
         return self
-
-    @property
-    def model_name(self) -> str:
-        """The name clients send in ``model``: served_model_name, a local folder's name, or the model."""
-        if self.served_model_name:
-            return self.served_model_name
-        path = Path(self.model)
-        return path.name if path.is_dir() else self.model
 
 
 @dataclass(frozen=True)
@@ -149,6 +98,10 @@ class EngineKind:
     # The environment variable a launched engine reads its API key from (None: only its command line,
     # which the engine echoes into its log, so the suite will not pass a key to it).
     api_key_var: str | None = None
+    # Its metric names are read off its /metrics (metric_names.served_table), not assumed.
+    metrics_from_engine: bool = False
+    # Settings only some kinds read (a definition's engine: mapping may set them for this kind; settings.py).
+    reads: frozenset[str] = frozenset()
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -169,83 +122,14 @@ class EngineKind:
             self.check_args(argv[0], argv[3:])
 
 
-def _opt(flag: str, value: Any) -> list[str]:
-    return [] if value is None else [flag, str(value)]
-
-
-def _vllm_argv(spec: EngineSpec, port: int) -> list[str]:
-    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens per request, so a
-    # prefix-cache hit of one request is seen on that request, not only in the /metrics totals.
-    argv = [
-        spec.python or sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        spec.model,
-        "--served-model-name",
-        spec.model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(port),
-        "--enable-prompt-tokens-details",
-    ]
-    argv += _opt("--max-num-batched-tokens", spec.chunk_size)
-    if spec.chunk_size is not None:
-        argv.append("--enable-chunked-prefill")
-    argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
-    if spec.enforce_eager:
-        argv.append("--enforce-eager")
-    argv += _opt("--max-model-len", spec.max_model_len) + _opt("--max-num-seqs", spec.max_num_seqs)
-    argv += _opt("--gpu-memory-utilization", spec.gpu_memory_utilization)
-    argv += _opt("--block-size", spec.block_size) + _opt("--load-format", spec.load_format)
-    argv += _opt("--dtype", spec.dtype)
-    if spec.log_iteration_details:
-        argv.append("--enable-logging-iteration-details")
-    return argv + list(spec.extra_args)
-
-
-def _vllm_env(spec: EngineSpec) -> dict[str, str]:
-    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
-    if spec.cpu_kvcache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
-    if spec.cpu_threads_bind is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
-    if spec.log_iteration_details:  # stamped step lines time whole steps in every mode (step_modes)
-        env["VLLM_LOGGING_CONFIG_PATH"] = str(VLLM_LOGGING_CONFIG)
-    return env | spec.env
-
-
-def _sim_argv(spec: EngineSpec, port: int) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "engine_harness.sim",
-        "--model",
-        spec.model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(port),
-    ]
-    argv += _opt("--max-num-batched-tokens", spec.chunk_size) + _opt("--max-num-seqs", spec.max_num_seqs)
-    argv += _opt("--block-size", spec.block_size) + _opt("--max-model-len", spec.max_model_len)
-    if not spec.prefix_caching:
-        argv.append("--no-prefix-caching")
-    if spec.mixed_chunk:
-        argv += ["--mode", "sglang-mixed"]
-    return argv + list(spec.extra_args)
-
-
-def _sim_scheduling(spec: EngineSpec) -> sg.Scheduling:
-    args = list(spec.extra_args)
-    mode = args[args.index("--mode") + 1] if "--mode" in args[:-1] else None
-    return "exclusive" if mode == "sglang" else "mixed"
-
-
 def _no_argv(spec: EngineSpec, port: int) -> list[str]:
     raise RuntimeError(f"engine kind {spec.kind!r} is not launched by the suite: it is reached at url=")
 
+
+# Settings vLLM and SGLang both read (the sim and an external engine do not)
+_GPU_SETTINGS = frozenset(
+    {"enforce_eager", "gpu_memory_utilization", "load_format", "dtype", "log_iteration_details"}
+)
 
 ENGINE_KINDS: dict[str, EngineKind] = {
     k.name: k
@@ -255,14 +139,15 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             True,
             "vllm",
             VLLM_METRICS,
-            _vllm_argv,
-            _vllm_env,
+            vllm_argv,
+            vllm_env,
             takes_presets=True,
             step_settings={"log_iteration_details": True},
             step_source=vllm_step_source,
             kv_connectors=True,
             cpu_thread_binding=True,
             api_key_var="VLLM_API_KEY",
+            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind"},
         ),
         EngineKind(
             "sglang",
@@ -280,18 +165,29 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_settings={"log_iteration_details": True},
             step_source=sglang_step_source,
             preset_aliases={"cpu": "sglang-cpu", "h100": "sglang-h100", "h20": "sglang-h20"},
+            reads=_GPU_SETTINGS
+            | {"mixed_chunk", "device", "attention_backend", "overlap_schedule", "max_total_tokens"},
         ),
-        EngineKind("external", False, None, VLLM_METRICS, _no_argv, lambda spec: dict(spec.env)),
+        EngineKind(
+            "external",
+            False,
+            None,
+            VLLM_METRICS,
+            _no_argv,
+            lambda spec: dict(spec.env),
+            metrics_from_engine=True,
+        ),
         EngineKind(
             "sim",
             True,
             "aiohttp",
             VLLM_METRICS,
-            _sim_argv,
+            sim_argv,
             lambda spec: dict(spec.env),
             step_source=sim_step_source,
-            scheduling=_sim_scheduling,
+            scheduling=sim_scheduling,
             api_key_var=SIM_API_KEY_VAR,
+            reads=frozenset({"mixed_chunk"}),
         ),
     )
 }

@@ -32,7 +32,8 @@ def add_engine_flags(
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="engine settings to start from (default cpu; SGLang on a CPU box: sglang-cpu, sglang-cpu-mixed)",
+        help="engine settings to start from (default cpu; GPU: h100, h20; SGLang reads cpu/h100/h20 as "
+        "its sglang-cpu/sglang-h100/sglang-h20, and -mixed variants add --enable-mixed-chunk)",
     )
     parser.add_argument("--model", help="model folder or hub name (default: the bundled tiny Qwen3-MoE)")
     if reachable:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine_harness import model_kv
+
 __all__ = [
     "CARD_BYTES",
     "GIB",
@@ -80,7 +82,7 @@ def weight_bytes(shape: ModelShape) -> int:
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype_bytes: int = 2) -> int:
     """K and V of one token in every layer (2 bytes: bf16 KV, 1: fp8 KV)."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_dtype_bytes
+    return model_kv.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv_dtype_bytes)
 
 
 def kv_bytes_for_request(shape: ModelShape, tokens: int, block_size: int, kv_dtype_bytes: int = 2) -> int:

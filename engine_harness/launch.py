@@ -18,11 +18,8 @@ An engine of kind ``external`` is only reached, never started or stopped.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,8 +30,12 @@ from types import TracebackType
 import aiohttp
 
 from benchcore.redact import redact_argv
+from engine_harness.engine_log import log_errors, log_tail
 from engine_harness.engines import EngineKind, EngineSpec, auth_headers, engine_kind
 from engine_harness.environments import EngineEnvError
+from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table, table_name
+from engine_harness.metrics import MetricsError, scrape
+from engine_harness.process_group import _LIVE, _die_with_parent, _kill_group
 
 __all__ = [
     "EngineError",
@@ -67,9 +68,6 @@ _ENV_ALLOW = (
 )
 _ENV_ALLOW_PREFIXES = ("VLLM_", "SGLANG_", "NCCL_", "UCX_")
 
-_LIVE: set[subprocess.Popen[bytes]] = set()
-_PR_SET_PDEATHSIG = 1
-
 
 class EngineError(RuntimeError):
     """An engine could not be started, reached or stopped."""
@@ -97,31 +95,6 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log file ('' if it does not exist)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def log_errors(path: Path, limit: int = 5) -> list[str]:
-    """Distinct lines of a log that name an exception (``…Error: …``), first seen first."""
-    seen: dict[str, None] = {}
-    try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if "Error: " in line and not line.lstrip().startswith("File "):
-                    seen.setdefault(line.split("] ", 1)[-1].strip(), None)
-    except FileNotFoundError:
-        return []
-    return list(seen)[:limit]
-
-
 def model_problem(spec: EngineSpec) -> str | None:
     """Why a launched engine cannot load ``spec.model`` from disk, or None: a model given as a path
     (absolute, ``./``, ``../``, ``~``) must be a folder holding ``config.json``. Checked before a start
@@ -138,33 +111,6 @@ def model_problem(spec: EngineSpec) -> str | None:
     if not (path / "config.json").is_file():
         return f"model folder {path} holds no config.json; is it the model's folder? (--model)"
     return None
-
-
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL what is left."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-    # The leader may be gone while its children (engine cores, workers) linger in the group.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    _LIVE.discard(proc)
-
-
-@atexit.register
-def _reap_all() -> None:
-    for proc in list(_LIVE):
-        _kill_group(proc, grace_s=5)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the suite's process dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, str]:
@@ -207,6 +153,7 @@ class EngineProcess:
         self.argv: list[str] = []
         self.version: str | None = None
         self.startup_s: float | None = None
+        self.metrics: MetricNames = self.kind.metrics  # an external engine's: what its /metrics serves
 
     @staticmethod
     def kind_of(spec: EngineSpec) -> EngineKind:
@@ -253,6 +200,7 @@ class EngineProcess:
         try:
             await self._wait_healthy()
             self.version = await self._read_version()
+            self.metrics = await self._read_metric_names()
         except BaseException:
             await self.stop()
             raise
@@ -329,6 +277,18 @@ class EngineProcess:
         errors = log_errors(self.log_path)
         head = "errors in the log:\n  " + "\n  ".join(errors) + "\n" if errors else ""
         return head + log_tail(self.log_path)
+
+    async def _read_metric_names(self) -> MetricNames:
+        """The kind's metric table; for a kind whose names are read off the engine (``external``), the
+        table whose names its /metrics serves (the kind's when /metrics does not answer)."""
+        if not self.kind.metrics_from_engine:
+            return self.kind.metrics
+        async with aiohttp.ClientSession(headers=self.auth_headers) as session:
+            try:
+                snapshot = await scrape(session, self.base_url)
+            except MetricsError:
+                return self.kind.metrics
+        return METRIC_TABLES[served_table(snapshot.names(), default=table_name(self.kind.metrics))]
 
     async def _read_version(self) -> str | None:
         if not self.kind.version_path:

@@ -1,14 +1,17 @@
 """What each engine kind calls the quantities the suite reads on its ``/metrics`` (data, not code paths).
 
 ``MetricNames`` lists, per quantity, the Prometheus sample names an engine may use (first found wins:
-vLLM renamed several between releases). ``engines.EngineKind.metrics`` points at one of these tables.
+vLLM renamed several between releases). ``engines.EngineKind.metrics`` points at one of these tables; an
+engine the suite did not launch (kind ``external``) gets the table whose names its ``/metrics`` serves
+(``served_table``), so an external SGLang is read as SGLang, not as vLLM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
-__all__ = ["SGLANG_METRICS", "VLLM_METRICS", "MetricNames"]
+__all__ = ["METRIC_TABLES", "SGLANG_METRICS", "VLLM_METRICS", "MetricNames", "served_table", "table_name"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,26 @@ SGLANG_METRICS = MetricNames(
     queue_time=("sglang:queue_time_seconds",),
     cache_hit_rate=("sglang:cache_hit_rate",),
 )
+
+METRIC_TABLES: dict[str, MetricNames] = {"vllm": VLLM_METRICS, "sglang": SGLANG_METRICS}
+
+
+def _served(table: MetricNames, served: set[str]) -> int:
+    """How many of the table's quantities the served sample names carry (a histogram's name counts
+    through its ``_bucket``/``_sum``/``_count`` samples)."""
+    families = {name.split("{", 1)[0] for f in fields(table) for name in getattr(table, f.name)}
+    return sum(1 for fam in families if any(s == fam or s.startswith(f"{fam}_") for s in served))
+
+
+def served_table(sample_names: Iterable[str], default: str = "vllm") -> str:
+    """The name of the table (``METRIC_TABLES``) whose metrics ``sample_names`` (one scrape's) carry
+    most; ``default`` when they carry none of any table's."""
+    served = set(sample_names)
+    counts = {name: _served(table, served) for name, table in METRIC_TABLES.items()}
+    best = max(counts, key=lambda name: counts[name])
+    return best if counts[best] > 0 else default
+
+
+def table_name(table: MetricNames) -> str:
+    """The name ``METRIC_TABLES`` knows ``table`` by."""
+    return next(name for name, t in METRIC_TABLES.items() if t == table)

@@ -1,7 +1,7 @@
 """SGLang as an engine kind: its command line, environment, interpreter and a dry run of its own parser.
 
 SGLang runs in its own environment where one was set up (``.venv-sglang``: ``SETUP_ENGINE=sglang-cpu
-bash scripts/setup.sh`` on a CPU box, see ../shared/DESIGN.md §2), else in the suite's interpreter
+bash scripts/setup.sh`` on a CPU box, see docs/design.md §2), else in the suite's interpreter
 (``SETUP_ENGINE=sglang`` on a GPU box). Before a start, SGLang's own ``prepare_server_args`` parses the
 argv in that interpreter, so a flag it does not accept fails at once with SGLang's message instead of
 after a minute of imports.
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine_harness.environments import EngineEnvError, ask_python, find_venv_python
+from engine_harness.spec import SpecFields, option
 from engine_harness.step_model import Scheduling
-
-if TYPE_CHECKING:
-    from engine_harness.engines import EngineSpec
 
 __all__ = [
     "LOGGING_CONFIG",
@@ -48,25 +46,21 @@ _DRY_PARSE = (
 )
 
 
-def sglang_python(spec: EngineSpec) -> str:
+def sglang_python(spec: SpecFields) -> str:
     """The spec's ``python``, else ``.venv-sglang/bin/python`` where it exists, else this interpreter."""
     return spec.python or find_venv_python(SGLANG_VENV) or sys.executable
 
 
-def sglang_scheduling(spec: EngineSpec) -> Scheduling:
+def sglang_scheduling(spec: SpecFields) -> Scheduling:
     return "mixed" if spec.mixed_chunk else "exclusive"
 
 
-def _opt(flag: str, value: Any) -> list[str]:
-    return [] if value is None else [flag, str(value)]
-
-
-def sglang_argv(spec: EngineSpec, port: int) -> list[str]:
+def sglang_argv(spec: SpecFields, port: int) -> list[str]:
     argv = [sglang_python(spec), "-m", "sglang.launch_server", "--model-path", spec.model]
     argv += ["--served-model-name", spec.model_name, "--host", spec.host, "--port", str(port)]
     # --enable-cache-report: usage.prompt_tokens_details.cached_tokens per request (the cold check)
     argv += ["--enable-metrics", "--enable-cache-report"]
-    argv += _opt("--chunked-prefill-size", spec.chunk_size)
+    argv += option("--chunked-prefill-size", spec.chunk_size)
     if not spec.prefix_caching:
         argv.append("--disable-radix-cache")
     if spec.enforce_eager:
@@ -75,17 +69,21 @@ def sglang_argv(spec: EngineSpec, port: int) -> list[str]:
         argv.append("--enable-mixed-chunk")
     if not spec.overlap_schedule:
         argv.append("--disable-overlap-schedule")
-    argv += _opt("--context-length", spec.max_model_len) + _opt("--max-running-requests", spec.max_num_seqs)
-    argv += _opt("--mem-fraction-static", spec.gpu_memory_utilization) + _opt("--page-size", spec.block_size)
-    argv += _opt("--load-format", spec.load_format) + _opt("--dtype", spec.dtype)
-    argv += _opt("--device", spec.device) + _opt("--attention-backend", spec.attention_backend)
-    argv += _opt("--max-total-tokens", spec.max_total_tokens)
+    argv += option("--context-length", spec.max_model_len) + option(
+        "--max-running-requests", spec.max_num_seqs
+    )
+    argv += option("--mem-fraction-static", spec.gpu_memory_utilization) + option(
+        "--page-size", spec.block_size
+    )
+    argv += option("--load-format", spec.load_format) + option("--dtype", spec.dtype)
+    argv += option("--device", spec.device) + option("--attention-backend", spec.attention_backend)
+    argv += option("--max-total-tokens", spec.max_total_tokens)
     if spec.log_iteration_details:
         argv += ["--decode-log-interval", "1"]
     return argv + list(spec.extra_args)
 
 
-def sglang_env(spec: EngineSpec) -> dict[str, str]:
+def sglang_env(spec: SpecFields) -> dict[str, str]:
     env = {"HF_HUB_OFFLINE": "1", "SGLANG_LOG_MS": "1"}
     if spec.device == "cpu":
         # Without it SGLang takes vLLM's rotary kernels on a CPU device and fails (DESIGN §2).

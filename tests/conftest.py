@@ -8,19 +8,18 @@ Fast loop for developers: ``pytest tests/unit`` (seconds), then ``pytest -m "not
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine_harness.engines import EngineSpec, resolve_spec
 from engine_harness.launch import EngineProcess
+from engine_harness.process_group import group_processes
 
 
 def _has_gpu() -> bool:
@@ -47,18 +46,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 E2E_SPEC: EngineSpec = resolve_spec(
     "cpu", chunk_size=2048, max_model_len=16384, cpu_kvcache_gib=2, log_iteration_details=True
 )
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    """Live processes of a process group (the engine and every worker it spawned)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
-                out.append(p)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ a flat ``fixed_ms`` (the mean), not an extrapolated bandwidth.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -34,26 +33,12 @@ from analysis.robust import CannotFit, RobustFit, huber_fit, r_squared
 from benchcore.atomic import atomic_write_bytes
 from benchcore.schema import StrictModel as Record
 
-__all__ = ["NoTransferFit", "TransferFit", "fit_transfer", "kv_bytes_per_token", "link_profile", "write_link"]
+__all__ = ["NoTransferFit", "TransferFit", "fit_transfer", "link_profile", "write_link"]
 
 Target = Literal["handoff", "kv_xfer"]
 _COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
 _BYTES = "kv_bytes"  # records_frame: from the engine that ran the transfer
 OUTLIER_WEIGHT = 0.5  # Huber weight below which a time is named an outlier (> 2.7 robust scales off)
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
-
-
-def kv_bytes_per_token(model: str, dtype: str | None) -> int | None:
-    """2 × layers × kv_heads × head_dim × dtype bytes of a local model folder (None: no config)."""
-    cfg_path = Path(model) / "config.json"
-    if not cfg_path.is_file():
-        return None
-    cfg = json.loads(cfg_path.read_text())
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    name = str(dtype if dtype and dtype != "auto" else cfg.get("torch_dtype", "bfloat16"))
-    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * _DTYPE_BYTES[name]
 
 
 class TransferFit(Record):

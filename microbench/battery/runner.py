@@ -31,6 +31,7 @@ from microbench.battery.report import BatteryReport, SystemInfo, TestResult, War
 from microbench.battery.state import RunState
 from microbench.battery.warmup import warm_up, warmup_requirement
 from microbench.loadgen.stages import Stage
+from microbench.results.layout import BatteryFolder, new_manifest
 from microbench.workloads.schedulers import parse_scheduler
 
 __all__ = ["ordered_tests", "plan_battery", "run_battery", "write_report"]
@@ -116,6 +117,9 @@ async def run_battery(
     after each.
     """
     selected = ordered_tests(names)
+    if ctx.out_dir is not None and not (folder := BatteryFolder(ctx.out_dir)).exists():  # the job's manifest
+        definition = {"tests": [t.name for t in selected], "profile": ctx.profile.name, "command": command}
+        folder.write_manifest(new_manifest(folder, definition, {"kind": ctx.engine.kind}, seed=ctx.seed))
     state = RunState(ctx.out_dir / "state") if ctx.out_dir is not None else None
     done = state.load(ctx) if state is not None else {}
     if done and emit:

@@ -273,12 +273,22 @@ class Manifest(StrictModel):
     """Everything needed to know what a run was and to reproduce it."""
 
     schema_version: int = SCHEMA_VERSION
+    job: str | None = Field(
+        None,
+        description="the job that wrote the folder (sweep, transfer, battery; microbench.results.layout); "
+        "None: written before manifests named their job",
+    )
     run_id: str
     created_utc: str
-    sweep: dict[str, Any] = Field(description="the resolved, validated sweep definition")
+    sweep: dict[str, Any] = Field(description="the resolved, validated job definition")
     engine_spec: dict[str, Any]
     engine_argv: dict[str, list[str]] = Field(default_factory=dict, description="per chunk size")
     engine_version: str | None
+    metric_names: str | None = Field(
+        None,
+        description="the metric table the run read /metrics with (engine_harness.metric_names.METRIC_TABLES; "
+        "an external engine's is what it serves); None: its engine kind's",
+    )
     warmup: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per chunk size: probe latencies (ms) and whether they settled"
     )

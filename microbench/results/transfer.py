@@ -3,8 +3,8 @@
 A record keeps the client's and the proxy's stamps (``perf_counter_ns`` of one process), the phase
 durations derived from them, the engines' own view (histogram-sum and counter deltas of ``/metrics``
 around the request) and the KV-reuse proof on the consumer. Stored at
-``runs/<mode>/P<p>_r<rep>.json`` (written by the transfer job, ``microbench.transfer.folder``); read
-by ``analysis.transfer`` through ``records_frame``; versioned like every record of the suite
+``runs/<mode>/P<p>_r<rep>.json`` (written by the transfer job through ``results.layout.TransferFolder``);
+read by ``analysis.transfer`` through ``records_frame``; versioned like every record of the suite
 (``microbench.results.records``).
 """
 
@@ -17,11 +17,10 @@ from pydantic import Field
 
 from benchcore.schema import StrictModel as Record
 
-__all__ = ["PAIR_MODES", "SCHEMA_VERSION", "EngineSide", "Mode", "Phases", "TransferRecord", "records_frame"]
+__all__ = ["SCHEMA_VERSION", "EngineSide", "Mode", "Phases", "TransferRecord", "records_frame"]
 
 SCHEMA_VERSION = 1  # additive since: mode "alone", field hung (default False); v1 records load as they are
 Mode = Literal["disaggregated", "colocated", "alone"]
-PAIR_MODES: tuple[Mode, ...] = ("disaggregated", "colocated")
 
 
 class Phases(Record):

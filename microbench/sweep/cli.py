@@ -20,7 +20,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import sys
 from pathlib import Path
@@ -30,21 +29,19 @@ import filelock
 
 from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
 from benchcore.flags import add_config, add_out, duration
-from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
+from benchcore.provenance import new_run_id
 from benchcore.redact import REDACTED, redact_argv, redact_env
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
-from microbench.results.layout import RunFolder, RunFolderBusy
-from microbench.results.records import Manifest
+from microbench.measure.engine_lifecycle import SweepAborted
+from microbench.results.layout import RunFolder, RunFolderBusy, new_manifest
 from microbench.sweep.config import SweepConfig, SweepConfigError, load_sweep
-from microbench.sweep.lifecycle import SweepAborted
 from microbench.sweep.runner import SweepRunner
 
 __all__ = ["build_parser", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path("results")
 
 
@@ -213,23 +210,9 @@ def _unredact(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_manifest(folder: RunFolder, sweep: SweepConfig) -> None:
-    from engine_harness.telemetry import NvmlSource
-
     spec = sweep.engine_spec()
-    folder.write_manifest(
-        Manifest(
-            run_id=folder.root.name,
-            created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            sweep=_redacted(sweep),
-            engine_spec=spec.model_dump(mode="json", exclude={"env"})
-            | {"extra_args": redact_argv(spec.extra_args)},
-            engine_version=None,
-            hardware=hardware_info(NvmlSource.gpu_names()),
-            packages=package_versions(),
-            git_commit=git_commit(REPO),
-            seed=sweep.seed,
-        )
-    )
+    engine = spec.model_dump(mode="json", exclude={"env"}) | {"extra_args": redact_argv(spec.extra_args)}
+    folder.write_manifest(new_manifest(folder, _redacted(sweep), engine, seed=sweep.seed))
 
 
 def _problem(exc: Exception) -> str:

@@ -10,11 +10,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, spec_from_settings
+from engine_harness.engines import EngineSpec
+from engine_harness.settings import EngineSettings
 from microbench.client.prompts import TokenSpace
 from microbench.results.records import ProtocolRules
 
@@ -44,9 +45,8 @@ class SweepConfig(StrictModel):
     max_attempts: int = Field(3, ge=1, le=20, description="tries per point before it is recorded invalid")
     seed: int = 0
     token_range: str | None = Field(None, description="LO:HI ids for prompts; default: from the model")
-    engine: dict[str, Any] = Field(
-        default_factory=lambda: {"preset": "cpu"},
-        description="engine settings: preset plus EngineSpec fields",
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="engine settings: preset plus EngineSpec fields"
     )
     protocol: ProtocolRules = Field(default_factory=lambda: ProtocolRules())
 
@@ -73,14 +73,11 @@ class SweepConfig(StrictModel):
             raise ValueError(
                 f"decode batch sizes {too_big} leave no room for prefill in chunk {min(self.chunks)}"
             )
-        self.engine_spec()  # validate the engine settings now, not an hour into the run
         return self
 
     def engine_spec(self, chunk: int | None = None) -> EngineSpec:
-        try:
-            return spec_from_settings(self.engine, chunk_size=chunk or self.chunks[0])
-        except ValidationError as exc:
-            raise ValueError(f"engine settings: {exc}") from None
+        """The engine for ``chunk`` (default: the first chunk size); the runner resolves it once per chunk."""
+        return self.engine.resolve(chunk_size=chunk or self.chunks[0])
 
     def points(self) -> int:
         return len(self.chunks) * len(self.decode_batch_sizes) * len(self.prefill_tokens) * self.repetitions

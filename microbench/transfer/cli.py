@@ -32,18 +32,14 @@ from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
 from engine_harness.engines import engine_kind
 from engine_harness.flags import add_engine_flags, engine_overrides
+from engine_harness.kv_connectors import CONNECTOR_DISTRIBUTIONS, list_connectors
 from engine_harness.launch import EngineError
-from microbench.results.layout import RunFolderBusy
+from microbench.results.layout import RunFolderBusy, TransferFolder
 from microbench.results.records import Manifest
-from microbench.transfer.config import (
-    TransferConfig,
-    TransferConfigError,
-    list_connectors,
-    load_transfer_config,
-)
-from microbench.transfer.folder import TransferFolder
+from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
+from microbench.transfer.engine_pair import TransferAborted
 from microbench.transfer.report import finish_run
-from microbench.transfer.runner import TransferAborted, TransferRunner
+from microbench.transfer.runner import TransferRunner
 
 __all__ = ["build_parser", "main", "manifest_notes"]
 
@@ -205,7 +201,7 @@ def _write_manifest(folder: TransferFolder, cfg: TransferConfig) -> None:
             },
             engine_version=None,
             hardware=hardware_info(NvmlSource.gpu_names()),
-            packages=package_versions() | _connector_packages(),
+            packages=package_versions() | package_versions(CONNECTOR_DISTRIBUTIONS),
             git_commit=git_commit(REPO),
             seed=0,
             notes=manifest_notes(cfg),
@@ -256,18 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     state: dict[str, Path] = {}
     return run_cli(lambda: _run(args, state), lambda: state.get("out"))
-
-
-def _connector_packages() -> dict[str, str]:
-    import importlib.metadata
-
-    out = {}
-    for name in ("nixl", "nixl-cu12", "mooncake-transfer-engine"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
 
 
 if __name__ == "__main__":

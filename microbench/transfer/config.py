@@ -1,10 +1,8 @@
-"""The transfer benchmark's definition: connector presets (data) and the grid, validated into one object.
+"""The transfer benchmark's definition: the P grid, the connector, the two engines, validated as one object.
 
-Connector presets live in ``engine_harness/connectors/<name>.yaml`` (``ConnectorPreset``): the
-``--kv-transfer-config`` of each role, the engine environment (``{free_port}`` and ``{storage_path}``
-are filled in at start-up), the ``kv_transfer_params`` the proxy adds to the producer's request, and
-the consumer-side metric names that time the transfer. ``TransferConfig`` flows defaults →
-``sweeps/transfer-<name>.yaml`` → command-line flags, and is stored resolved in the run's manifest.
+The connector is a preset of ``engine_harness.kv_connectors`` (``engine_harness/connectors/<name>.yaml``).
+``TransferConfig`` flows defaults → ``sweeps/transfer-<name>.yaml`` → command-line flags, and is stored
+resolved in the run's manifest.
 """
 
 from __future__ import annotations
@@ -13,100 +11,20 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, engine_kind, spec_from_settings
+from engine_harness.engines import EngineSpec, engine_kind
+from engine_harness.kv_connectors import ConnectorError, ConnectorPreset, load_connector
+from engine_harness.settings import EngineSettings
 from microbench.results.transfer import Mode
 
-__all__ = [
-    "CONNECTORS_DIR",
-    "ConnectorPreset",
-    "TransferConfig",
-    "TransferConfigError",
-    "list_connectors",
-    "load_connector",
-    "load_transfer_config",
-]
-
-CONNECTORS_DIR = Path(__file__).resolve().parents[2] / "engine_harness" / "connectors"
-Role = Literal["producer", "consumer"]
+__all__ = ["TransferConfig", "TransferConfigError", "load_transfer_config"]
 
 
 class TransferConfigError(ValueError):
-    """The transfer definition or a connector preset is invalid; the message says where and why."""
-
-
-class ConnectorPreset(StrictModel):
-    """One vLLM KV connector set-up, as data."""
-
-    name: str
-    description: str = ""
-    run_here: bool = Field(description="false: shipped as configuration for GPUs, never run on this box")
-    requires: list[str] = Field(default_factory=list, description="Python packages the engines import")
-    kv_transfer_config: dict[str, Any] | None = Field(None, description="the same for both roles")
-    producer: dict[str, Any] | None = Field(None, description="producer's --kv-transfer-config")
-    consumer: dict[str, Any] | None = Field(None, description="consumer's --kv-transfer-config")
-    env: dict[str, str] = Field(default_factory=dict, description="engine environment, per engine")
-    prefill_kv_transfer_params: dict[str, Any] | None = Field(
-        None, description="kv_transfer_params of the producer's request (None: none sent)"
-    )
-    producer_must_not_chunk: bool = Field(
-        False, description="the producer's token budget must cover the largest P (ExampleConnector)"
-    )
-    expects_kv_transfer: bool = Field(True, description="the consumer must report external KV tokens")
-    sim_args: list[str] = Field(default_factory=list, description="argv of a sim engine for this connector")
-    transfer_time_metric: str | None = Field(None, description="consumer histogram of KV transfer times")
-    transfer_post_metric: str | None = None
-    transfer_bytes_metric: str | None = None
-
-    @model_validator(mode="after")
-    def _roles(self) -> ConnectorPreset:
-        both = self.kv_transfer_config is not None
-        split = self.producer is not None or self.consumer is not None
-        if both and split:
-            raise ValueError(
-                f"connector {self.name!r}: give kv_transfer_config or producer/consumer, not both"
-            )
-        if split and (self.producer is None or self.consumer is None):
-            raise ValueError(f"connector {self.name!r}: give both producer and consumer configs")
-        return self
-
-    def role_config(self, role: Role, values: dict[str, str]) -> dict[str, Any] | None:
-        """The role's ``--kv-transfer-config`` with ``{placeholders}`` filled from ``values``."""
-        cfg = self.kv_transfer_config if self.kv_transfer_config is not None else getattr(self, role)
-        if cfg is None:
-            return None
-        filled: dict[str, Any] = json.loads(_fill(json.dumps(cfg), values))
-        return filled
-
-    def role_env(self, values: dict[str, str]) -> dict[str, str]:
-        return {k: _fill(v, values) for k, v in self.env.items()}
-
-
-def _fill(text: str, values: dict[str, str]) -> str:
-    for key, value in values.items():
-        text = text.replace("{" + key + "}", value)
-    return text
-
-
-def list_connectors() -> list[str]:
-    return sorted(p.stem for p in CONNECTORS_DIR.glob("*.yaml"))
-
-
-def load_connector(name: str | Path) -> ConnectorPreset:
-    """A connector preset by name (``engine_harness/connectors/<name>.yaml``) or by path."""
-    path = Path(name)
-    if not path.is_file():
-        path = CONNECTORS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise TransferConfigError(f"unknown connector {str(name)!r}; known: {', '.join(list_connectors())}")
-    try:
-        return ConnectorPreset.model_validate(yaml.safe_load(path.read_text()))
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise TransferConfigError(f"connector preset {path} is invalid: {exc}") from None
+    """The transfer definition is invalid; the message says where and why."""
 
 
 class TransferConfig(StrictModel):
@@ -147,9 +65,8 @@ class TransferConfig(StrictModel):
     consumer_args: list[str] = Field(
         default_factory=list, description="extra argv of the consumer only (e.g. a sim fault)"
     )
-    engine: dict[str, Any] = Field(
-        default_factory=lambda: {"preset": "cpu"},
-        description="engine settings: preset plus EngineSpec fields",
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="engine settings: preset plus EngineSpec fields"
     )
     pause_s: float = Field(
         0.5, ge=0, description="idle time before each point, so the previous hand-off's bookkeeping is done"
@@ -195,11 +112,11 @@ class TransferConfig(StrictModel):
     def connector_preset(self) -> ConnectorPreset:
         try:
             return load_connector(self.connector)
-        except TransferConfigError as exc:
+        except ConnectorError as exc:
             raise ValueError(str(exc)) from None
 
     def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
-        spec = spec_from_settings(self.engine, chunk_size=chunk)  # None: the preset's own
+        spec = self.engine.resolve(chunk_size=chunk)  # None: the preset's own
         if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
             spec = spec.model_copy(update={"cpu_threads_bind": cores})
         return spec

@@ -19,13 +19,14 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
+from engine_harness.kv_connectors import ConnectorPreset
 from engine_harness.metrics import MetricsError, Snapshot, scrape
+from engine_harness.watchdog import EngineWatch, Hung, watch_request
 from microbench.client.prompts import TokenSpace, cold_prompt
+from microbench.client.requests import completion_body
 from microbench.client.streams import StreamError, StreamRecord, stream_request
+from microbench.measure.pd_proxy import PDProxy, PhaseStamps
 from microbench.results.transfer import EngineSide, Mode, Phases, TransferRecord
-from microbench.transfer.config import ConnectorPreset
-from microbench.transfer.proxy import PhaseStamps, TransferProxy
-from microbench.transfer.watchdog import EngineWatch, Hung, watch_request
 
 __all__ = ["Measured", "PointContext", "engine_side", "measure_point", "phases_from"]
 
@@ -39,7 +40,7 @@ class PointContext:
     session: aiohttp.ClientSession
     producer_url: str
     consumer_url: str | None
-    proxy: TransferProxy | None
+    proxy: PDProxy | None
     model_name: str
     space: TokenSpace
     connector: ConnectorPreset
@@ -176,18 +177,6 @@ def _raw(stamps: dict[str, int | None], rec: StreamRecord) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["event", "t_ns", "tokens"])
 
 
-def _payload(ctx: PointContext, prompt: list[int]) -> dict[str, Any]:
-    return {
-        "model": ctx.model_name,
-        "prompt": prompt,
-        "max_tokens": ctx.decode_tokens,
-        "min_tokens": ctx.decode_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-
-
 def _active_role(ctx: PointContext, disagg: bool, rid: str) -> str:
     """The engine whose phase is running: the producer until it answered, then the consumer."""
     if not disagg or ctx.proxy is None:
@@ -245,8 +234,9 @@ async def measure_point(ctx: PointContext, mode: Mode, prefill_tokens: int, repe
     reasons: list[str] = []
     failed: str | None = None
     hung: Hung | None = None
+    body = completion_body(ctx.model_name, prompt, ctx.decode_tokens, temperature=0.0)
     try:
-        hung = await _send(ctx, url, _payload(ctx, prompt), rec, rid, disagg)
+        hung = await _send(ctx, url, body, rec, rid, disagg)
     except (StreamError, TimeoutError) as exc:
         failed = "client"
         reasons.append(f"request failed: {rec.error or type(exc).__name__}")

@@ -21,14 +21,14 @@ from analysis.transfer.fit import (
     NoTransferFit,
     TransferFit,
     fit_transfer,
-    kv_bytes_per_token,
     link_profile,
     write_link,
 )
 from benchcore.atomic import atomic_write_bytes
+from engine_harness.model_kv import read_model_kv
+from microbench.results.layout import TransferFolder
 from microbench.results.transfer import records_frame
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 
 __all__ = ["contention_notes", "finish_run", "run_reference"]
 
@@ -84,7 +84,8 @@ def contention_notes(agg: pd.DataFrame, idle: dict[str, dict[str, dict[str, obje
 
 def _fits(table: pd.DataFrame, cfg: TransferConfig) -> dict[str, TransferFit | NoTransferFit]:
     spec = cfg.producer_spec()
-    kv = kv_bytes_per_token(spec.model, spec.dtype)
+    model = read_model_kv(spec.model, spec.dtype)  # None: a hub model, no local config
+    kv = model.kv_bytes_per_token if model is not None else None
     return {t: fit_transfer(table, kv, t) for t in ("kv_xfer", "handoff")}
 
 
@@ -103,8 +104,9 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
     body = {t: f.model_dump(mode="json") for t, f in fits.items()}
     atomic_write_bytes(folder.root / "fit.json", (json.dumps(body, indent=2) + "\n").encode())
     notes = contention_notes(agg, folder.read_idle())
-    link = fits.get("kv_xfer")
-    if isinstance(link, TransferFit):
+    kv_xfer = fits.get("kv_xfer")
+    link = kv_xfer if isinstance(kv_xfer, TransferFit) else None  # a NoTransferFit has no line to draw
+    if link is not None:
         profile = link_profile(link, run_reference(folder.root), cfg.connector, "; ".join(notes) + ".")
         write_link(folder.root / "link-measured-local.yaml", profile)
     footnotes = _footnotes(agg, cfg)

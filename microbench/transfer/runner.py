@@ -1,100 +1,49 @@
-"""Runs a ``TransferConfig`` into a ``TransferFolder``: the engine pair, the proxy, warm-up, every point.
+"""Runs a ``TransferConfig`` into a ``TransferFolder``: the stages, warm-up, idle CPU and every point.
 
-Two stages. The pair: producer and consumer start together (each pinned to its own core on the CPU
-default, with the connector's ``--kv-transfer-config`` and environment), the proxy joins them; the
-disaggregated and colocated points. Then the lone engine: the producer's settings with no connector
-and no peer, the uncontended baseline (``alone``). Each stage: one unrecorded warm-up per mode, the
-idle CPU of every engine sampled (``idle``), then every point without a valid record on disk; an
-invalid point is retried once. A point whose engine died or hung (no progress for the stall timeout,
-``watchdog``) is recorded with that engine's log tail and stops the run (``TransferAborted``).
+Two stages. The pair (``engine_pair``): producer and consumer joined by the connector, the PD proxy
+(``microbench.measure.pd_proxy``) between them; the disaggregated and colocated points. Then the lone
+engine: the producer's settings with no connector and no peer, the uncontended baseline (``alone``).
+Each stage: one unrecorded warm-up per mode, the idle CPU of every engine sampled
+(``engine_harness.idle_cpu``), then every point without a valid record on disk; an invalid point is
+retried once. A point whose engine died or hung (no progress for the stall timeout,
+``engine_harness.watchdog``) is recorded with that engine's log tail and stops the run
+(``TransferAborted``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import json
 import os
 import signal
-import sys
-import time
-from collections.abc import AsyncIterator
 
 import aiohttp
-import psutil
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from benchcore.console import console as make_console
-from engine_harness.engines import EngineSpec, engine_kind
-from engine_harness.launch import EngineProcess, free_port, log_tail
+from engine_harness.idle_cpu import deprioritize_spinners, sample_idle_cpu
+from engine_harness.kv_connectors import load_connector
+from engine_harness.launch import EngineProcess, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
+from microbench.measure.pd_proxy import PDProxy
+from microbench.results.layout import TransferFolder, point_stem
 from microbench.results.transfer import Mode, TransferRecord
-from microbench.transfer.config import ConnectorPreset, TransferConfig, load_connector
-from microbench.transfer.folder import TransferFolder, point_stem
-from microbench.transfer.idle import deprioritize_spinners, sample_idle_cpu
+from microbench.transfer.config import TransferConfig
+from microbench.transfer.engine_pair import TransferAborted, alone_engine, check_runnable, engine_pair
 from microbench.transfer.measure import Measured, PointContext, measure_point
-from microbench.transfer.proxy import TransferProxy
 
 Point = tuple[Mode, int, int]
 
-__all__ = [
-    "MAX_ATTEMPTS",
-    "TransferAborted",
-    "TransferRunner",
-    "parse_cores",
-    "pin_group",
-    "point_line",
-    "role_spec",
-]
+__all__ = ["MAX_ATTEMPTS", "TransferRunner", "point_line"]
 
 MAX_ATTEMPTS = 2
 
 
-class TransferAborted(RuntimeError):
-    """The run cannot go on: an engine died, or the set-up is impossible here."""
-
-
-def parse_cores(text: str) -> set[int]:
-    """``"0"``, ``"0-3"``, ``"0,2"`` → a core set (VLLM_CPU_OMP_THREADS_BIND syntax, one NUMA group)."""
-    cores: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cores.update(range(int(lo), int(hi or lo) + 1))
-    return cores
-
-
-def pin_group(pgid: int, cores: set[int]) -> int:
-    """Pin every thread of every live process in process group ``pgid`` to ``cores``; threads pinned."""
-    pinned = 0
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) != pgid:
-                continue
-            for tid in os.listdir(f"/proc/{proc.pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(tid), cores)
-                    pinned += 1
-        except (psutil.Error, OSError):
-            continue
-    return pinned
-
-
-def role_spec(base: EngineSpec, preset: ConnectorPreset, role: str, storage: str) -> EngineSpec:
-    """``base`` with the connector's ``--kv-transfer-config`` and environment for ``role``."""
-    values = {"free_port": str(free_port()), "storage_path": storage}
-    cfg = preset.role_config("producer" if role == "producer" else "consumer", values)
-    extra = list(base.extra_args) + (
-        ["--kv-transfer-config", json.dumps(cfg)] if cfg and engine_kind(base.kind).kv_connectors else []
-    )
-    if not engine_kind(base.kind).kv_connectors:
-        extra += preset.sim_args  # the sim's own connector switch (engine_harness/sim/kv_transfer.py)
-    return base.model_copy(update={"extra_args": extra, "env": base.env | preset.role_env(values)})
-
-
 class TransferRunner:
+    """Measures every point of a run not yet on disk, stage by stage; ``failures`` counts failed points."""
+
     def __init__(self, folder: TransferFolder, cfg: TransferConfig, console: Console | None = None) -> None:
         self.folder = folder
         self.cfg = cfg
@@ -104,88 +53,8 @@ class TransferRunner:
         self.space = TokenSpace.parse(cfg.token_range) if cfg.token_range else token_space_for(producer.model)
         self.failures = 0
 
-    def check_runnable(self) -> None:
-        """Refuse a GPU-only preset on this box and a connector whose package is missing, with the fix."""
-        if not engine_kind(self.cfg.producer_spec().kind).kv_connectors:
-            return
-        if not self.preset.run_here:
-            from engine_harness.telemetry import NvmlSource
-
-            if not NvmlSource.gpu_names():
-                raise TransferAborted(
-                    f"connector {self.preset.name!r} is a GPU preset (run_here: false) and this machine has "
-                    "no GPU; use --connector nixl-cpu (or example-storage) here"
-                )
-        missing = [pkg for pkg in self.preset.requires if importlib.util.find_spec(pkg) is None]
-        if missing:
-            raise TransferAborted(
-                f"connector {self.preset.name!r} needs the Python package(s) {missing}, not installed; for "
-                "NIXL on CPU: `pip install nixl-cu12 && pip install --no-deps nixl` "
-                "(or bash scripts/setup.sh)"
-            )
-
-    @contextlib.asynccontextmanager
-    async def engines(self) -> AsyncIterator[tuple[EngineProcess, EngineProcess]]:
-        """Producer and consumer started together; both stopped on every exit path."""
-        storage = str(self.folder.root / "kv-storage")
-        producer = EngineProcess(
-            role_spec(self.cfg.producer_spec(), self.preset, "producer", storage),
-            self.folder.role_log("producer"),
-            startup_timeout_s=self.cfg.startup_timeout_s,
-        )
-        consumer = EngineProcess(
-            role_spec(self.cfg.consumer_spec(), self.preset, "consumer", storage),
-            self.folder.role_log("consumer"),
-            startup_timeout_s=self.cfg.startup_timeout_s,
-        )
-        try:
-            t0 = time.perf_counter_ns()
-            results = await asyncio.gather(producer.start(), consumer.start(), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                raise errors[0]
-            self.console.print(
-                f"producer {producer.base_url} + consumer {consumer.base_url} up in "
-                f"{(time.perf_counter_ns() - t0) / 1e9:.1f} s "
-                f"({producer.spec.kind} {producer.version or ''}, connector {self.preset.name})"
-            )
-            self._pin({"producer": producer, "consumer": consumer})
-            manifest = self.folder.read_manifest()
-            manifest.engine_version = producer.version
-            manifest.engine_argv = {"producer": producer.argv, "consumer": consumer.argv}
-            self.folder.write_manifest(manifest)
-            yield producer, consumer
-        finally:
-            await asyncio.gather(producer.stop(), consumer.stop())
-
-    @contextlib.asynccontextmanager
-    async def alone_engine(self) -> AsyncIterator[EngineProcess]:
-        """The producer's engine started alone: same settings and cores, no connector, no peer."""
-        spec = role_spec(self.cfg.producer_spec(), load_connector("none"), "producer", "")
-        engine = EngineProcess(
-            spec, self.folder.role_log("alone"), startup_timeout_s=self.cfg.startup_timeout_s
-        )
-        try:
-            await engine.start()
-            self.console.print(
-                f"lone engine {engine.base_url} up in {engine.startup_s or 0:.1f} s (no connector)"
-            )
-            self._pin({"alone": engine})
-            yield engine
-        finally:
-            await engine.stop()
-
-    def _pin(self, engines: dict[str, EngineProcess]) -> None:
-        if not self.cfg.pin_engine_threads or sys.platform != "linux":
-            return
-        for role, engine in engines.items():
-            bind = engine.spec.cpu_threads_bind
-            if engine.pid is not None and bind and bind != "auto":
-                n = pin_group(engine.pid, parse_cores(bind))
-                self.console.print(f"pinned {n} threads of the {role}'s processes to core(s) {bind}")
-
     async def run(self) -> None:
-        self.check_runnable()
+        check_runnable(self.cfg, self.preset)
         todo = [pt for pt in self.cfg.points() if not self.folder.is_point_done(*pt)]
         total = len(self.cfg.points())
         if not todo:
@@ -214,7 +83,7 @@ class TransferRunner:
         session: aiohttp.ClientSession,
         producer: EngineProcess,
         consumer: EngineProcess | None,
-        proxy: TransferProxy | None,
+        proxy: PDProxy | None,
     ) -> PointContext:
         return PointContext(
             session=session,
@@ -235,9 +104,9 @@ class TransferRunner:
     async def _pair_stage(
         self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
     ) -> None:
-        async with self.engines() as (producer, consumer):
+        async with engine_pair(self.folder, self.cfg, self.preset, self.console) as (producer, consumer):
             prefill_params = self.preset.prefill_kv_transfer_params
-            async with TransferProxy(
+            async with PDProxy(
                 producer.base_url, consumer.base_url, prefill_params, self.cfg.phase_timeout_s
             ) as proxy:
                 ctx = self._context(session, producer, consumer, proxy)
@@ -250,7 +119,7 @@ class TransferRunner:
     async def _alone_stage(
         self, session: aiohttp.ClientSession, todo: list[Point], progress: Progress, task: TaskID
     ) -> None:
-        async with self.alone_engine() as engine:
+        async with alone_engine(self.folder, self.cfg, self.console) as engine:
             ctx = self._context(session, engine, None, None)
             engines = {"producer": engine}
             await self._warm_up(ctx, "alone", engines)

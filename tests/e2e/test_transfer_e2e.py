@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.transfer.fit import kv_bytes_per_token
+from engine_harness.model_kv import read_model_kv
 from microbench.results.records import read_record
 from microbench.results.transfer import TransferRecord
 from microbench.transfer.cli import main
@@ -74,7 +74,9 @@ def test_every_phase_is_stamped_and_the_consumer_loaded_the_kv_instead_of_comput
 ) -> None:
     records = _records(nixl_run)
     assert set(records) == {(m, p) for m in ("disaggregated", "colocated", "alone") for p in P_VALUES}
-    kv_per_token = kv_bytes_per_token(str(REPO / "engine_harness" / "models" / "qwen3-moe-tiny"), "float32")
+    tiny = read_model_kv(REPO / "engine_harness" / "models" / "qwen3-moe-tiny", "float32")
+    assert tiny is not None
+    kv_per_token = tiny.kv_bytes_per_token
     assert all(r.valid for r in records.values()), {k: r.reasons for k, r in records.items()}
     for p in P_VALUES:
         r = records[("disaggregated", p)]

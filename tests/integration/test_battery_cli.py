@@ -11,6 +11,7 @@ import pytest
 
 from microbench.battery.cli import main
 from microbench.battery.report import BatteryReport
+from microbench.results.layout import job_folder
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,7 @@ def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -
         report.warmup.cold_start and "cold-start measurement" in (tmp_path / "report-minimum.md").read_text()
     )
     assert "--no-prefix-caching" in (tmp_path / "engine-sim.log").read_text()
+    assert job_folder(tmp_path).read_manifest().job == "battery"  # the one run-folder convention
 
 
 def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_path: Path) -> None:

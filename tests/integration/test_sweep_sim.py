@@ -113,7 +113,7 @@ def test_measured_delay_and_penalty_match_the_sims_ground_truth(sim_run: Path) -
 
 def test_an_injection_that_hits_the_prefix_cache_is_invalid(tmp_path: Path, monkeypatch) -> None:
     # Seed 002's original bug: the same prompt every repetition. Repetition 1 then hits the cache.
-    import microbench.sweep.protocol as protocol
+    import microbench.measure.interference as protocol
 
     real = protocol.cold_prompt
     fixed = real(1024, protocol.TokenSpace(0, 256))
@@ -189,3 +189,13 @@ def test_a_stop_signal_ends_cleanly_with_everything_measured_on_disk(
     assert len(measured) >= 3 and all(read_record(p, RunRecord).validity.valid for p in measured)
     table = pd.read_csv(tmp_path / "c" / "interference_table.csv")  # written from what was measured
     assert table.repetitions.sum() == len(measured)
+
+
+def test_off_a_terminal_an_eta_is_printed_from_the_third_point_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = _sweep_file(tmp_path, decode_batch_sizes=[0], prefill_tokens=[256, 1024, 2048], repetitions=2)
+    assert main(["--config", str(sweep), "--out", str(tmp_path / "eta")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " points, " in line]
+    assert lines and lines[0].startswith("3/6 points, "), lines  # the first ETA comes at once
+    assert all(" in, ETA " in line and " in, ETA –" not in line for line in lines), lines

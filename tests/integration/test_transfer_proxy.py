@@ -15,7 +15,7 @@ from aiohttp import web
 from engine_harness.launch import free_port
 from engine_harness.sim.server import SimServer
 from microbench.client.streams import HTTPStatusError, StreamRecord, stream_request
-from microbench.transfer.proxy import TransferProxy
+from microbench.measure.pd_proxy import PDProxy
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ async def test_a_stalled_consumer_gets_a_502_after_the_proxy_timeout(producer: S
     runner, url = await _serve(app)
     params = {"do_remote_decode": True, "remote_block_ids": None}
     try:
-        async with TransferProxy(producer.base_url, url, params, timeout_s=1.0) as proxy:
+        async with PDProxy(producer.base_url, url, params, timeout_s=1.0) as proxy:
             async with aiohttp.ClientSession() as session:
                 t0 = time.perf_counter()
                 with pytest.raises(HTTPStatusError) as err:
@@ -78,7 +78,7 @@ async def test_a_consumer_that_is_gone_fails_fast_and_the_producer_got_max_token
     producer: SimServer,
 ) -> None:
     gone = f"http://127.0.0.1:{free_port()}"
-    async with TransferProxy(producer.base_url, gone, None, timeout_s=30.0) as proxy:
+    async with PDProxy(producer.base_url, gone, None, timeout_s=30.0) as proxy:
         async with aiohttp.ClientSession() as session:
             t0 = time.perf_counter()
             with pytest.raises(HTTPStatusError):

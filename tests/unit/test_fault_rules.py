@@ -168,8 +168,8 @@ def test_which_errors_of_a_sweep_are_the_infrastructures() -> None:
     from engine_harness.launch import EngineError
     from engine_harness.metrics import MetricsError
     from microbench.client.streams import ServerStreamError
-    from microbench.sweep.faults import FaultBudget, infrastructure_error
-    from microbench.sweep.protocol import ProtocolError
+    from microbench.measure.engine_client import ProtocolError
+    from microbench.measure.faults import FaultBudget, infrastructure_error
 
     rec = StreamRecord()
     busy = infrastructure_error(HTTPStatusError(429, "busy", rec, retry_after=2.0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from microbench.sweep.lifecycle import Timing
+from microbench.measure.timing import Timing
 
 
 def test_timing_names_every_phase_and_the_remainder() -> None:
@@ -34,7 +34,7 @@ def test_off_a_terminal_the_progress_bar_prints_plain_lines_as_points_finish() -
 
     from rich.console import Console
 
-    from microbench.sweep.lifecycle import progress_bar
+    from microbench.sweep.progress import progress_bar
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -16,31 +15,15 @@ from analysis.transfer.fit import (
     NoTransferFit,
     TransferFit,
     fit_transfer,
-    kv_bytes_per_token,
     link_profile,
     write_link,
 )
-from microbench.transfer.config import (
-    TransferConfig,
-    TransferConfigError,
-    list_connectors,
-    load_connector,
-    load_transfer_config,
-)
+from engine_harness.kv_connectors import role_spec
+from microbench.measure.pd_proxy import PhaseStamps
+from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
 from microbench.transfer.measure import phases_from
-from microbench.transfer.proxy import PhaseStamps
-from microbench.transfer.runner import role_spec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_every_shipped_connector_preset_loads_and_gpu_ones_are_marked_not_run_here() -> None:
-    names = list_connectors()
-    assert {"nixl-cpu", "example-storage", "nixl-gpu", "mooncake-gpu", "none"} <= set(names)
-    presets = {n: load_connector(n) for n in names}
-    assert not presets["nixl-gpu"].run_here and not presets["mooncake-gpu"].run_here
-    assert presets["nixl-cpu"].run_here and presets["nixl-cpu"].requires == ["nixl"]
-    assert presets["example-storage"].producer_must_not_chunk
 
 
 def test_role_spec_puts_the_connector_config_and_a_distinct_side_channel_port_per_engine() -> None:
@@ -239,43 +222,6 @@ def test_link_profiles_say_measured_with_their_run_or_assumed_with_the_assumptio
         LinkProfile(name="x", basis="measured", fixed_ms=1.0)
 
 
-def test_idle_cpu_shares_and_progress_keys_from_hand_built_readings() -> None:
-    from microbench.transfer.idle import idle_cpu_between
-    from microbench.transfer.watchdog import progress_key
-
-    before = {(1, 1): ("VLLM::Worker", "nixl_prog", 10.0), (1, 2): ("VLLM::Worker", "python", 5.0)}
-    after = {
-        (1, 1): ("VLLM::Worker", "nixl_prog", 13.5),
-        (1, 2): ("VLLM::Worker", "python", 5.5),
-        (1, 3): ("VLLM::Worker", "new", 9.0),
-    }
-    idle = idle_cpu_between("consumer", before, after, 5.0)
-    assert idle.total_pct == pytest.approx(80.0) and idle.per_process_pct == {"VLLM::Worker": 80.0}
-    assert next(iter(idle.top_threads_pct.items())) == ("VLLM::Worker/nixl_prog#1", 70.0)
-    snap = {
-        ("vllm:iteration_tokens_total_count", frozenset()): 7.0,
-        ("vllm:prompt_tokens_total", frozenset({("engine", "0")})): 100.0,
-        ("vllm:kv_cache_usage_perc", frozenset()): 0.5,
-    }
-    assert progress_key(snap) == (7.0, 100.0, 0.0, 0.0)
-
-
-def test_kv_bytes_per_token_of_the_bundled_model_follows_the_engine_dtype() -> None:
-    model = str(REPO / "engine_harness" / "models" / "qwen3-moe-tiny")
-    assert kv_bytes_per_token(model, "float32") == 2 * 4 * 1 * 32 * 4
-    assert kv_bytes_per_token(model, None) == 2 * 4 * 1 * 32 * 2
-    assert kv_bytes_per_token("Qwen/not-local", None) is None
-    assert math.isfinite(float(kv_bytes_per_token(model, "bfloat16") or 0))
-
-
-def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:
-    from microbench.transfer.runner import parse_cores
-
-    assert (
-        parse_cores("1") == {1} and parse_cores("0-3") == {0, 1, 2, 3} and parse_cores("0,2-3") == {0, 2, 3}
-    )
-
-
 def test_cli_durations_carry_units_and_out_is_the_run_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -291,27 +237,15 @@ def test_cli_durations_carry_units_and_out_is_the_run_folder(
     assert "has no manifest.json" in capsys.readouterr().err
 
 
-def test_spinning_threads_are_moved_to_sched_idle_and_quiet_ones_left_alone() -> None:
-    import os
-    import threading
+def test_a_missing_connector_package_is_refused_before_any_engine_with_this_platforms_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine_harness.kv_connectors import ConnectorPreset
+    from microbench.transfer import engine_pair
+    from microbench.transfer.engine_pair import TransferAborted, check_runnable
 
-    from microbench.transfer.idle import IdleCpu, deprioritize_spinners
-
-    stop = threading.Event()
-    spinner = threading.Thread(target=lambda: stop.wait())
-    spinner.start()
-    try:
-        tid = spinner.native_id
-        idle = IdleCpu(
-            role="consumer",
-            seconds=5,
-            total_pct=91.0,
-            per_process_pct={"VLLM::Worker": 91.0},
-            top_threads_pct={f"VLLM::Worker/VLLM::Worker#{tid}": 90.0, f"python/python#{os.getpid()}": 1.0},
-        )
-        assert deprioritize_spinners(idle) == [f"VLLM::Worker/VLLM::Worker#{tid}"]
-        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
-        assert os.sched_getscheduler(os.getpid()) != os.SCHED_IDLE  # the quiet one stays as it was
-    finally:
-        stop.set()
-        spinner.join()
+    monkeypatch.setattr(engine_pair, "torch_cuda_version", lambda: "13.0")
+    preset = ConnectorPreset(name="nixl-x", run_here=True, requires=["json", "no_such_module_xyz"])
+    with pytest.raises(TransferAborted, match=r"\['no_such_module_xyz'\].*pip install no_such_module_xyz"):
+        check_runnable(TransferConfig(), preset)
+    check_runnable(TransferConfig(), preset.model_copy(update={"requires": ["json"]}))  # all there: runs

@@ -12,9 +12,9 @@ import yaml
 
 from analysis.breakeven import LinkProfile
 from analysis.transfer.breakdown import breakdown_table
+from microbench.results.layout import TransferFolder
 from microbench.results.transfer import EngineSide, Phases, TransferRecord
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.folder import TransferFolder
 from microbench.transfer.report import finish_run
 
 KV = 1024  # bytes per token of the bundled tiny model in float32
@@ -141,6 +141,18 @@ def test_a_connector_without_transfer_time_shows_a_missing_value_and_a_footnote_
     fit = json.loads((folder.root / "fit.json").read_text())
     assert "a line needs ≥ 3 points" in fit["kv_xfer"]["reason"]
     assert not (folder.root / "link-measured-local.yaml").exists()
+
+
+def test_a_link_that_cannot_be_fitted_still_gets_its_figure_with_the_measured_points(tmp_path: Path) -> None:
+    folder = TransferFolder(tmp_path / "run")
+    cfg = TransferConfig(prefill_tokens=[1024, 4096], repetitions=1, engine={"preset": "cpu"}, alone=False)
+    for mode, p, rep in cfg.points():  # bytes counted, but 2 points: too few for a line
+        folder.write_transfer(_record(mode, p, rep, np.random.default_rng(4)), 0, final=True)
+    printed = _finish(folder, cfg)
+    assert (
+        "a line needs ≥ 3 points" in json.loads((folder.root / "fit.json").read_text())["kv_xfer"]["reason"]
+    )
+    assert (folder.root / "transfer_breakdown.png").stat().st_size > 20_000 and "no figure" not in printed
 
 
 def test_median_row_is_the_middle_repetition_and_the_lower_middle_for_even_counts() -> None:

@@ -10,17 +10,16 @@ phase in progress (the proxy's stamps say which) and says what it saw, including
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-import psutil
 
 from engine_harness.metrics import MetricsError, scrape
+from engine_harness.process_group import stopped_pids
 
-__all__ = ["EngineWatch", "Hung", "progress_key", "stopped_pids", "watch_request"]
+__all__ = ["EngineWatch", "Hung", "progress_key", "watch_request"]
 
 # counters that move with every engine step or token (vLLM names; the sim uses the same)
 _PROGRESS = (
@@ -55,20 +54,6 @@ class Hung:
 def progress_key(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> tuple[float, ...]:
     """The sums of the progress counters in one scrape (pure; a missing counter counts 0)."""
     return tuple(sum(v for (name, _), v in samples.items() if name == counter) for counter in _PROGRESS)
-
-
-def stopped_pids(pgid: int | None) -> list[int]:
-    """Processes of group ``pgid`` in the stopped state (SIGSTOP, or a debugger)."""
-    if pgid is None:
-        return []
-    out = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] == psutil.STATUS_STOPPED:
-                out.append(proc.pid)
-        except (psutil.Error, OSError):
-            continue
-    return out
 
 
 async def _probe(

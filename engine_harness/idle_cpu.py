@@ -17,6 +17,7 @@ import psutil
 from pydantic import Field
 
 from benchcore.schema import StrictModel as Record
+from engine_harness.process_group import group_processes
 
 __all__ = [
     "SPINNER_PCT",
@@ -59,10 +60,8 @@ def _thread_name(pid: int, tid: int) -> str:
 def group_threads(pgid: int) -> ThreadTimes:
     """CPU seconds (user + system) of every thread of every process in process group ``pgid``."""
     out: ThreadTimes = {}
-    for proc in psutil.process_iter(["pid", "name"]):
+    for proc in group_processes(pgid):
         try:
-            if os.getpgid(proc.pid) != pgid:
-                continue
             name = proc.info["name"] or str(proc.pid)
             for th in proc.threads():
                 out[(proc.pid, th.id)] = (name, _thread_name(proc.pid, th.id), th.user_time + th.system_time)

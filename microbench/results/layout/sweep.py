@@ -1,41 +1,23 @@
-"""The one layout of a sweep's run folder: every path, the atomic writes, and loading what ``derive`` reads.
-
-DESIGN §4. Per run ``results/<run-id>/``:
-
-- ``manifest.json``: the resolved sweep (with its protocol rules), engine spec, argv and version,
-  hardware, packages, git commit;
-- ``observed/<chunk>/<stem>.json``: the ``Observation`` of every attempt (stem ``D<d>_P<p>_r<rep>_a<n>``);
-- ``raw/<chunk>/<stem>.parquet``: the attempt's stamps; ``raw/<chunk>/baseline_D<d>_b<i>.parquet``;
-- ``metrics/<chunk>/<stem>.json``: the engine's /metrics families before and after the attempt;
-- ``baselines/<chunk>/D<d>_b<i>.json``: Phase 1 of each decode batch;
-- ``runs/<chunk>/D<d>_P<p>_r<rep>.json``: the derived record of the point (its valid attempt, or the last
-  invalid one once the attempts are spent); ``invalid/<chunk>/<stem>.json``: every invalid attempt;
-- ``telemetry/<chunk>.parquet``, ``engine-<chunk>.log``, ``interference_table.csv``/``.parquet``.
-
-Records under ``runs/`` and ``invalid/`` are derived (``derive_attempt``); everything else is measured.
-"""
+"""The sweep's run folder (``RunFolder``): its paths, atomic writes, and what ``derive`` reads back."""
 
 from __future__ import annotations
 
 import functools
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import filelock
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes, write_model
 from engine_harness.engines import engine_kind
-from engine_harness.metric_names import MetricNames
+from engine_harness.metric_names import METRIC_TABLES, MetricNames
 from engine_harness.metrics import Snapshot
 from microbench.results.derive import METRICS_READ, DeriveInputs, derive
 from microbench.results.faults import infrastructure_reasons
+from microbench.results.layout.jobs import JobFolder
 from microbench.results.records import (
     BaselineRecord,
-    Manifest,
     Observation,
     ProtocolRules,
     RunRecord,
@@ -43,27 +25,7 @@ from microbench.results.records import (
     read_record,
 )
 
-__all__ = ["RunFolder", "RunFolderBusy", "attempt_stem"]
-
-
-class RunFolderBusy(RuntimeError):
-    """Another process is writing this run folder."""
-
-
-class _RunLock(filelock.FileLock):
-    def __init__(self, path: Path) -> None:
-        super().__init__(str(path), timeout=0)
-
-    def acquire(self, *args: Any, **kwargs: Any) -> Any:
-        """As filelock's, with ``RunFolderBusy`` (what to do) instead of ``Timeout`` (an ``OSError`` that
-        callers would report as an unwritable folder)."""
-        try:
-            return super().acquire(*args, **kwargs)
-        except filelock.Timeout:
-            raise RunFolderBusy(
-                f"{Path(self.lock_file).parent} is being written by another process (a sweep or --resume of "
-                "the same run); wait for it to finish or stop it, then --resume"
-            ) from None
+__all__ = ["RunFolder", "attempt_stem"]
 
 
 def _readable(path: Path) -> RunRecord | None:
@@ -77,31 +39,10 @@ def attempt_stem(d: int, p: int, rep: int, attempt: int) -> str:
     return f"{point_name(d, p, rep)}_a{attempt}"
 
 
-class RunFolder:
-    """Paths and atomic writes of one run; records already on disk are what resume skips."""
+class RunFolder(JobFolder):
+    """The sweep's run folder: paths and atomic writes; records already on disk are what resume skips."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    # -- manifest ----------------------------------------------------------------------------------
-
-    @property
-    def manifest_path(self) -> Path:
-        return self.root / "manifest.json"
-
-    def exists(self) -> bool:
-        return self.manifest_path.is_file()
-
-    def read_manifest(self) -> Manifest:
-        return read_record(self.manifest_path, Manifest)
-
-    def write_manifest(self, manifest: Manifest) -> None:
-        write_model(self.manifest_path, manifest)
-
-    def lock(self) -> filelock.BaseFileLock:
-        """One writer per run folder: a second sweep (or ``--resume``) of the same run is refused."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return _RunLock(self.root / ".lock")
+    JOB = "sweep"
 
     # -- paths -------------------------------------------------------------------------------------
 
@@ -152,21 +93,12 @@ class RunFolder:
         records = (_readable(path) for path in paths)
         return sum(1 for r in records if r is not None and not infrastructure_reasons(r.validity.reasons))
 
-    def add_note(self, note: str) -> None:
-        """Append one line to the manifest's notes (infrastructure faults, restarts): the run's log book."""
-        manifest = self.read_manifest()
-        manifest.notes.append(note)
-        self.write_manifest(manifest)
-
-    def observations(self) -> Iterator[Path]:
-        yield from sorted((self.root / "observed").glob("*/*.json"))
+    def stored_record_paths(self) -> Iterator[Path]:
+        """Every derived record: the points under runs/, then the invalid attempts under invalid/."""
+        for sub in ("runs", "invalid"):
+            yield from sorted((self.root / sub).glob("*/*.json"))
 
     # -- writes ------------------------------------------------------------------------------------
-
-    def write_raw(self, rel: str, frame: pd.DataFrame) -> None:
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        atomic_write_bytes(self.root / rel, buf.getvalue())
 
     def write_scrapes(
         self, rel: str, before: Snapshot | None, after: Snapshot | None, names: MetricNames
@@ -204,6 +136,8 @@ class RunFolder:
         """The run's protocol rules and metric names: fixed when the run starts, read once, not per point."""
         manifest = self.read_manifest()
         rules = ProtocolRules.model_validate(manifest.sweep.get("protocol", {}))
+        if manifest.metric_names is not None:
+            return rules, METRIC_TABLES[manifest.metric_names]
         return rules, engine_kind(str(manifest.engine_spec.get("kind", "vllm"))).metrics
 
     def inputs(self, obs: Observation) -> DeriveInputs:

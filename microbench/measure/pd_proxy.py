@@ -1,16 +1,17 @@
 """The PD-disaggregation proxy: producer (prefill, ``max_tokens=1``) → KV hand-off → consumer (decode).
 
-A small aiohttp server with vLLM's two-step protocol (the one of vLLM's NIXL toy proxy): each
-``POST /v1/completions`` goes first to the producer as a non-streaming request with ``max_tokens=1``
-and the connector's ``kv_transfer_params`` (e.g. ``do_remote_decode``); the producer's response
-``kv_transfer_params`` go unchanged into the original request, which is then streamed from the
-consumer back to the client. Every phase is stamped with ``time.perf_counter_ns()`` into a
-``PhaseStamps`` kept under the request's ``X-Request-Id`` (``proxy.stamps`` in-process, or
-``GET /stamps/<id>``); both engines get that id as their ``X-Request-Id``, as vLLM's toy proxy does (NIXL's
-push mode pairs the consumer's block registration with the producer's finished request by request id).
-Every upstream await has a timeout; a producer or consumer that fails, dies or
-stalls makes the proxy answer HTTP 502 (before the stream started) or an SSE error event (after),
-with ``failed_phase`` and the error in the stamps — never a hang.
+Part of the shared measurement floor: the transfer benchmark puts it between its engine pair, and a
+router job can put it in front of any producer/consumer pair. A small aiohttp server with vLLM's
+two-step protocol (the one of vLLM's NIXL toy proxy): each ``POST /v1/completions`` goes first to the
+producer as a non-streaming request with ``max_tokens=1`` and the connector's ``kv_transfer_params``
+(e.g. ``do_remote_decode``); the producer's response ``kv_transfer_params`` go unchanged into the
+original request, which is then streamed from the consumer back to the client. Every phase is stamped
+with ``time.perf_counter_ns()`` into a ``PhaseStamps`` kept under the request's ``X-Request-Id``
+(``proxy.stamps`` in-process, or ``GET /stamps/<id>``); both engines get that id as their
+``X-Request-Id``, as vLLM's toy proxy does (NIXL's push mode pairs the consumer's block registration
+with the producer's finished request by request id). Every upstream await has a timeout; a producer or
+consumer that fails, dies or stalls makes the proxy answer HTTP 502 (before the stream started) or an
+SSE error event (after), with ``failed_phase`` and the error in the stamps — never a hang.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from aiohttp import web
 
 from microbench.client.streams import parse_sse_line
 
-__all__ = ["PhaseStamps", "TransferProxy"]
+__all__ = ["PDProxy", "PhaseStamps"]
 
 Phase = Literal["producer", "consumer"]
 
@@ -55,7 +56,7 @@ class PhaseStamps:
         return asdict(self)
 
 
-class TransferProxy:
+class PDProxy:
     """Proxy between a producer and a consumer engine; ``async with`` starts it on a free port."""
 
     def __init__(
@@ -82,7 +83,7 @@ class TransferProxy:
             raise RuntimeError("the proxy is not running")
         return f"http://{self.host}:{self.port}"
 
-    async def __aenter__(self) -> TransferProxy:
+    async def __aenter__(self) -> PDProxy:
         await self.start()
         return self
 

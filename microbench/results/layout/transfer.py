@@ -1,30 +1,24 @@
-"""The transfer run folder: the sweep's conventions (``microbench.results.layout``) with its own paths.
-
-Layout: ``manifest.json``; ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the final attempt);
-``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons); ``raw/<mode>/…parquet``
-(every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
-``engine-producer.log`` / ``engine-consumer.log`` / ``engine-alone.log``; ``idle_cpu.json`` (each
-engine's idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table.csv``,
-``breakdown.csv``, ``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
-"""
+"""The transfer benchmark's run folder (``TransferFolder``): points per mode, idle CPU, both engines' logs."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
-from benchcore.atomic import atomic_write_bytes
-from benchcore.atomic import write_model as write_record
+from pydantic import BaseModel
+
+from benchcore.atomic import atomic_write_bytes, write_model
 from engine_harness.metrics import Snapshot
-from microbench.results.layout import RunFolder
+from microbench.results.layout.jobs import JobFolder
 from microbench.results.records import read_record
 from microbench.results.transfer import Mode, TransferRecord
-from microbench.transfer.idle import IdleCpu
 
 __all__ = ["TransferFolder", "point_stem"]
 
 
 def point_stem(prefill_tokens: int, repetition: int) -> str:
+    """A transfer point's file stem."""
     return f"P{prefill_tokens}_r{repetition}"
 
 
@@ -40,8 +34,10 @@ def _pick(s: Snapshot | None) -> dict[str, float] | None:
     return out
 
 
-class TransferFolder(RunFolder):
-    """Paths and atomic writes of one transfer run; records in ``runs/`` are what resume skips."""
+class TransferFolder(JobFolder):
+    """The transfer benchmark's run folder; records in ``runs/`` are what resume skips."""
+
+    JOB = "transfer"
 
     def point_path(self, mode: Mode, prefill_tokens: int, repetition: int) -> Path:
         return self.root / "runs" / mode / f"{point_stem(prefill_tokens, repetition)}.json"
@@ -51,7 +47,7 @@ class TransferFolder(RunFolder):
         path = self.point_path(mode, prefill_tokens, repetition)
         return path.is_file() and read_record(path, TransferRecord).valid
 
-    def write_idle(self, stage: str, idle: dict[str, IdleCpu]) -> None:
+    def write_idle(self, stage: str, idle: Mapping[str, BaseModel]) -> None:
         """Idle CPU of the stage's engines, kept beside earlier stages' (``idle_cpu.json``)."""
         body = self.read_idle()
         body[stage] = {role: s.model_dump(mode="json") for role, s in idle.items()}
@@ -68,9 +64,9 @@ class TransferFolder(RunFolder):
         """Invalid attempts are kept under invalid/; the valid one (or the last attempt) goes to runs/."""
         stem = point_stem(record.prefill_tokens, record.repetition)
         if not record.valid:
-            write_record(self.root / "invalid" / record.mode / f"{stem}_a{attempt}.json", record)
+            write_model(self.root / "invalid" / record.mode / f"{stem}_a{attempt}.json", record)
         if record.valid or final:
-            write_record(self.point_path(record.mode, record.prefill_tokens, record.repetition), record)
+            write_model(self.point_path(record.mode, record.prefill_tokens, record.repetition), record)
 
     def write_metrics(self, mode: Mode, stem: str, scrapes: dict[str, Snapshot | None]) -> None:
         body = json.dumps({k: _pick(v) for k, v in scrapes.items()}, sort_keys=True)

@@ -1,0 +1,107 @@
+"""An engine's process group: every launched engine is a group leader, stopped with its children.
+
+Its lifetime: ``_kill_group`` sends SIGTERM to the whole group and SIGKILL after a grace period; an
+``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included),
+and the child asks the kernel for SIGTERM when the suite's process dies (Linux), so no engine outlives
+the suite. Its members, for a job that shares a host between engines: listed (``group_processes``),
+every thread pinned to a core set (``pin_group``, cores written as ``VLLM_CPU_OMP_THREADS_BIND`` writes
+them: ``parse_cores``), and the stopped ones found (``stopped_pids``, for a watchdog's verdict).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+__all__ = [
+    "_LIVE",
+    "_die_with_parent",
+    "_kill_group",
+    "group_processes",
+    "parse_cores",
+    "pin_group",
+    "stopped_pids",
+]
+
+_LIVE: set[subprocess.Popen[bytes]] = set()  # engines launched and not yet stopped
+_PR_SET_PDEATHSIG = 1
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    # The leader may be gone while its children (engine cores, workers) linger in the group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    # SIGKILL is delivered, not yet done: a member may still be exiting (a busy box takes its time), and
+    # a stop that returns before the group is gone lets the next engine start beside it.
+    deadline = time.monotonic() + 5
+    while group_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _LIVE.discard(proc)
+
+
+@atexit.register
+def _reap_all() -> None:
+    for proc in list(_LIVE):
+        _kill_group(proc, grace_s=5)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the suite's process dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    """The live processes of process group ``pgid`` (zombies left out), with ``pid``, ``name`` and
+    ``status`` read into ``proc.info``; one that exits while it is listed is left out."""
+    out = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                out.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def parse_cores(text: str) -> set[int]:
+    """``"0"``, ``"0-3"``, ``"0,2"`` → a core set (VLLM_CPU_OMP_THREADS_BIND syntax, one NUMA group)."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def pin_group(pgid: int, cores: set[int]) -> int:
+    """Pin every thread of every live process in process group ``pgid`` to ``cores``; threads pinned."""
+    pinned = 0
+    for proc in group_processes(pgid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{proc.pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cores)
+                    pinned += 1
+    return pinned
+
+
+def stopped_pids(pgid: int | None) -> list[int]:
+    """Processes of group ``pgid`` in the stopped state (SIGSTOP, or a debugger)."""
+    if pgid is None:
+        return []
+    return [p.pid for p in group_processes(pgid) if p.info["status"] == psutil.STATUS_STOPPED]

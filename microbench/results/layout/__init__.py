@@ -1,0 +1,82 @@
+"""The one layout of every job's run folder: every path, the atomic writes, and loading what ``derive`` reads.
+
+DESIGN §4. Every job writes ``results/<run-id>/manifest.json`` naming the job (``Manifest.job``: ``sweep``,
+``transfer``, ``battery``), the resolved job definition, engine spec, argv and version, hardware,
+packages, git commit (``JobFolder``); ``job_folder`` opens a folder as the job that wrote it.
+
+The sweep (``RunFolder``), per run:
+
+- ``observed/<chunk>/<stem>.json``: the ``Observation`` of every attempt (stem ``D<d>_P<p>_r<rep>_a<n>``);
+- ``raw/<chunk>/<stem>.parquet``: the attempt's stamps; ``raw/<chunk>/baseline_D<d>_b<i>.parquet``;
+- ``metrics/<chunk>/<stem>.json``: the engine's /metrics families before and after the attempt;
+- ``baselines/<chunk>/D<d>_b<i>.json``: Phase 1 of each decode batch;
+- ``runs/<chunk>/D<d>_P<p>_r<rep>.json``: the derived record of the point (its valid attempt, or the last
+  invalid one once the attempts are spent); ``invalid/<chunk>/<stem>.json``: every invalid attempt;
+- ``telemetry/<chunk>.parquet``, ``engine-<chunk>.log``, ``interference_table.csv``/``.parquet``.
+
+Records under ``runs/`` and ``invalid/`` are derived (``derive_attempt``); everything else is measured.
+
+The transfer benchmark (``TransferFolder``): ``runs/<mode>/P<p>_r<rep>.json`` (``TransferRecord``, the
+final attempt); ``invalid/<mode>/…_a<n>.json`` (every invalid or failed attempt, with its reasons);
+``raw/<mode>/…parquet`` (every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
+``engine-producer.log`` / ``engine-consumer.log`` / ``engine-alone.log``; ``idle_cpu.json`` (each engine's
+idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table.csv``, ``breakdown.csv``,
+``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
+
+The battery (``BatteryFolder``): ``state/`` (finished tests, the capacity ledger), ``traces/``, the
+reports (``report.json``, ``report.md``, ``report.html``, ``figures/``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from microbench.results.layout.jobs import JOBS, JobFolder, RunFolderBusy, new_manifest
+from microbench.results.layout.sweep import RunFolder, attempt_stem
+from microbench.results.layout.transfer import TransferFolder, point_stem
+from microbench.results.records import Manifest
+
+__all__ = [
+    "JOBS",
+    "BatteryFolder",
+    "JobFolder",
+    "RunFolder",
+    "RunFolderBusy",
+    "TransferFolder",
+    "attempt_stem",
+    "job_folder",
+    "new_manifest",
+    "point_stem",
+]
+
+
+class BatteryFolder(JobFolder):
+    """The battery's run folder (its state and reports are the battery's own: ``microbench.battery``)."""
+
+    JOB = "battery"
+
+
+def _job_of(root: Path, manifest: Manifest) -> str:
+    """The job a folder's manifest names; a manifest from before ``Manifest.job`` was a sweep's or a
+    transfer's, told apart by their records (``runs/<mode>/P<p>_r<rep>.json`` is a transfer's)."""
+    if manifest.job is not None:
+        return manifest.job
+    return "transfer" if next((root / "runs").glob("*/P*_r*.json"), None) is not None else "sweep"
+
+
+def job_folder(root: Path) -> JobFolder:
+    """The folder ``root`` as the job that wrote it (``ValueError`` without a manifest or for another job)."""
+    probe = RunFolder(root)
+    if not probe.exists():
+        raise ValueError(f"{root} is not a run folder (no manifest.json)")
+    job = _job_of(root, probe.read_manifest())
+    folders: dict[str, type[JobFolder]] = {
+        "sweep": RunFolder,
+        "transfer": TransferFolder,
+        "battery": BatteryFolder,
+    }
+    if job not in folders:
+        raise ValueError(
+            f"{root} was written by job {job!r}, which this suite does not know ({', '.join(JOBS)})"
+        )
+    return folders[job](root)
