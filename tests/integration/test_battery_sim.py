@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fixtures.inprocess_sim import InProcessSim
 
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
@@ -35,7 +35,7 @@ from microbench.workloads.schedulers import parse_scheduler
 
 pytestmark = pytest.mark.integration
 
-STEP = StepModel(alpha_ms=8.0, beta_d_ms=0.1, beta_c_ms=0.02, gamma_ns=2.0)
+STEP = SimStepModel(alpha_ms=8.0, beta_d_ms=0.1, beta_c_ms=0.02, gamma_ns=2.0)
 SIM = SimConfig(model="sim", max_num_batched_tokens=2048, max_num_seqs=8, step=STEP, time_scale=0.5, seed=1)
 TINY = profile(
     "quick",
