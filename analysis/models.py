@@ -3,13 +3,16 @@
 * **Seed model** (``fit_seed_model``): ``total_interference = num_chunks × D × penalty(D, chunk)`` with
   ``penalty(D, chunk)`` the median measured penalty of a *full-chunk* step (``Derived.tpot_penalty_ms``);
   where no step record exists, least squares through the origin on the measured delay.
-* **Step model** (``fit_step_model``): one linear model of every logged step, ``α + β_d·D + β_c·c +`` an
-  attention term; the candidates (``analysis.steps.CANDIDATES``) are compared by leave-one-P-out error on
+* **Step model** (``fit_step_model``): the one step-time model (``engine_harness.step_model``, whose
+  design columns the fit uses) fitted to every logged step, ``α + β_d·D + β_c·c +`` an attention term;
+  the candidates (``analysis.steps.CANDIDATES``) are compared by leave-one-P-out error on
   the held-out steps and the best is chosen from the data (``selection``). A robust fit on relative
   errors (each row divided by its measured time; statsmodels RLM, Huber's norm, 95% CIs): an earlier
   two-stage fit weighted by first-stage predictions that a negative intercept drove to ~0 on real data,
   so 20 of 98 rows carried all the weight (R² 0.515 where OLS gives 0.989).
-  The interference it predicts is ``D × Σ_chunks (mixed − decode-only step)``.
+  The interference it predicts follows the run's scheduling (``step_model.chunk_schedule``): ``D × Σ``
+  over the prefill steps of (mixed step − decode-only step), or of the whole step where the prefill runs
+  instead of the decodes (SGLang's default, exclusive).
 
 Both are judged on the same target, the measured ``aggregate_decode_delay_ms`` of every valid record
 with D > 0 (``compare_models``), by R² and by leave-one-P-out error: in-sample R² alone is not a model's
@@ -28,35 +31,24 @@ import statsmodels.api as sm
 from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
-from analysis.robust import RobustFit, huber_fit
-from analysis.steps import CANDIDATES, PARAMS, regressors, schedule_injection, steps_frame, windows_frame
+from analysis.robust import RobustFit, huber_fit, r_squared
+from analysis.steps import CANDIDATES, EAGER, graph_ceiling, steps_frame, windows_frame
+from engine_harness import step_model
 from microbench.results.records import RunRecord
 
 __all__ = [
     "PARAM_NAMES",
-    "FrontendFit",
     "SeedFit",
     "StepFit",
     "compare_models",
-    "fit_frontend",
     "fit_seed_model",
     "fit_step_model",
     "interference_frame",
     "leave_one_p_out",
-    "r_squared",
     "step_model_candidates",
 ]
 
-PARAM_NAMES = ["alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns"]
-
-
-def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
-    """Centred R² = 1 − SS_res / SS_tot of predictions (NaN with fewer than two points or no variance)."""
-    y, predicted = np.asarray(y, float), np.asarray(predicted, float)
-    if y.size < 2:
-        return math.nan
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    return 1.0 - float(((y - predicted) ** 2).sum()) / ss_tot if ss_tot > 0 else math.nan
+PARAM_NAMES = list(step_model.StepModel().coefficients())
 
 
 @dataclass
@@ -73,25 +65,39 @@ class StepFit:
     diagnostics: dict[str, float]
     residuals: pd.DataFrame = field(repr=False)
     selection: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    columns: list[str] = field(default_factory=list)  # the design columns fitted (the candidate's + eager)
+    cuda_graph_max_tokens: int = 0  # the engine's CUDA-graph ceiling: eager_ms applies above it
 
-    def step_ms(
-        self, decode_tokens: float, chunk: float = 0.0, context: float = 0.0, decode_context: float = 0.0
+    def step_ms(self, shape: step_model.StepShape) -> float:
+        """The fitted model's duration of one step (the fitted columns only)."""
+        row = step_model.design_row(shape, self.cuda_graph_max_tokens)
+        cols = self.columns or CANDIDATES[self.model]
+        return sum(self.params[step_model.PARAMS[col]] * row[col] for col in cols)
+
+    def prefill_ms(
+        self,
+        decode_batch: int,
+        prefill_tokens: int,
+        chunk_size: int,
+        scheduling: step_model.Scheduling | None = "mixed",
     ) -> float:
-        row = regressors(decode_tokens, chunk, context, decode_context)
-        return sum(self.params[PARAMS[col]] * row[col] for col in CANDIDATES[self.model])
-
-    def prefill_ms(self, decode_batch: int, prefill_tokens: int, chunk_size: int) -> float:
-        """Predicted duration of the injection's mixed steps."""
-        sched = schedule_injection(decode_batch, prefill_tokens, chunk_size)
-        return sum(self.step_ms(d, c, ctx) for d, c, ctx in sched)
-
-    def interference_ms(self, decode_batch: int, prefill_tokens: int, chunk_size: int) -> float:
-        """Predicted aggregate decode delay: ``D × Σ (mixed − decode-only step)`` over the chunks."""
-        extra = sum(
-            self.step_ms(d, c, ctx) - self.step_ms(d)
-            for d, c, ctx in schedule_injection(decode_batch, prefill_tokens, chunk_size)
+        """Predicted duration of the injection's prefill steps."""
+        return sum(
+            self.step_ms(s)
+            for s in step_model.chunk_schedule(prefill_tokens, chunk_size, decode_batch, scheduling)
         )
-        return decode_batch * extra
+
+    def interference_ms(
+        self,
+        decode_batch: int,
+        prefill_tokens: int,
+        chunk_size: int,
+        scheduling: step_model.Scheduling | None = "mixed",
+    ) -> float:
+        """Predicted aggregate decode delay: ``D × Σ`` the extra wait of each prefill step (mixed: the step
+        less a decode-only step; exclusive: the whole step)."""
+        sched = step_model.chunk_schedule(prefill_tokens, chunk_size, decode_batch, scheduling)
+        return step_model.decode_delay_ms(self, sched, decode_batch, scheduling)
 
     def coefficients(self) -> pd.DataFrame:
         """One row per parameter: estimate and 95% CI."""
@@ -141,10 +147,17 @@ def _loo_steps(frame: pd.DataFrame, cols: list[str]) -> float:
     return float(np.nanmedian(errors)) if errors else math.nan
 
 
+def _columns(name: str, frame: pd.DataFrame) -> list[str]:
+    """A candidate's columns, with the eager-step term where the steps lie on both sides of a CUDA-graph
+    ceiling (a break in the step cost that CPU data never show)."""
+    return CANDIDATES[name] + ([EAGER] if frame[EAGER].nunique() > 1 else [])
+
+
 def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:
     """Every candidate's in-sample R² and leave-one-P-out median error on the steps."""
     rows = []
-    for name, cols in CANDIDATES.items():
+    for name in CANDIDATES:
+        cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue
         predicted = frame[cols].to_numpy(float) @ _ols(frame, cols).params
@@ -188,20 +201,22 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
         best = selection["loo_p_median_ape_pct"].min()
         ok = selection[selection["loo_p_median_ape_pct"] <= best * 1.1] if math.isfinite(best) else selection
         model = str(ok.sort_values(["parameters", "loo_p_median_ape_pct"]).iloc[0]["model"])
-    cols = CANDIDATES[model]
+    cols = _columns(model, frame)
     result = _ols(frame, cols)
     ci = result.conf_int
-    params = {PARAMS[c]: float(v) for c, v in zip(cols, result.params, strict=True)}
-    cis = {PARAMS[c]: (float(lo), float(hi)) for c, (lo, hi) in zip(cols, ci, strict=True)}
+    params = {step_model.PARAMS[c]: float(v) for c, v in zip(cols, result.params, strict=True)}
+    cis = {step_model.PARAMS[c]: (float(lo), float(hi)) for c, (lo, hi) in zip(cols, ci, strict=True)}
     y = frame["elapsed_ms"].to_numpy(float)
     predicted = frame[cols].to_numpy(float) @ result.params
     row = selection[selection["model"] == model].iloc[0]
     residuals = frame.assign(predicted_ms=predicted, residual_ms=y - predicted)
     loo = float(row["loo_p_median_ape_pct"])
     diagnostics = _diagnostics(y, predicted, y - predicted)
+    ceiling = max((graph_ceiling(r) for r in records), default=0)
     return StepFit(
-        model, params, cis, r_squared(y, predicted), loo, len(frame), data, diagnostics, residuals, selection
-    )
+        model, params, cis, r_squared(y, predicted), loo, len(frame), data, diagnostics, residuals, selection,
+        cols, ceiling,
+    )  # fmt: skip
 
 
 def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
@@ -218,17 +233,17 @@ def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
         if y is None:
             continue
         n = der.num_chunks_used or rec.interference.num_chunks_actual or rec.interference.num_chunks_expected
-        # a penalty of a full-chunk step (the seed model's penalty(D, chunk)); P < chunk − D has none
-        full_chunk = (
-            der.penalty_source == "engine_steps"
-            and cfg.new_prefill_tokens >= cfg.chunk_size - cfg.decode_batch_size
-        )
+        # a penalty of a full-chunk step (the seed model's penalty(D, chunk)); a prompt shorter than one
+        # step's prompt budget has none
+        budget = step_model.prefill_budget(cfg.chunk_size, cfg.decode_batch_size, cfg.scheduling)
+        full_chunk = der.penalty_source == "engine_steps" and cfg.new_prefill_tokens >= budget
         rows.append(
             {
                 "chunk_size": cfg.chunk_size,
                 "decode_batch_size": cfg.decode_batch_size,
                 "new_prefill_tokens": cfg.new_prefill_tokens,
                 "repetition": cfg.repetition,
+                "scheduling": cfg.scheduling,
                 "num_chunks": n,
                 "penalty_ms": der.tpot_penalty_ms if full_chunk else None,
                 "interference_ms": float(y),
@@ -239,6 +254,7 @@ def interference_frame(records: list[RunRecord]) -> pd.DataFrame:
         "decode_batch_size",
         "new_prefill_tokens",
         "repetition",
+        "scheduling",
         "num_chunks",
         "penalty_ms",
         "interference_ms",
@@ -254,11 +270,17 @@ class SeedFit:
     r2: float
     n: int
 
-    def interference_ms(self, decode_batch: int, prefill_tokens: int, chunk_size: int) -> float:
+    def interference_ms(
+        self,
+        decode_batch: int,
+        prefill_tokens: int,
+        chunk_size: int,
+        scheduling: step_model.Scheduling | None = "mixed",
+    ) -> float:
         key = (decode_batch, chunk_size)
         if key not in self.penalty_ms:
             raise KeyError(f"no fitted penalty for D={decode_batch}, chunk={chunk_size}")
-        n = len(schedule_injection(decode_batch, prefill_tokens, chunk_size))
+        n = step_model.num_prefill_steps(prefill_tokens, chunk_size, decode_batch, scheduling)
         return n * decode_batch * self.penalty_ms[key]
 
 
@@ -292,8 +314,8 @@ def fit_seed_model(records: list[RunRecord]) -> SeedFit:
 
 
 def _step_predict(fit: StepFit, frame: pd.DataFrame) -> np.ndarray:
-    cols = ["decode_batch_size", "new_prefill_tokens", "chunk_size"]
-    return np.array([fit.interference_ms(int(d), int(p), int(c)) for d, p, c in frame[cols].to_numpy()])
+    cols = ["decode_batch_size", "new_prefill_tokens", "chunk_size", "scheduling"]
+    return np.array([fit.interference_ms(int(d), int(p), int(c), s) for d, p, c, s in frame[cols].to_numpy()])
 
 
 def leave_one_p_out(records: list[RunRecord], model: str | None = None) -> pd.DataFrame:
@@ -324,8 +346,8 @@ def leave_one_p_out(records: list[RunRecord], model: str | None = None) -> pd.Da
         )
         steps = steps_frame(test)
         if not steps.empty:
-            cols = CANDIDATES[step.model]
-            pred = steps[cols].to_numpy(float) @ np.array([step.params[PARAMS[c]] for c in cols])
+            cols = step.columns
+            pred = steps[cols].to_numpy(float) @ np.array([step.params[step_model.PARAMS[c]] for c in cols])
             row["step_step_mape"] = _mape(steps["elapsed_ms"].to_numpy(float), pred)
         else:
             row["step_step_mape"] = math.nan
@@ -361,40 +383,3 @@ def compare_models(records: list[RunRecord], loo: pd.DataFrame | None = None) ->
     out["n"] = len(target)
     out["meets_r2_0_85"] = out["r2"] > 0.85
     return out
-
-
-@dataclass
-class FrontendFit:
-    """The API server's share of the injection's TTFT: ``frontend_ms = fixed + per_token × P``."""
-
-    per_token_ns: float
-    ci_ns: tuple[float, float]
-    fixed_ms: float
-    r2: float
-    n: int
-
-
-def fit_frontend(records: list[RunRecord]) -> FrontendFit:
-    """OLS of the measured front-end time (send → engine queue, and the first token's way back: the
-    client's TTFT less the engine's queue and prefill times) on P, over valid records."""
-    rows = [
-        (r.config.new_prefill_tokens, r.interference.frontend_ms)
-        for r in records
-        if r.validity.valid and r.interference.frontend_ms is not None
-    ]
-    if len({p for p, _ in rows}) < 2:
-        raise ValueError(
-            "front-end times need valid records at two prompt lengths or more (engine /metrics "
-            "with queue and prefill time histograms)"
-        )
-    p = np.array([r[0] for r in rows], float)
-    y = np.array([r[1] for r in rows], float)
-    fit = sm.OLS(y, sm.add_constant(p)).fit()
-    low, high = fit.conf_int(0.05)[1]
-    return FrontendFit(
-        float(fit.params[1]) * 1e6,
-        (float(low) * 1e6, float(high) * 1e6),
-        float(fit.params[0]),
-        r_squared(y, fit.fittedvalues),
-        len(rows),
-    )

@@ -231,17 +231,18 @@ def step_fit_diagnostics(fit: object) -> Figure:
 
 def model_comparison(records: list[RunRecord]) -> Figure:
     """Measured total interference against both models' predictions (log–log), with their R²."""
-    from analysis.models import fit_seed_model, fit_step_model, interference_frame, r_squared
+    from analysis.models import fit_seed_model, fit_step_model, interference_frame
+    from analysis.robust import r_squared
 
     target = interference_frame(records)
     seed, step = fit_seed_model(records), fit_step_model(records)
-    keys = target[["decode_batch_size", "new_prefill_tokens", "chunk_size"]].to_numpy()
+    keys = target[["decode_batch_size", "new_prefill_tokens", "chunk_size", "scheduling"]].to_numpy()
     frames = []
     for name, model in (
         ("seed: n × D × penalty(D, chunk)", seed),
         (f"step: α + β_d·D + β_c·c + γ·{step.model}", step),
     ):
-        pred = np.array([model.interference_ms(int(d), int(p), int(c)) for d, p, c in keys])
+        pred = np.array([model.interference_ms(int(d), int(p), int(c), s) for d, p, c, s in keys])
         r2 = r_squared(target["interference_ms"].to_numpy(), pred)
         frames.append(target.assign(predicted_ms=pred, model=f"{name} (R² = {r2:.3f})"))
     data = pd.concat(frames, ignore_index=True)

@@ -102,7 +102,10 @@ def build_policy(
         if step is not None:
             row = cells.loc[i]
             cells.loc[i, "interference_ms"] = step.interference_ms(
-                int(row["decode_batch_size"]), int(row["new_prefill_tokens"]), int(row["chunk_size"])
+                int(row["decode_batch_size"]),
+                int(row["new_prefill_tokens"]),
+                int(row["chunk_size"]),
+                table["scheduling"].get(i) if "scheduling" in table else None,  # NaN: mixed
             )
             source[i] = "step_model"
         else:

@@ -14,17 +14,21 @@ singular design is fitted silently with a warning. ``huber_fit`` decides those c
 * more than half of the points exactly on one line (the robust scale collapses) → the median-regression
   line through them (statsmodels QuantReg), those points at weight 1 and the rest at weight 0 (outliers);
 * otherwise RLM's own result.
+
+``r_squared`` is the one R² of the suite (the step and seed models, the link fit, the battery's scaling
+fits): centred, on the points given, NaN where it says nothing.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import statsmodels.api as sm
 
-__all__ = ["CannotFit", "RobustFit", "huber_fit"]
+__all__ = ["CannotFit", "RobustFit", "huber_fit", "r_squared"]
 
 # A residual within this fraction of the largest |y| is rounding, not misfit (float64 carries ~1e-16).
 _EXACT = 1e-9
@@ -109,3 +113,13 @@ def huber_fit(y: np.ndarray, x: np.ndarray) -> RobustFit:
         f"the other {int((~on_line).sum())} are outliers",
         on_line.astype(float),
     )
+
+
+def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
+    """Centred R² = 1 − SS_res / SS_tot of predictions; NaN with fewer than two points or when ``y`` does
+    not vary (no variance to explain: neither a good nor a bad fit)."""
+    y, predicted = np.asarray(y, float), np.asarray(predicted, float)
+    if y.size < 2:
+        return math.nan
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - predicted) ** 2).sum()) / ss_tot if ss_tot > 0 else math.nan

@@ -12,47 +12,33 @@ differ in their attention terms (``CANDIDATES``):
 
 ``steps_frame`` reads every prefill step of the valid records' ``engine_steps_log`` and one decode-only
 row per record (its ``decode_step_ms``); ``windows_frame`` gives one row per valid record *without* a
-step log, the regressors summed over its prefill window from vLLM's chunk schedule.
+step log, the regressors summed over its prefill window from the step model's chunk schedule in the
+record's scheduling (mixed: the decodes ride in every chunk step; exclusive: they wait).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from engine_harness.step_model import COLUMNS, Chunk, StepShape, chunk_schedule, design_row
 from microbench.results.records import RunRecord
 
-__all__ = ["CANDIDATES", "COLUMNS", "PARAMS", "schedule_injection", "steps_frame", "windows_frame"]
+__all__ = ["CANDIDATES", "EAGER", "graph_ceiling", "steps_frame", "windows_frame"]
 
-# Every regressor; a candidate model uses a subset. Times are in ms, so the coefficient of a column
-# divided by 10⁶ is in ns per (token × token).
-COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m"]
-PARAMS = {
-    "n_steps": "alpha_ms",
-    "decode_tokens": "beta_d_ms",
-    "prefill_tokens": "beta_c_ms",
-    "c_ctx_m": "gamma_ns",
-    "c_attn_m": "gamma_ns",
-    "d_ctx_m": "delta_ns",
-}
+# A candidate model uses a subset of the step model's design columns (``engine_harness.step_model``).
 CANDIDATES: dict[str, list[str]] = {
     "c·ctx": ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m"],
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
     "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
 }
+# Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
+EAGER = "eager_steps"
 
 
-def schedule_injection(decode_batch: int, prefill_tokens: int, chunk_size: int) -> list[tuple[int, int, int]]:
-    """vLLM's chunks of one injection as ``(decode tokens, chunk tokens, context)``: every step takes the
-    D decode tokens first, then ``min(remaining, chunk − D)`` prompt tokens."""
-    budget = chunk_size - decode_batch
-    if budget <= 0:
-        raise ValueError(f"chunk {chunk_size} leaves no prefill budget next to {decode_batch} decodes")
-    steps, done = [], 0
-    while done < prefill_tokens:
-        c = min(prefill_tokens - done, budget)
-        steps.append((decode_batch, c, done))
-        done += c
-    return steps
+def graph_ceiling(rec: RunRecord) -> int:
+    """The largest step the record's engine ran as a CUDA graph (0: none, or not known)."""
+    mode = rec.interference.step_mode
+    return (mode.cuda_graph_max_tokens or 0) if mode is not None else 0
 
 
 def _keys(rec: RunRecord) -> dict[str, int]:
@@ -62,18 +48,6 @@ def _keys(rec: RunRecord) -> dict[str, int]:
         "decode_batch_size": cfg.decode_batch_size,
         "new_prefill_tokens": cfg.new_prefill_tokens,
         "repetition": cfg.repetition,
-    }
-
-
-def regressors(d: float, c: float, ctx: float, decode_context: float) -> dict[str, float]:
-    """One step's row of every column (``decode_context``: mean context of each decode stream)."""
-    return {
-        "n_steps": 1.0,
-        "decode_tokens": float(d),
-        "prefill_tokens": float(c),
-        "c_ctx_m": c * ctx / 1e6,
-        "c_attn_m": c * (ctx + c / 2) / 1e6,
-        "d_ctx_m": d * decode_context / 1e6,
     }
 
 
@@ -92,7 +66,7 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     for rec in records:
         if not rec.validity.valid:
             continue
-        d, dec_ctx = rec.config.decode_batch_size, _decode_context(rec)
+        d, dec_ctx, ceiling = rec.config.decode_batch_size, _decode_context(rec), graph_ceiling(rec)
         ctx = 0
         for i, step in enumerate(s for s in rec.interference.engine_steps_log if s.prefill_tokens > 0):
             c = step.prefill_tokens
@@ -100,13 +74,13 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
                 ctx += c
                 continue
             row = {**_keys(rec), "step_index": i, "kind": "mixed", "context": float(ctx)}
-            rows.append(
-                row | regressors(step.decode_tokens, c, ctx, dec_ctx) | {"elapsed_ms": step.elapsed_ms}
-            )
+            shape = StepShape(step.decode_tokens, (Chunk(c, ctx),), step.decode_tokens * dec_ctx)
+            rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": step.elapsed_ms})
             ctx += c
         if rec.interference.engine_steps_log and rec.interference.decode_step_ms is not None and d:
             row = {**_keys(rec), "step_index": -1, "kind": "decode", "context": 0.0}
-            rows.append(row | regressors(d, 0, 0, dec_ctx) | {"elapsed_ms": rec.interference.decode_step_ms})
+            shape = StepShape(d, (), d * dec_ctx)
+            rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": rec.interference.decode_step_ms})
     columns = [
         "chunk_size",
         "decode_batch_size",
@@ -121,23 +95,33 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def _timed_log(rec: RunRecord) -> bool:
+    """The record's step log gives its steps durations (not so where the engine's mode allowed none)."""
+    return any(s.elapsed_ms is not None for s in rec.interference.engine_steps_log)
+
+
 def windows_frame(records: list[RunRecord], only_without_log: bool = True) -> pd.DataFrame:
-    """One row per valid record: the regressors summed over its prefill window (chunks from
-    ``schedule_injection``, or ``num_chunks_actual`` equal chunks when that differs) and, as
-    ``elapsed_ms``, the engine's prefill time when /metrics had it, else the client's send → first token.
-    By default only records without a step log."""
+    """One row per valid record: the regressors summed over its prefill window (chunks from the step
+    model's ``chunk_schedule`` in the record's scheduling, or ``num_chunks_actual`` equal chunks when that
+    differs) and, as ``elapsed_ms``, the engine's prefill time when /metrics had it, else the client's
+    send → first token. By default only records without a step log that times its steps (an engine
+    mode that allowed no durations leaves a log that counts the chunks but prices none)."""
     rows = []
     for rec in records:
         itf = rec.interference
-        if not rec.validity.valid or (only_without_log and itf.engine_steps_log):
+        if not rec.validity.valid or (only_without_log and _timed_log(rec)):
             continue
         cfg = rec.config
         d, p = cfg.decode_batch_size, cfg.new_prefill_tokens
-        sched = schedule_injection(d, p, cfg.chunk_size)
+        dec_ctx = _decode_context(rec)
+        sched = chunk_schedule(p, cfg.chunk_size, d, cfg.scheduling, dec_ctx)
         if itf.num_chunks_actual and itf.num_chunks_actual != len(sched):
-            size = -(-p // itf.num_chunks_actual)
-            sched = [(d, min(size, p - i * size), i * size) for i in range(itf.num_chunks_actual)]
-        summed = pd.DataFrame([regressors(dd, c, ctx, _decode_context(rec)) for dd, c, ctx in sched]).sum()
+            size, riders = -(-p // itf.num_chunks_actual), sched[0].decode_tokens
+            sched = [
+                StepShape(riders, (Chunk(min(size, p - i * size), i * size),), riders * dec_ctx)
+                for i in range(itf.num_chunks_actual)
+            ]
+        summed = pd.DataFrame([design_row(s, graph_ceiling(rec)) for s in sched]).sum()
         elapsed = (
             itf.engine_prefill_time_ms if itf.engine_prefill_time_ms is not None else itf.prefill_duration_ms
         )

@@ -1,12 +1,13 @@
 """Synthesise a run folder from a known step-time model: synthetic stamps fed to the sweep's own ``derive``.
 
 Used by the tests (ground truth for the fits) and to try notebooks and reports without an engine. The
-engine is modelled as vLLM schedules a chunked prefill next to running decodes: every step first takes
-one token of each of the D decodes, then ``min(remaining, chunk − D)`` prompt tokens of the injection. A
-step costs ``α + β_d·D + β_c·c + γ·c·(ctx + c/2) + δ·Σ decode contexts`` times a seeded factor
-``1 + N(0, noise)``. The request reaches the engine ``frontend_ns_per_token × P`` after its send (the API
-server's share), waits for the running step to end, then its chunks run; each decode stream gets one
-token at the end of every step. What is written is what the live sweep writes — observations, stamps,
+engine schedules the injection's chunks as the one step-time model says (``engine_harness.step_model``:
+``mixed``, vLLM's way, every step carrying the D decode tokens and ``min(remaining, chunk − D)`` prompt
+tokens; or ``exclusive``, SGLang's default, a prefill step of up to ``chunk`` tokens running instead of
+the decode step), and a step costs what that model says times a seeded factor ``1 + N(0, noise)``. The
+request reaches the engine ``frontend_ns_per_token × P`` after its send (the API server's share), waits
+for the running step to end, then its chunks run; each decode stream gets one token at the end of every
+step that carried the decodes. What is written is what the live sweep writes — observations, stamps,
 scrapes, baselines — and the records come from ``RunFolder.derive_attempt``, as in a real run.
 """
 
@@ -14,17 +15,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.steps import schedule_injection
 from benchcore.atomic import atomic_write_bytes
 from engine_harness.engines import engine_kind
 from engine_harness.metrics import Snapshot
+from engine_harness.step_model import Chunk, Scheduling, StepModel, StepShape, chunk_schedule, prefill_budget
 from engine_harness.steps import EngineStep
 from microbench.results.layout import RunFolder, attempt_stem
 from microbench.results.records import (
@@ -36,7 +37,7 @@ from microbench.results.records import (
     RunConfig,
 )
 
-__all__ = ["StepParams", "synthesize_run"]
+__all__ = ["synthesize_run"]
 
 _WARM_STEPS = 40
 _RECOVERY_STEPS = 24
@@ -45,70 +46,53 @@ _START_TOKENS = 40  # tokens each decode stream has when the first point of a ba
 
 
 @dataclass(frozen=True)
-class StepParams:
-    """The step-time model's true parameters (same units as the sim's ``StepModel``)."""
-
-    alpha_ms: float = 1.0
-    beta_d_ms: float = 0.02
-    beta_c_ms: float = 0.05
-    gamma_ns: float = 15.0
-    delta_ns: float = 0.0
-    frontend_ns_per_token: float = 0.0
-
-    def step_ms(
-        self, decode_tokens: int, chunk: int = 0, context: float = 0.0, decode_context: float = 0.0
-    ) -> float:
-        return (
-            self.alpha_ms
-            + self.beta_d_ms * decode_tokens
-            + self.beta_c_ms * chunk
-            + self.gamma_ns * 1e-6 * chunk * (context + chunk / 2)
-            + self.delta_ns * 1e-6 * decode_context
-        )
-
-
-@dataclass(frozen=True)
 class _Cell:
     chunk: int
     d: int
     decode_context: int
-    params: StepParams
+    model: StepModel
     noise: float
+    scheduling: Scheduling
+    frontend_ns_per_token: float
 
 
 def _timeline(cell: _Cell, p: int, seen0: int, cache_hit: bool, rng: np.random.Generator) -> dict:
-    """Steps (start, duration, prefill tokens) and the injection's send/arrival/first-token times (ns)."""
-    d, params = cell.d, cell.params
-
-    def ms(c: int, ctx: int, k: int) -> float:
-        factor = max(0.05, 1.0 + cell.noise * float(rng.standard_normal()))
-        dec_ctx = d * (cell.decode_context + seen0 + k)
-        return params.step_ms(d, c, ctx, dec_ctx) * factor
-
+    """Steps (start, duration, prefill tokens, decode tokens) and the injection's send/arrival/first-token
+    times (ns)."""
+    d = cell.d
+    riders = cell.chunk - prefill_budget(cell.chunk, d, cell.scheduling)
     chunks = (
-        [(min(p, 16), 0)] if cache_hit else [(c, ctx) for _, c, ctx in schedule_injection(d, p, cell.chunk)]
+        [(Chunk(min(p, 16)),)]
+        if cache_hit
+        else [s.chunks for s in chunk_schedule(p, cell.chunk, d, cell.scheduling)]
     )
-    t, k = 1e9, 0
-    out: list[tuple[float, float, int]] = []
+    t, seen = 1e9, seen0  # seen: tokens each decode stream has generated
 
-    def step(c: int = 0, ctx: int = 0) -> None:
-        nonlocal t, k
-        dur = ms(c, ctx, k)
-        out.append((t, dur, c))
-        t, k = t + dur * 1e6, k + 1
+    def ms(decodes: int, step_chunks: tuple[Chunk, ...]) -> float:
+        factor = max(0.05, 1.0 + cell.noise * float(rng.standard_normal()))
+        shape = StepShape(decodes, step_chunks, decodes * (cell.decode_context + seen))
+        return cell.model.step_ms(shape) * factor
+
+    out: list[tuple[float, float, int, int]] = []
+
+    def step(decodes: int = d, step_chunks: tuple[Chunk, ...] = ()) -> None:
+        nonlocal t, seen
+        dur = ms(decodes, step_chunks)
+        out.append((t, dur, sum(c.tokens for c in step_chunks), decodes))
+        t, seen = t + dur * 1e6, seen + (decodes > 0)
 
     for _ in range(_WARM_STEPS if d else 0):
         step()
     t_send = t
     if d:  # sent part-way through a decode-only step
-        t_send = t + float(rng.uniform(0.1, 0.9)) * ms(0, 0, k) * 1e6
+        t_send = t + float(rng.uniform(0.1, 0.9)) * ms(d, ()) * 1e6
         step()
-    arrival = t_send + params.frontend_ns_per_token * p
+    arrival = t_send + cell.frontend_ns_per_token * p
     while d and t < arrival:  # decode-only steps until the step boundary after the request arrived
         step()
     scheduled = t = max(t, arrival)
-    for c, ctx in chunks:
-        step(c, ctx)
+    for step_chunks in chunks:
+        step(riders, step_chunks)
     first = t
     for _ in range(_RECOVERY_STEPS if d else 0):
         step()
@@ -126,9 +110,10 @@ def _stamps(cell: _Cell, line: dict, seen0: int) -> pd.DataFrame:
     for s in range(cell.d):
         offset = (s + 1) * 2_000  # each stream's chunk arrives a few µs after the step ends
         seen = seen0
-        for start, dur, _ in line["steps"]:
-            seen += 1
-            rows.append((s, "decode", int(start + dur * 1e6) + offset, 1, seen))
+        for start, dur, _, decodes in line["steps"]:
+            if decodes:  # an exclusive prefill step gives the decodes no token
+                seen += 1
+                rows.append((s, "decode", int(start + dur * 1e6) + offset, 1, seen))
     rows.append((-1, "prefill", line["first"], 1, 1))
     frame = pd.DataFrame(rows, columns=["stream", "role", "t_ns", "tokens", "seen"])
     return frame.astype({"stream": "int16", "t_ns": "int64", "tokens": "int32", "seen": "int32"})
@@ -168,12 +153,12 @@ def _attempt(
     steps = [
         EngineStep(
             prefill_tokens=c,
-            decode_tokens=cell.d,
+            decode_tokens=decodes,
             prefill_requests=int(c > 0),
-            decode_requests=cell.d,
+            decode_requests=decodes,
             elapsed_ms=dur,
         )
-        for _, dur, c in line["steps"]
+        for _, dur, c, decodes in line["steps"]
     ]
     config = RunConfig(
         decode_batch_size=cell.d,
@@ -185,6 +170,7 @@ def _attempt(
         engine="sim",
         decode_context=cell.decode_context,
         decode_max_tokens=2048 if cell.d else 0,
+        scheduling=cell.scheduling,
     )
     obs = Observation(
         run_id=folder.root.name,
@@ -204,10 +190,9 @@ def _attempt(
 
 def _baseline(folder: RunFolder, cell: _Cell, seed: int) -> None:
     rng = np.random.default_rng([seed, cell.chunk, cell.d])
+    decode_step = StepShape(cell.d, (), cell.d * (cell.decode_context + _START_TOKENS))
     gaps = [
-        cell.params.step_ms(cell.d, 0, 0, cell.d * (cell.decode_context + _START_TOKENS))
-        * max(0.05, 1 + cell.noise * rng.standard_normal())
-        for _ in range(64)
+        cell.model.step_ms(decode_step) * max(0.05, 1 + cell.noise * rng.standard_normal()) for _ in range(64)
     ]
     baseline = Baseline(
         tpot_p50_ms=float(np.median(gaps)),
@@ -227,7 +212,7 @@ def _baseline(folder: RunFolder, cell: _Cell, seed: int) -> None:
     folder.write_baseline(folder.baseline_name(cell.chunk, cell.d, 0), record)
 
 
-def _manifest(folder: RunFolder, params: StepParams, grid: dict, noise: float, seed: int) -> None:
+def _manifest(folder: RunFolder, cell: _Cell, grid: dict, seed: int) -> None:
     folder.write_manifest(
         Manifest(
             run_id=folder.root.name,
@@ -237,8 +222,10 @@ def _manifest(folder: RunFolder, params: StepParams, grid: dict, noise: float, s
                 "kind": "sim",
                 "model": _MODEL,
                 "dtype": "float32",
-                "synthetic_step_model": asdict(params),
-                "noise": noise,
+                "synthetic_step_model": cell.model.model_dump(),
+                "frontend_ns_per_token": cell.frontend_ns_per_token,
+                "scheduling": cell.scheduling,
+                "noise": cell.noise,
             },
             engine_version=None,
             hardware={"cpu": "synthetic"},
@@ -256,19 +243,22 @@ def synthesize_run(
     decode_batches: Iterable[int] = (0, 1, 2, 4, 8),
     prefill_tokens: Iterable[int] = (512, 2048, 8192, 16384),
     repetitions: int = 3,
-    params: StepParams | None = None,
+    params: StepModel | None = None,
     noise: float = 0.02,
     seed: int = 0,
     decode_context: int = 2048,
     invalid_points: Iterable[tuple[int, int, int, int]] = (),
     failed_points: Iterable[tuple[int, int, int, int]] = (),
+    scheduling: Scheduling = "mixed",
+    frontend_ns_per_token: float = 0.0,
 ) -> Path:
-    """Write a complete run folder at ``run_dir`` and return it.
+    """Write a complete run folder at ``run_dir`` of an engine whose steps cost what ``params`` says
+    (default ``StepModel()``), scheduled ``scheduling``, and return it.
 
     ``invalid_points`` ``(chunk, D, P, rep)`` get an invalid first attempt (a prefix-cache hit, kept under
     ``invalid/``) and a valid retry; ``failed_points`` end invalid (the invalid record is the point record).
     """
-    params = params or StepParams()
+    model = params or StepModel()
     folder = RunFolder(Path(run_dir))
     chunks, decode_batches, prefill_tokens = list(chunks), list(decode_batches), list(prefill_tokens)
     grid = {
@@ -278,10 +268,12 @@ def synthesize_run(
         "repetitions": repetitions,
         "decode_context": decode_context,
     }
-    _manifest(folder, params, grid, noise, seed)
+    _manifest(
+        folder, _Cell(0, 0, decode_context, model, noise, scheduling, frontend_ns_per_token), grid, seed
+    )
     invalid, failed = set(invalid_points), set(failed_points)
     for chunk, d in itertools.product(chunks, decode_batches):
-        cell = _Cell(chunk, d, decode_context, params, noise)
+        cell = _Cell(chunk, d, decode_context, model, noise, scheduling, frontend_ns_per_token)
         if d:
             _baseline(folder, cell, seed)
         for p, rep in itertools.product(prefill_tokens, range(repetitions)):

@@ -39,6 +39,7 @@ __all__ = [
     "aggregate_cells",
     "bootstrap_median_ci",
     "find_record_files",
+    "headline_column",
     "interference_table",
     "load_manifest",
     "load_raw",
@@ -235,12 +236,16 @@ def _one_value(frame: pd.DataFrame, key: tuple[int, ...], column: str) -> Any:
     return values[0] if len(values) == 1 else None
 
 
+def headline_column(d: int) -> str:
+    """A cell's headline figure: the full-step penalty, or the bare prefill's duration at D = 0."""
+    return "prefill_duration_ms" if d == 0 else "tpot_penalty_ms"
+
+
 def _drop_outliers(group: pd.DataFrame, d: int) -> tuple[pd.DataFrame, int]:
     """A repetition whose headline (the full-step penalty; at D = 0 the prefill duration) is more than
     ``OUTLIER_FACTOR``× off the median of its cell is host noise: out of the cell's statistics, counted.
     (Seen: a bare prefill 9× its repetitions, 362 vs ≈ 40 ms, moved its cell's median from 40 to 294 ms.)"""
-    col = "prefill_duration_ms" if d == 0 else "tpot_penalty_ms"
-    values = group[col]
+    values = group[headline_column(d)]
     median = values.median()
     if len(group) < 3 or not math.isfinite(median) or median <= 0:
         return group, 0

@@ -57,19 +57,25 @@ class EngineOverrides:
     @classmethod
     def parse(cls, text: str) -> EngineOverrides:
         """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec``."""
-        allowed = sorted(set(EngineSpec.model_fields) - _FIXED_FIELDS)
         raw: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep or not key:
                 raise ValueError(f"{item!r} is not KEY=VALUE")
-            if key not in allowed:
-                raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
             try:
                 raw[key] = yaml.safe_load(value)
             except yaml.YAMLError:
                 raise ValueError(f"{key}: {value!r} is not a YAML scalar") from None
+        return cls.of(raw)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> EngineOverrides:
+        """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s."""
+        allowed = sorted(set(EngineSpec.model_fields) - _FIXED_FIELDS)
+        for key in raw:
+            if key not in allowed:
+                raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
         try:  # the kind only satisfies the spec's own check; the fields' checks do not depend on it
             spec = EngineSpec.model_validate({"kind": "sim", **raw})
         except ValidationError as exc:
@@ -77,6 +83,10 @@ class EngineOverrides:
                 "; ".join(f"{e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
             ) from None
         return cls({key: getattr(spec, key) for key in raw})
+
+    def apply(self, spec: EngineSpec) -> EngineSpec:
+        """``spec`` with these fields changed (validated again as a whole)."""
+        return EngineSpec.model_validate(spec.model_dump() | self.values)
 
     def __str__(self) -> str:
         return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
@@ -218,7 +228,7 @@ class LaunchedEngine(EngineHandle):
     async def reconfigure(self, overrides: EngineOverrides) -> bool:
         if not self.can_reconfigure:
             return await super().reconfigure(overrides)
-        spec = EngineSpec.model_validate(self._launched.model_dump() | overrides.values)
+        spec = overrides.apply(self._launched)
         if spec == self.process.spec:
             return False
         await self.process.restart(spec)

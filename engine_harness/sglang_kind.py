@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from engine_harness.environments import EngineEnvError, ask_python, find_venv_python
 from engine_harness.spec import SpecFields, option
+from engine_harness.step_model import Scheduling
 
 __all__ = [
     "LOGGING_CONFIG",
@@ -40,10 +41,6 @@ SETUP_HINT = (
     "`SETUP_ENGINE=sglang bash scripts/setup.sh` on a GPU box"
 )
 LOGGING_CONFIG = Path(__file__).resolve().parent / "sglang_logging.json"
-# How a prefill-carrying step treats the running decodes: "mixed" (they ride in every such step: vLLM,
-# SGLang --enable-mixed-chunk) or "exclusive" (the prefill step runs instead of the decode step: SGLang's
-# default).
-Scheduling = Literal["mixed", "exclusive"]
 _DRY_PARSE = (
     "import sys; from sglang.srt.server_args import prepare_server_args; prepare_server_args(sys.argv[1:])"
 )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from engine_harness.sglang_kind import Scheduling
 from engine_harness.spec import SpecFields, option
+from engine_harness.step_model import Scheduling
 
 __all__ = ["SIM_API_KEY_VAR", "sim_argv", "sim_scheduling"]
 

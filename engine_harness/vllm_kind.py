@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from engine_harness.spec import SpecFields, option
+from engine_harness.steps import VLLM_LOGGING_CONFIG
 
 __all__ = ["vllm_argv", "vllm_env"]
 
@@ -47,4 +48,6 @@ def vllm_env(spec: SpecFields) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
     if spec.cpu_threads_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    if spec.log_iteration_details:  # stamped step lines time whole steps in every mode (step_modes)
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(VLLM_LOGGING_CONFIG)
     return env | spec.env

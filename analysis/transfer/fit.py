@@ -29,7 +29,7 @@ import statsmodels.api as sm
 import yaml
 from pydantic import Field
 
-from analysis.robust import CannotFit, RobustFit, huber_fit
+from analysis.robust import CannotFit, RobustFit, huber_fit, r_squared
 from benchcore.atomic import atomic_write_bytes
 from benchcore.schema import StrictModel as Record
 
@@ -118,14 +118,6 @@ def _robust_line(mib: np.ndarray, y: np.ndarray) -> RobustFit:
     return huber_fit(y, sm.add_constant(mib, has_constant="add"))
 
 
-def _r2(y: np.ndarray, fitted: np.ndarray, weights: np.ndarray) -> float | None:
-    """R² over the times the robust fit kept (weight ≥ ``OUTLIER_WEIGHT``; the outliers are named apart)."""
-    kept = weights >= OUTLIER_WEIGHT
-    y, fitted = y[kept], fitted[kept]
-    total = float(np.sum((y - y.mean()) ** 2))
-    return None if total == 0 else 1.0 - float(np.sum((y - fitted) ** 2)) / total
-
-
 def _lopo(mib: np.ndarray, y: np.ndarray, prefill: np.ndarray) -> float | None:
     """Median absolute % error of each P's times, predicted by the line fitted without that P."""
     if len(np.unique(prefill)) < 3:
@@ -174,6 +166,8 @@ def fit_transfer(
     slope_ci = (float(ci[1][0]), float(ci[1][1]))
     per_token = nbytes / rows["prefill_tokens"].to_numpy(float)
     bw = _gbit(slope) if slope > 0 else None
+    kept = res.weights >= OUTLIER_WEIGHT  # R² over the times the fit kept; the outliers are named apart
+    r2 = r_squared(y[kept], res.fitted[kept])
     return TransferFit(
         target=target,
         x_source=x_source,
@@ -187,7 +181,7 @@ def fit_transfer(
         ms_per_mib_ci=slope_ci,
         bandwidth_gbit_s=bw,
         bandwidth_ci_gbit_s=(_gbit(slope_ci[1]), _gbit(slope_ci[0])) if slope > 0 else None,
-        r2=_r2(y, res.fitted, res.weights),
+        r2=None if math.isnan(r2) else r2,
         fit_note=res.note,
         downweighted_ms=sorted(float(v) for v in y[res.weights < OUTLIER_WEIGHT]),
         lopo_error_pct=_lopo(mib, y, prefill),

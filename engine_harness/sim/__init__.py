@@ -6,7 +6,7 @@ Start it in-process with ``SimServer`` (tests, benchmarks) or as a process with
 """
 
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
-from engine_harness.sim.params import FaultConfig, SimConfig, StepModel, load_config
+from engine_harness.sim.params import FaultConfig, SimConfig, SimStepModel, load_config
 from engine_harness.sim.scheduler import Scheduler, SimRequest, StepPlan
 from engine_harness.sim.server import SIM_VERSION, SimServer
 
@@ -20,7 +20,7 @@ __all__ = [
     "SimEngine",
     "SimRequest",
     "SimServer",
-    "StepModel",
+    "SimStepModel",
     "StepPlan",
     "StepRecord",
     "load_config",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine_harness.sim.gpu_modes import startup_lines
 from engine_harness.sim.params import SimConfig, load_config
 from engine_harness.sim.server import SIM_VERSION, SimServer
 
@@ -47,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--delta-ns", type=float, help="step model: cost per decode token × its context token (ns)")
     a("--frontend-ns-per-token", type=float, help="API-server time per prompt token before the engine")
     a("--jitter", type=float, help="step model: relative std of a seeded Gaussian factor")
+    a("--eager-ms", type=float, help="step model: extra cost of a step above the CUDA-graph ceiling (ms)")
+    a("--cuda-graph-max-tokens", type=int, help="step model: largest step run as a CUDA graph (0: none)")
+    a("--host-ms", type=float, help="host work per step before the device runs it (ms)")
+    a("--host-ns-per-token", type=float, help="host work per step token (ns)")
+    a("--executor", choices=["mp", "uni"], help="vLLM's executor the steps are timed as")
+    a("--async-scheduling", action=argparse.BooleanOptionalAction, default=None, help="two batches in flight")
+    a(
+        "--vllm-log",
+        action="store_const",
+        const=True,
+        help="log like CUDA vLLM (start-up, stamped iterations)",
+    )
     a("--time-scale", type=float, help="wall seconds per model second (0: as fast as possible)")
     a("--busy-wait-ms", type=float)
     a("--seed", type=int)
@@ -70,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_STEP_KEYS = ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter")
+_STEP_KEYS = (
+    "alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter",
+    "eager_ms", "cuda_graph_max_tokens",
+)  # fmt: skip
 _FAULT_KEYS = (
     "error_500_fraction",
     "error_429_fraction",
@@ -119,6 +135,8 @@ async def _serve(config: SimConfig) -> int:
     reason = "SIGUSR1: the engine core was killed"
     loop.add_signal_handler(signal.SIGUSR1, setattr, server.engine, "die_in_prefill", reason)
     await server.start()
+    if config.vllm_log:
+        print("\n".join(startup_lines(config)), flush=True)
     print(
         f"{SIM_VERSION} serving {config.model!r} on {server.base_url} (mode {config.mode}, "
         f"budget {config.max_num_batched_tokens}, time_scale {config.time_scale})",

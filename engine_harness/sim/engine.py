@@ -25,18 +25,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO
 
+from engine_harness.sim.gpu_modes import host_s, iteration_line, step_times
 from engine_harness.sim.params import SimConfig
-from engine_harness.sim.scheduler import EOS_TOKEN_ID, Scheduler, SimRequest, StepPlan
-from engine_harness.sim.tokenizer import sample_token
+from engine_harness.sim.scheduler import Scheduler, SimRequest, StepPlan, StepResult
+from engine_harness.sim.streams import EngineDead, RequestStream
 from engine_harness.sim.vllm_metrics import SimMetrics
+from engine_harness.step_model import StepShape
 
 __all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
 
 _NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
-
-
-class EngineDead(RuntimeError):
-    """The engine died (fault injection) while the request was in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +44,8 @@ class StepRecord:
     index: int
     t_start_ns: int
     duration_ns: int
-    model_duration_s: float
+    model_duration_s: float  # the whole step, as the decodes wait it
+    reported_ms: float  # what vLLM's iteration field would say in the sim's mode (sim.gpu_modes)
     decode_tokens: int
     prefill_tokens: int
     chunk_context: float
@@ -67,75 +66,6 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-class RequestStream:
-    """Tokens of one request as the engine produces them; read with ``await next()``."""
-
-    __slots__ = (
-        "_event",
-        "_rng",
-        "eos_probability",
-        "error",
-        "finish_reason",
-        "finished",
-        "num_emitted",
-        "pending",
-        "request",
-        "t_arrival_ns",
-        "t_first_token_ns",
-        "t_last_token_ns",
-        "t_scheduled_ns",
-    )
-
-    def __init__(self, request: SimRequest, rng: random.Random, eos_probability: float) -> None:
-        self.request = request
-        self.pending: list[int] = []
-        self.finished = False
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.num_emitted = 0
-        self.t_arrival_ns = time.perf_counter_ns()
-        self.t_scheduled_ns: int | None = None
-        self.t_first_token_ns: int | None = None
-        self.t_last_token_ns: int | None = None
-        self.eos_probability = eos_probability
-        self._rng = rng
-        self._event = asyncio.Event()
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    def draw(self) -> int:
-        """The next generated token id (EOS with probability ``eos_probability``)."""
-        if self.eos_probability and self._rng.random() < self.eos_probability:
-            return EOS_TOKEN_ID
-        return sample_token(self._rng)
-
-    def _push(self, token: int, finish_reason: str | None) -> None:
-        self.pending.append(token)
-        self.num_emitted += 1
-        if finish_reason is not None:
-            self.finished, self.finish_reason = True, finish_reason
-        self._event.set()
-
-    def _end(self, finish_reason: str | None, error: str | None = None) -> None:
-        self.finished, self.finish_reason, self.error = True, finish_reason, error
-        self._event.set()
-
-    async def next(self) -> list[int]:
-        """Wait for new tokens and take them; ``[]`` once the request has finished and all are taken.
-
-        Raises ``EngineDead`` if the engine died while the request was in flight.
-        """
-        while not self.pending and not self.finished:
-            self._event.clear()
-            await self._event.wait()
-        if self.error is not None:
-            raise EngineDead(self.error)
-        tokens, self.pending = self.pending, []
-        return tokens
 
 
 class SimEngine:
@@ -252,35 +182,45 @@ class SimEngine:
 
     # -- the step loop ----------------------------------------------------------------------------
 
+    async def _next_plan(self) -> StepPlan | None:
+        """Plan the next step; None (after waiting for work) when nothing can run now."""
+        sched = self.scheduler
+        if not sched.has_work():
+            if self._log_file is not None:
+                self._log_file.flush()
+            self._wake.clear()
+            await self._wake.wait()
+            return None
+        plan = sched.schedule()
+        if plan.chunks:
+            return plan
+        if plan.preempted:
+            await asyncio.sleep(0)
+        else:
+            self._wake.clear()  # nothing fits: wait for an abort or a new request
+            await self._wake.wait()
+        return None
+
     async def _run(self) -> None:
         sched, cfg = self.scheduler, self.config
         faults = cfg.faults
         scale = cfg.time_scale
         spin_ns = int(cfg.busy_wait_ms * 1e6)
         prev_end: int | None = None  # end of the previous step while the engine runs back to back
+        plan: StepPlan | None = None  # async scheduling: planned before the previous step's outputs went out
         while True:
-            if not sched.has_work():
-                if self._log_file is not None:
-                    self._log_file.flush()
-                prev_end = None
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            plan = sched.schedule()
-            if not plan.chunks:
-                prev_end = None
-                if plan.preempted:
-                    await asyncio.sleep(0)
+            if plan is None:
+                plan = await self._next_plan()
+                if plan is None:
+                    prev_end = None
                     continue
-                self._wake.clear()  # nothing fits: wait for an abort or a new request
-                await self._wake.wait()
-                continue
-            if self.die_in_prefill and plan.prefill_tokens >= 128:  # a cold prompt, not a decode's tail
+            shape = plan.shape
+            if self.die_in_prefill and shape.prefill_tokens >= 128:  # a cold prompt, not a decode's tail
                 return self.kill(self.die_in_prefill)
-            totals = (plan.decode_tokens, plan.prefill_tokens, plan.chunk_context)
-            model_s = cfg.step.sample_s(*totals, plan.decode_context, self._jitter_rng)
+            device_s = cfg.step.sample_s(shape, self._jitter_rng)
             if faults.stall_step == self.num_steps:
-                model_s += faults.stall_s
+                device_s += faults.stall_s
+            host = host_s(cfg, shape)
             # Back to back, a step starts when the previous one ended: the host work in between (token
             # hand-off, scheduling) is part of the step's time, so the wall time follows the model exactly.
             t0 = time.perf_counter_ns() if prev_end is None else prev_end
@@ -288,12 +228,32 @@ class SimEngine:
                 stream = self._streams.get(req.request_id)
                 if stream is not None and stream.t_scheduled_ns is None:
                     stream.t_scheduled_ns = t0
-            if scale > 0:
-                await self._wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
+            done, plan, host_next = plan, None, 0.0
+            if not cfg.async_scheduling:
+                await self._sleep(t0, host + device_s, scale, spin_ns)
+                t1 = prev_end = time.perf_counter_ns()  # the step's end; committing is the next one's time
+                result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
             else:
-                await asyncio.sleep(0)
-            t1 = prev_end = time.perf_counter_ns()
-            self._finish_step(plan, totals, model_s, t0, t1)
+                # the device work first; then the next step is planned and launched (its host work overlaps
+                # this step's device work) before this step's outputs go out
+                await self._sleep(t0, device_s, scale, spin_ns)
+                result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
+                if sched.has_work():
+                    plan = sched.schedule()
+                    plan = plan if plan.chunks else None
+                    host_next = host_s(cfg, plan.shape) if plan is not None else 0.0
+                if host_next > device_s:
+                    await self._sleep(t0, host_next, scale, spin_ns)
+                t1 = prev_end = time.perf_counter_ns()
+            whole_s, reported_s = step_times(cfg, device_s, host, host_next)
+            self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1)
+
+    async def _sleep(self, t0: int, model_s: float, scale: float, spin_ns: int) -> None:
+        """Until ``model_s`` model seconds after ``t0`` (no waiting at all at time scale 0)."""
+        if scale > 0:
+            await self._wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
+        else:
+            await asyncio.sleep(0)
 
     @staticmethod
     async def _wait_until(deadline_ns: int, spin_ns: int) -> None:
@@ -315,11 +275,18 @@ class SimEngine:
             await asyncio.sleep(0)
 
     def _finish_step(
-        self, plan: StepPlan, totals: tuple[int, int, float], model_s: float, t0: int, t1: int
+        self,
+        plan: StepPlan,
+        result: StepResult,
+        shape: StepShape,
+        times_s: tuple[float, float],
+        t0: int,
+        t1: int,
     ) -> None:
+        """Hand the step's tokens to their streams, log it, count it (``times_s``: the whole step and the
+        engine's elapsed field, in model seconds)."""
         sched, m = self.scheduler, self.metrics
         streams = self._streams
-        result = sched.commit(plan, lambda req: streams[req.request_id].draw())
         prefill_chunks = tuple(
             (c.request.request_id, c.num_tokens, c.context) for c in plan.chunks if not c.is_decode
         )
@@ -327,10 +294,11 @@ class SimEngine:
             index=self.num_steps,
             t_start_ns=t0,
             duration_ns=t1 - t0,
-            model_duration_s=model_s,
-            decode_tokens=totals[0],
-            prefill_tokens=totals[1],
-            chunk_context=totals[2],
+            model_duration_s=times_s[0],
+            reported_ms=times_s[1] * 1e3,
+            decode_tokens=shape.decode_tokens,
+            prefill_tokens=shape.prefill_tokens,
+            chunk_context=shape.chunk_attention,
             num_decode_reqs=len(plan.chunks) - len(prefill_chunks),
             num_prefill_reqs=len(prefill_chunks),
             preemptions=len(plan.preempted),
@@ -341,6 +309,8 @@ class SimEngine:
         self.step_log.append(record)
         if self._log_file is not None:
             self._log_file.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+        if self.config.vllm_log:
+            print(iteration_line(record, sched.kv_usage), flush=True)
         m.iteration_tokens.observe(record.num_tokens)
         m.generation_tokens.inc(len(result.outputs))
         itl_s = m.inter_token_latency

@@ -20,55 +20,33 @@ from pydantic import Field, model_validator
 
 from benchcore.schema import StrictModel
 from engine_harness.sim.kv_transfer import KvTransferModel
+from engine_harness.step_model import StepModel, StepShape
 
-__all__ = ["PRESETS_DIR", "FaultConfig", "SimConfig", "SimMode", "StepModel", "load_config", "merge_settings"]
+__all__ = [
+    "PRESETS_DIR",
+    "FaultConfig",
+    "SimConfig",
+    "SimMode",
+    "SimStepModel",
+    "load_config",
+    "merge_settings",
+]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
 SimMode = Literal["vllm", "sglang", "sglang-mixed"]
 
 
-class StepModel(StrictModel):
-    """Duration of one engine step, the ground truth the analysis must recover::
+class SimStepModel(StepModel):
+    """The sim's ground truth: the one step-time model (``engine_harness.step_model``) with its
+    coefficients, and ``jitter``, the relative standard deviation of a seeded Gaussian factor
+    ``max(0, 1 + N(0, jitter))`` on the whole step."""
 
-        α + β_d·decode_tokens + β_c·prefill_tokens + γ·Σ c·(ctx + c/2) + δ·Σ decode contexts
-
-    A prefill chunk of ``c`` tokens attends to the ``ctx`` tokens already in the KV cache (cached prefix
-    included) and, causally, to half of its own: the ``c/2`` term is the intra-chunk attention real
-    engines pay (a bare first chunk grows faster than linearly). Each decode token attends to its request's
-    context, which grows while a batch is reused (``δ``). ``jitter`` is the relative standard deviation of
-    a seeded Gaussian factor ``max(0, 1 + N(0, jitter))`` on the whole step.
-    """
-
-    alpha_ms: float = Field(default=1.0, ge=0, le=10_000, description="fixed cost of any step (ms)")
-    beta_d_ms: float = Field(default=0.02, ge=0, le=1_000, description="cost per decode token (ms)")
-    beta_c_ms: float = Field(default=0.05, ge=0, le=1_000, description="cost per prefill (chunk) token (ms)")
-    gamma_ns: float = Field(default=15.0, ge=0, le=1e6, description="per chunk token × context token (ns)")
-    delta_ns: float = Field(default=0.0, ge=0, le=1e6, description="per decode token × its context (ns)")
     jitter: float = Field(default=0.0, ge=0, le=1, description="relative std of a seeded step factor")
 
-    def cost_s(
-        self, decode_tokens: int, prefill_tokens: int, chunk_context: float, decode_context: int = 0
-    ) -> float:
-        """The model's step time in seconds, without jitter (``chunk_context``: Σ c·(ctx + c/2))."""
-        return (
-            self.alpha_ms * 1e-3
-            + self.beta_d_ms * 1e-3 * decode_tokens
-            + self.beta_c_ms * 1e-3 * prefill_tokens
-            + self.gamma_ns * 1e-9 * chunk_context
-            + self.delta_ns * 1e-9 * decode_context
-        )
-
-    def sample_s(
-        self,
-        decode_tokens: int,
-        prefill_tokens: int,
-        chunk_context: float,
-        decode_context: int,
-        rng: random.Random,
-    ) -> float:
-        """The step time with jitter drawn from ``rng`` (no draw at all when ``jitter`` is 0)."""
-        cost = self.cost_s(decode_tokens, prefill_tokens, chunk_context, decode_context)
+    def sample_s(self, shape: StepShape, rng: random.Random) -> float:
+        """The step time in seconds with jitter drawn from ``rng`` (no draw at all when ``jitter`` is 0)."""
+        cost = self.step_ms(shape) / 1e3
         if self.jitter == 0:
             return cost
         return cost * max(0.0, 1.0 + rng.gauss(0.0, self.jitter))
@@ -132,7 +110,25 @@ class SimConfig(StrictModel):
         default=0.0, ge=0, le=1e6, description="API-server time per prompt token before the engine sees a "
         "request (parsing, tokenization, hand-off): in the client's TTFT, not in the engine's queue time"
     )  # fmt: skip
-    step: StepModel = Field(default_factory=lambda: StepModel())
+    step: SimStepModel = Field(default_factory=lambda: SimStepModel())
+    # GPU-like modes (engine_harness.sim.gpu_modes): host work before the device runs a step, and how vLLM
+    # would run and time it
+    host_ms: float = Field(
+        default=0.0, ge=0, le=10_000, description="host work per step (ms): input prep, launch"
+    )
+    host_ns_per_token: float = Field(default=0.0, ge=0, le=1e6, description="host work per step token (ns)")
+    executor: Literal["mp", "uni"] = Field(
+        default="mp", description="vLLM's executor the sim times its steps as: mp (the elapsed field "
+        "times the whole step, as on CPU) or uni (one GPU: the field starts after the launch)"
+    )  # fmt: skip
+    async_scheduling: bool = Field(
+        default=False, description="two batches in flight (CUDA vLLM's default): a step's host work overlaps "
+        "the previous step's device work, the field times the wait on the older batch"
+    )  # fmt: skip
+    vllm_log: bool = Field(
+        default=False, description="log like CUDA vLLM on stdout: its start-up statement and a stamped "
+        "iteration line per step (the sweep then reads the sim as it reads vLLM)"
+    )  # fmt: skip
     time_scale: float = Field(
         default=1.0,
         ge=0,

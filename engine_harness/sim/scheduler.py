@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from engine_harness.sim.kv_cache import BlockPool, block_hashes
 from engine_harness.sim.params import SimMode
+from engine_harness.step_model import Chunk, StepShape
 
 __all__ = [
     "EOS_TOKEN_ID",
@@ -114,23 +115,11 @@ class StepPlan:
     admitted: list[SimRequest] = field(default_factory=list)
 
     @property
-    def decode_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if c.is_decode)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
-
-    @property
-    def chunk_context(self) -> float:
-        """Σ c·(context + c/2) over the prefill chunks (the step model's γ term: causal attention to the
-        cached context and to half of the chunk itself)."""
-        return sum(c.num_tokens * (c.context + c.num_tokens / 2) for c in self.chunks if not c.is_decode)
-
-    @property
-    def decode_context(self) -> int:
-        """Σ context over the decode tokens (the step model's δ term)."""
-        return sum(c.context for c in self.chunks if c.is_decode)
+    def shape(self) -> StepShape:
+        """What the step computes, as the step-time model prices it."""
+        decodes = [c for c in self.chunks if c.is_decode]
+        chunks = tuple(Chunk(c.num_tokens, c.context) for c in self.chunks if not c.is_decode)
+        return StepShape(sum(c.num_tokens for c in decodes), chunks, float(sum(c.context for c in decodes)))
 
     @property
     def num_tokens(self) -> int:

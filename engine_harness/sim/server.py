@@ -200,7 +200,8 @@ class SimServer:
         except ValueError:
             return _error("'since' must be an integer step index", 400, "BadRequestError")
         steps = self.engine.steps_since(since)
-        return web.json_response({"steps": [s.to_dict() for s in steps], "next": self.engine.num_steps})
+        body = {"steps": [s.to_dict() for s in steps], "next": self.engine.num_steps}
+        return web.json_response(body | {"cuda_graph_max_tokens": self.config.step.cuda_graph_max_tokens})
 
     async def _config(self, request: web.Request) -> web.Response:
         return web.json_response(self.config.model_dump(mode="json"))

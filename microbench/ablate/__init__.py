@@ -1,5 +1,6 @@
-"""``python -m microbench.ablate``: A/B ablations of two engine configurations (home of the next job).
+"""``python -m microbench.ablate``: engine A/B ablations of the interference grid, with statistics.
 
-Same shape as ``microbench.sweep``: ``__main__`` (flags), ``config``, ``runner``; its arms are the
-``--arm NAME=…`` configurations of the flag vocabulary. Empty until its issue.
+Same shape as ``microbench.sweep``: ``__main__``/``cli`` (flags), ``config`` (the grid, the arms, the
+rounds), ``runner`` (counterbalanced rounds of the measurement floor's shard function per arm × chunk);
+the comparison is ``analysis.compare``.
 """

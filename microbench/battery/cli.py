@@ -24,7 +24,7 @@ import sys
 import time
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import yaml
@@ -46,13 +46,16 @@ from engine_harness.handles import (
 )
 from engine_harness.launch import EngineError, EngineProcess
 from microbench.battery.context import BatteryContext
+from microbench.battery.disclosures import SUT_BOUNDARIES
 from microbench.battery.profiles import PROFILES, profile
 from microbench.battery.render import gate_lines
-from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
+from microbench.battery.requirement_table import link_tests, markdown_table, scan
+from microbench.battery.runner import REPO, ordered_tests, plan_battery, run_battery, write_report
 from microbench.battery.warmup import warm_up
 from microbench.results.layout import hold_folder
-from microbench.workloads.reference import WORKLOADS
-from microbench.workloads.spec import WorkloadSpecError, load_workload_spec
+from microbench.workloads.prompts import prompt_source
+from microbench.workloads.reference import WORKLOADS, load_workload
+from microbench.workloads.spec import WorkloadSpecError
 
 __all__ = ["BatteryConfig", "build_parser", "main"]
 
@@ -77,12 +80,19 @@ class BatteryConfig(StrictModel):
     ttft_slo: str | None = Field(default=None, description="a duration, e.g. 500ms")
     tpot_slo: str | None = None
     gpus: int = Field(default=0, ge=0)
+    api: Literal["completions", "chat"] = "completions"
+    tokenizer: str | None = None
+    salt: int | None = None
+    sharegpt: str | None = None
+    sut_boundary: str | None = None
+    guardrails: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m microbench.battery", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the battery's tests")
+    sub.add_parser("requirements", help="print the requirement table (README), read off the code and tests")
     run = sub.add_parser("run", help="run the battery against an engine and write its reports")
     add_engine_flags(run, default_text="sim")
     run.add_argument(
@@ -112,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--tpot-slo", type=duration_ms, help="TPOT P99 SLO, e.g. 50ms (5.2 search)")
     run.add_argument("--gpus", type=int, help="accelerator count of the SUT (default 0: CPU only)")
+    run.add_argument("--api", choices=["completions", "chat"], help="endpoint family (default completions)")
+    run.add_argument("--tokenizer", help="tokenizer.json or model folder (chat's text prompts; 4.4.1)")
+    run.add_argument("--sharegpt", metavar="FILE", help="ShareGPT JSON for the conversation workload (A.3)")
+    run.add_argument("--salt", type=int, help="prompt salt of an earlier run (its report): same prompts")
+    run.add_argument(
+        "--sut-boundary", help=f"what the URL reaches: {' | '.join(SUT_BOUNDARIES)} (external engines)"
+    )
+    run.add_argument("--guardrails", help="filtering in front of the engine, e.g. 'none' or 'Llama Guard 3'")
     run.add_argument(
         "--resume", action="store_true", help="continue the stopped run in --out (or the newest)"
     )
@@ -146,6 +164,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_slo_ms": given.get("ttft_slo", slo["ttft"]),
         "tpot_slo_ms": given.get("tpot_slo", slo["tpot"]),
         "gpus": given.get("gpus", config.gpus),
+        **{
+            k: given.get(k, getattr(config, k))
+            for k in ("api", "tokenizer", "salt", "sharegpt", "sut_boundary", "guardrails")
+        },
     }
 
 
@@ -196,11 +218,20 @@ async def _engine(
 def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
     """Bad input (exit 2) is found before anything is written or started: the workload, the SLOs, the
     accelerator count, the engine flags."""
-    if s["workload"] not in WORKLOADS:
-        try:
-            load_workload_spec(s["workload"])
-        except (WorkloadSpecError, OSError, ValueError) as exc:
-            raise BadInput(f"--workload: {exc}") from None
+    try:
+        fields = load_workload(s["workload"], sharegpt_path=s["sharegpt"]).timing_fields()
+    except (WorkloadSpecError, OSError, ValueError) as exc:
+        raise BadInput(f"--workload: {exc}") from None
+    if fields:
+        raise BadInput(
+            f"--workload {s['workload']}: the battery sets every test's load itself, so the spec's "
+            f"{', '.join(fields)} would be ignored; remove them (or run the spec with "
+            "python -m microbench.loadgen, which honours them)"
+        )
+    if s["sut_boundary"] is not None and s["sut_boundary"] not in SUT_BOUNDARIES:
+        raise BadInput(
+            f"--sut-boundary must be one of {', '.join(SUT_BOUNDARIES)} (got {s['sut_boundary']!r})"
+        )
     for flag, value in (("--ttft-slo", s["ttft_slo_ms"]), ("--tpot-slo", s["tpot_slo_ms"])):
         if value is not None and value <= 0:
             raise BadInput(f"{flag} must be > 0 (got {value:g} ms)")
@@ -252,6 +283,12 @@ async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
     async with AsyncExitStack() as stack:
         engine = await _engine(args, s["arms"], stack, out)
         model, max_len = await _served(engine.base_url, engine.api_key_env)
+        try:
+            prompts, text, disclosure = prompt_source(
+                s["api"], model, tokenizer=s["tokenizer"], salt=s["salt"]
+            )
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
         ctx = BatteryContext(
             engine=engine,
             model=model,
@@ -266,6 +303,13 @@ async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
             accelerators=s["gpus"],
             cpu_count=os.cpu_count() or 1,
             emit=_emit,
+            prompts=prompts,
+            text=text,
+            api_kind=s["api"],
+            prompt_disclosure=disclosure,
+            sut_boundary=s["sut_boundary"],
+            guardrails=s["guardrails"],
+            sharegpt_path=s["sharegpt"],
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])
@@ -295,6 +339,9 @@ def _emit(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "requirements":
+        print(markdown_table(link_tests(scan(), REPO / "tests")), end="")
+        return 0
     if args.command == "list":
         for t in ordered_tests():
             print(f"{t.section:>5}  {t.name:<16} {t.title}")

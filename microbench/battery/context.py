@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import aiohttp
 
@@ -30,9 +31,9 @@ from microbench.measure.runs import Run, run_of
 from microbench.measure.saturation import SATURATION_RULE
 from microbench.measure.sustainable import Capacity, LedgerEntry, capacity_from
 from microbench.workloads.generator import Workload
-from microbench.workloads.prompts import PromptFactory
-from microbench.workloads.reference import WORKLOADS, reference_workload
-from microbench.workloads.spec import WorkloadSpec, load_workload_spec
+from microbench.workloads.prompts import PromptFactory, TextRenderer
+from microbench.workloads.reference import load_workload
+from microbench.workloads.spec import WorkloadSpec
 
 __all__ = ["BatteryContext"]
 
@@ -62,23 +63,28 @@ class BatteryContext:
     emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
     progress_every_s: float = 60.0
     prompts: PromptFactory = field(default_factory=PromptFactory)
+    text: TextRenderer | None = None  # text prompts (the chat API) through the model's tokenizer
+    api_kind: Literal["completions", "chat"] = "completions"
+    prompt_disclosure: dict[str, Any] = field(default_factory=dict)  # form, token space, salt, tokenizer
+    sut_boundary: str | None = None  # as stated by the user (None: measured or not stated)
+    guardrails: str | None = None
+    sharegpt_path: str | None = None  # the conversation workload's ShareGPT file (None: its stand-in)
     _runs: int = 0
     _labels: set[str] = field(default_factory=set)
 
     @property
     def api(self) -> ApiSettings:
-        return ApiSettings(model=self.model)
+        return ApiSettings(model=self.model, api=self.api_kind)
 
     def workload_spec(self, name: str | None = None) -> WorkloadSpec:
         """A reference workload by name or a spec YAML path (default: the battery's ``--workload``)."""
         name = name or self.workload_name
-        if name in WORKLOADS:
-            return reference_workload(name, max_model_len=self.max_model_len)
-        return load_workload_spec(name)
+        sharegpt = self.sharegpt_path if name == "conversation" else None
+        return load_workload(name, max_model_len=self.max_model_len, sharegpt_path=sharegpt)
 
     def requests(self, spec: WorkloadSpec, prompts: PromptFactory | None = None) -> Iterator[RequestSpec]:
         """Endless requests of ``spec``, fitted to the engine's context and capped by the profile."""
-        workload = Workload(spec, prompts or self.prompts, max_model_len=self.max_model_len)
+        workload = Workload(spec, prompts or self.prompts, text=self.text, max_model_len=self.max_model_len)
         cap = self.profile.output_cap
         for request in workload.requests():
             if cap is not None and request.max_tokens > cap:
@@ -89,7 +95,8 @@ class BatteryContext:
         """Endless cold requests of exactly ``input_tokens`` in and ``output_tokens`` out."""
         while True:
             ids = self.prompts.cold(input_tokens)
-            yield RequestSpec(prompt=ids, prompt_tokens=len(ids), max_tokens=output_tokens)
+            prompt, count = (ids, len(ids)) if self.text is None else self.text.render(ids)
+            yield RequestSpec(prompt=prompt, prompt_tokens=count, max_tokens=output_tokens)
 
     async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
         """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""
@@ -112,12 +119,16 @@ class BatteryContext:
             if label in self._labels:  # a repeated label (warm-up after a restart) keeps both traces
                 folder = folder.with_name(f"{folder.name}-{self._runs}")
             self._labels.add(label)
+            spec = self.workload_spec()  # the battery's workload; a test's own is named by its label
             write_trace(
                 folder,
                 result,
-                workload={"battery_label": label},
-                engine={"base_url": settings.base_url, "model": self.model, "kind": self.engine.kind},
-            )
+                workload={"battery_label": label, "name": spec.name, "spec": spec.model_dump(mode="json")},
+                seed=spec.seed,
+                prompts=self.prompt_disclosure,
+                engine={"base_url": settings.base_url, "model": self.model, "kind": self.engine.kind,
+                        "api": self.api_kind, "settings": self.engine.settings},
+            )  # fmt: skip
         return run_of(result)
 
     async def _tick(self, label: str, session: LoadSession, stages: list[Stage]) -> None:

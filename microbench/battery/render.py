@@ -149,6 +149,27 @@ def _system_rows(report: BatteryReport) -> list[list[str]]:
         ["Prefix caching", {True: "enabled", False: "disabled", None: "not known"}[s.prefix_caching]],
         ["Guardrails", s.guardrails],
         ["Engine settings", ", ".join(f"{k}={v}" for k, v in sorted(s.engine_settings.items())) or "–"],
+        *_disclosure_rows(report),
+    ]
+
+
+def _disclosure_rows(report: BatteryReport) -> list[list[str]]:
+    """4.3.3 and 4.4: seeds, salt, prompts and tokenizer (reports written before them have none)."""
+    d = report.disclosures
+    if d is None:
+        return []
+    card, p = d.tokenizer, d.prompts
+    return [
+        ["SUT boundary source", d.sut_boundary_source],
+        ["Accelerators", f"{', '.join(d.accelerators) or 'none'} ({d.accelerators_source})"],
+        [
+            "Tokenizer",
+            f"{card['name']}, {card['vocab_size']} tokens, sha256 {card['sha256']}" if card else "not known",
+        ],
+        ["Token counting", d.token_counting],
+        ["Special tokens", d.special_tokens],
+        ["Seeds", f"workload {d.workload_seed}, arrivals {d.arrival_seed}, prompt salt {p.get('salt', '–')}"],
+        ["Prompts", f"{p.get('form', '–')}, token ids {p.get('token_space', '–')}"],
     ]
 
 

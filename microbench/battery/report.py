@@ -14,6 +14,7 @@ from pydantic import BeforeValidator, Field, SerializeAsAny
 from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import Requirement, Verdict
+from microbench.battery.disclosures import Disclosures
 from microbench.measure.levels import verdict_text
 from microbench.measure.sustainable import Capacity
 
@@ -135,12 +136,18 @@ class BatteryReport(StrictModel):
     profile: str
     seed: int
     workload: str
+    workload_spec: dict[str, Any] = Field(
+        default_factory=dict, description="the battery workload's full spec (4.3.3: repeatable exactly)"
+    )
     system: SystemInfo
     warmup: WarmupResult
     tests: list[TestResult]
     git_commit: str | None = None
     notes: list[str] = Field(default_factory=list)
     capacity: Capacity | None = Field(default=None, description="every maximum in the report comes from here")
+    disclosures: Disclosures | None = Field(
+        default=None, description="what the report declares, each measured, stated or not stated"
+    )
 
     def result(self, name: str) -> TestResult | None:
         return next((t for t in self.tests if t.name == name), None)

@@ -20,14 +20,15 @@ import matplotlib
 
 from benchcore.provenance import cpu_model, git_commit
 from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
-from microbench.battery.compliance import verdict
+from microbench.battery.compliance import Requirement, verdict
 from microbench.battery.context import BatteryContext
+from microbench.battery.disclosures import disclosure_requirements, measure_disclosures, workload_stand_ins
 from microbench.battery.plan import RESTART_S, PlanRow, Probe, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
 from microbench.battery.progress import Progress
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
 from microbench.battery.render import html_report, markdown_full, markdown_minimum
-from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
+from microbench.battery.report import BatteryReport, SystemInfo, TestResult
 from microbench.battery.state import RunState
 from microbench.battery.warmup import warm_up, warmup_requirement
 from microbench.loadgen.stages import Stage
@@ -49,7 +50,8 @@ def ordered_tests(names: list[str] | None = None) -> list[BatteryTest]:
     return sorted(chosen, key=lambda t: [int(x) for x in t.section.split(".")])
 
 
-async def _run_one(ctx: BatteryContext, test: BatteryTest, warmup: WarmupResult) -> TestResult:
+async def _run_one(ctx: BatteryContext, test: BatteryTest, shared: list[Requirement]) -> TestResult:
+    """Run ``test``; its verdict counts ``shared`` (the warm-up's and the disclosures' requirements)."""
     t0 = time.perf_counter()
     result = TestResult(name=test.name, section=test.section, title=test.title, status="ran")
     try:
@@ -61,7 +63,7 @@ async def _run_one(ctx: BatteryContext, test: BatteryTest, warmup: WarmupResult)
         result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
     else:
         result.data = outcome.data
-        result.requirements = warmup_requirement(warmup) + outcome.requirements
+        result.requirements = shared + outcome.requirements
         result.notes = outcome.notes
         if ctx.profile.output_cap is not None:
             result.notes.append(
@@ -129,6 +131,8 @@ async def run_battery(
     warmup = await warm_up(ctx, cold_start=cold_start) if todo else state.warmup()  # type: ignore[union-attr]
     if state is not None:  # the capacity measurement is saved as soon as it is done, not with its test
         ctx.on_capacity = lambda: state.save_context(ctx, warmup)
+    disclosures = measure_disclosures(ctx)
+    shared = warmup_requirement(warmup) + disclosure_requirements(disclosures) + workload_stand_ins(ctx)
     progress = None
     if emit and todo:
         progress = Progress(await plan_battery(ctx, todo, emit), emit)
@@ -137,7 +141,7 @@ async def run_battery(
         if test.name in done:
             results.append(done[test.name])
             continue
-        result = await _run_one(ctx, test, warmup)
+        result = await _run_one(ctx, test, shared)
         results.append(result)
         if state is not None:
             state.save(result, ctx, warmup)
@@ -152,15 +156,15 @@ async def run_battery(
         engine_kind=ctx.engine.kind,
         engine_version=engine_version or ctx.engine.version,
         base_url=ctx.engine.base_url,
-        hardware=cpu_model(),
+        hardware=cpu_model() + "".join(f", {g}" for g in disclosures.accelerators),
         accelerators=ctx.accelerators,
         cpu_count=os.cpu_count() or 1,
         engine_settings=ctx.engine.settings,
         max_model_len=ctx.max_model_len,
         prefix_caching=ctx.engine.prefix_caching,
-        guardrails=("configurations compared by 5.10: " + ", ".join(ctx.guardrail_configs))
-        if len(ctx.guardrail_configs) > 1
-        else SystemInfo.model_fields["guardrails"].default,
+        sut_boundary=disclosures.sut_boundary,
+        guardrails=disclosures.guardrails
+        + (f"; 5.10 compares: {', '.join(ctx.guardrail_configs)}" if len(ctx.guardrail_configs) > 1 else ""),
     )
     return BatteryReport(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
@@ -168,11 +172,13 @@ async def run_battery(
         profile=ctx.profile.name,
         seed=ctx.seed,
         workload=ctx.workload_name,
+        workload_spec=ctx.workload_spec().model_dump(mode="json"),
         system=system,
         warmup=warmup,
         tests=results,
         git_commit=git_commit(REPO),
         capacity=capacity,
+        disclosures=disclosures,
     )
 
 

@@ -2,14 +2,23 @@
 
 Runs an optional warm-up, then one stage per rate (or concurrency) given, and writes the trace folder.
 Settings flow defaults → flags → the same validated objects the Python API takes.
+
+A spec that times its own arrivals (``aggregate_rate``, a client's non-Poisson ``arrival``, ``windows``;
+``WorkloadSpec.timing_fields``) runs self-timed: every client on its own process at its share of the
+aggregate rate (``--rate`` values sweep that rate), for ``--duration`` (default: its last window's end).
+A flag that would override those fields (``--concurrency``, ``--scheduler``, ``--cv``, ``--trace-file``)
+is refused, naming them. ``--api chat`` sends text prompts of exact token counts (``--tokenizer``);
+``--salt`` with the header's salt repeats a run's prompts exactly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -18,20 +27,19 @@ import aiohttp
 
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out, duration
-from engine_harness.handles import model_cards
+from engine_harness.handles import served_model
 from microbench.client import aio
 from microbench.client.prompts import TokenSpace
-from microbench.client.requests import ApiSettings
+from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.events import JsonlEventWriter
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
 from microbench.results.layout import hold_folder
 from microbench.workloads.generator import Workload
-from microbench.workloads.prompts import PromptFactory
-from microbench.workloads.reference import WORKLOADS, reference_workload
+from microbench.workloads.prompts import prompt_source
+from microbench.workloads.reference import WORKLOADS, load_workload
 from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler
-from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
 __all__ = ["build_parser", "main"]
 
@@ -44,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--url", required=True, help="engine base URL")
     run.add_argument("--model", help="served model name (default: the engine's first /v1/models entry)")
     run.add_argument("--api", choices=["completions", "chat"], default="completions")
-    run.add_argument("--scheduler", default="poisson", choices=SCHEDULERS.names())
+    run.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the bearer key")
+    run.add_argument("--tokenizer", help="tokenizer.json or model folder for text prompts (chat)")
+    run.add_argument("--scheduler", choices=SCHEDULERS.names(), help="arrival process (default: poisson)")
     run.add_argument("--rate", type=float, nargs="+", help="requests/s; several values make a sweep")
     run.add_argument("--concurrency", type=int, nargs="+", help="closed-loop in-flight requests; a sweep")
     run.add_argument("--cv", type=float, help="gap coefficient of variation (gamma, weibull)")
@@ -53,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--requests", type=int, help="first-round requests per stage")
     run.add_argument("--duration", type=duration, help="issuing time per stage, e.g. 30s")
     run.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests (closed loop, 4)")
-    run.add_argument("--token-range", default="0:256", help="token ids LO:HI prompts are drawn from")
+    run.add_argument("--sharegpt", metavar="FILE", help="ShareGPT JSON for the conversation workload (A.3)")
+    run.add_argument("--salt", type=int, help="prompt salt of an earlier run (its header): same prompts")
+    run.add_argument("--token-range", help="token ids LO:HI prompts are drawn from (default: the model's)")
     run.add_argument("--max-model-len", type=int, help="engine's context limit: longer requests are clipped")
     run.add_argument(
         "--drain-timeout", type=duration, default=60.0, help="in-flight drain limit (default 60s)"
@@ -63,19 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _workload_spec(name: str, max_model_len: int | None) -> WorkloadSpec:
-    if name in WORKLOADS:
-        return reference_workload(name, max_model_len=max_model_len)
-    return load_workload_spec(name)
-
-
-async def _first_model(url: str) -> str:
+async def _first_model(url: str, api_key_env: str | None) -> str:
     try:
-        async with aiohttp.ClientSession() as http:
-            return str((await model_cards(http, url))[0]["id"])
+        return (await served_model(url, api_key_env))[0]
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
         raise BadInput(
-            f"no model list at {url}/v1/models ({exc}); is the engine running? (or pass --model)"
+            f"no model list at {url}/v1/models ({exc}); is the engine running, does it want a key "
+            "(--api-key-env VAR)? (or pass --model)"
         ) from None
 
 
@@ -89,46 +95,91 @@ def _check(args: argparse.Namespace) -> None:
             raise BadInput(f"{flag} must be ≥ {1 if flag == '--requests' else 0} (got {value})")
     if args.cv is not None and not args.cv > 0:
         raise BadInput(f"--cv must be > 0 (got {args.cv})")
+
+
+def _prompts(args: argparse.Namespace, model: str) -> tuple[Workload, dict[str, Any]]:
+    try:
+        spec = load_workload(args.workload, max_model_len=args.max_model_len, sharegpt_path=args.sharegpt)
+        space = TokenSpace.parse(args.token_range) if args.token_range else None
+        factory, text, disclosure = prompt_source(
+            args.api, model, tokenizer=args.tokenizer, space=space, salt=args.salt
+        )
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return Workload(spec, factory, text=text, max_model_len=args.max_model_len), disclosure
+
+
+def _self_timed_stages(args: argparse.Namespace, workload: Workload, fields: list[str]) -> list[Stage]:
+    """One stage per aggregate rate, each client on its own arrival process inside its windows."""
+    spec = workload.spec
+    named = ", ".join(fields)
+    for flag, value in (("--concurrency", args.concurrency), ("--scheduler", args.scheduler),
+                        ("--cv", args.cv), ("--trace-file", args.trace_file)):  # fmt: skip
+        if value is not None:
+            raise BadInput(
+                f"workload {spec.name!r} times its own arrivals ({named}): {flag} would override them"
+            )
+    rates = list(args.rate or ([spec.aggregate_rate] if spec.aggregate_rate else []))
+    if not rates:
+        raise BadInput(
+            f"workload {spec.name!r} times its own arrivals ({named}): give --rate (aggregate req/s)"
+        )
+    ends = [w.end_s for c in spec.clients for w in c.windows]
+    duration_s = args.duration or (max(ends) if ends else None)
+    if duration_s is None:
+        raise BadInput(f"workload {spec.name!r} times its own arrivals ({named}): give --duration")
+    return [
+        Stage(f"spec-rate-{rate:g}", workload.plan(duration_s, rate), max_requests=args.requests,
+              duration_s=duration_s, requested_rate=rate,
+              description={"kind": "spec", "aggregate_rate": rate, "timing_fields": fields})
+        for rate in rates
+    ]  # fmt: skip
+
+
+def _scheduled_stages(args: argparse.Namespace, requests: Iterator[RequestSpec]) -> list[Stage]:
+    kind = args.scheduler or "poisson"
+    params: dict[str, Any] = {"kind": kind, "seed": args.seed}
+    params.update({k: v for k, v in (("cv", args.cv), ("path", args.trace_file)) if v is not None})
+    loads: list[float] = list(args.concurrency or args.rate or [])
+    axis = SCHEDULERS.get(kind).sweep_axis
+    if axis is not None:
+        if not loads:
+            raise BadInput(f"scheduler {kind!r} needs --{axis}")
+        params[axis] = loads[0]
+    try:
+        scheduler = parse_scheduler(params)
+    except ValueError as exc:  # a bad --cv, a missing or unreadable --trace-file: named by the scheduler
+        raise BadInput(f"--scheduler {kind}: {exc}") from None
     if args.requests is None and args.duration is None:
         raise BadInput("a stage needs an end: give --requests N, --duration T or both")
+    limits = {"max_requests": args.requests, "duration_s": args.duration}
+    if axis is not None:
+        return sweep_stages(scheduler, loads, requests, **limits)
+    return [Stage.scheduled(scheduler.kind, scheduler, requests, **limits)]
 
 
 async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
     _check(args)
-    try:
-        spec = _workload_spec(args.workload, args.max_model_len)
-        space = TokenSpace.parse(args.token_range)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    prompts = PromptFactory(space)
-    workload = Workload(spec, prompts, max_model_len=args.max_model_len)
-    model = args.model or await _first_model(args.url)
-    params: dict[str, Any] = {"kind": args.scheduler, "seed": args.seed}
-    params.update({k: v for k, v in (("cv", args.cv), ("path", args.trace_file)) if v is not None})
-    loads: list[float] = list(args.concurrency or args.rate or [])
-    axis = SCHEDULERS.get(args.scheduler).sweep_axis
-    if axis is not None:
-        if not loads:
-            raise BadInput(f"scheduler {args.scheduler!r} needs --{axis}")
-        params[axis] = loads[0]
-    requests = workload.requests()
+    if args.api_key_env and args.api_key_env not in os.environ:
+        raise BadInput(
+            f"--api-key-env {args.api_key_env}: that variable is not set; export it before the run"
+        )
+    model = args.model or await _first_model(args.url, args.api_key_env)
+    workload, prompt_disclosure = _prompts(args, model)
+    spec, requests = workload.spec, workload.requests()
     stages: list[Stage] = []
     if args.warmup_requests:
         warm = parse_scheduler({"kind": "concurrency", "concurrency": 4})
         stages.append(
             Stage.scheduled("warmup", warm, requests, max_requests=args.warmup_requests, warmup=True)
         )
-    try:
-        scheduler = parse_scheduler(params)
-    except ValueError as exc:  # a bad --cv, a missing or unreadable --trace-file: named by the scheduler
-        raise BadInput(f"--scheduler {args.scheduler}: {exc}") from None
-    limits = {"max_requests": args.requests, "duration_s": args.duration}
-    if axis is not None:
-        stages += sweep_stages(scheduler, loads, requests, **limits)
-    else:
-        stages.append(Stage.scheduled(scheduler.kind, scheduler, requests, **limits))
+    fields = spec.timing_fields()
+    stages += _self_timed_stages(args, workload, fields) if fields else _scheduled_stages(args, requests)
     settings = SessionSettings(
-        base_url=args.url, api=ApiSettings(model=model, api=args.api), drain_timeout_s=args.drain_timeout
+        base_url=args.url,
+        api=ApiSettings(model=model, api=args.api),
+        drain_timeout_s=args.drain_timeout,
+        api_key_env=args.api_key_env,
     )
     held.enter_context(hold_folder(args.out))  # one writer per folder, taken once the inputs are checked
     writer = JsonlEventWriter(args.out / "events.jsonl") if args.events else None
@@ -142,9 +193,10 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         args.out,
         result,
         workload={"name": spec.name, "spec": spec.model_dump(mode="json"), "notes": spec.notes,
-                  "clipped_requests": workload.clipped},
+                  "clipped_requests": workload.clipped, "arrival_seed": args.seed,
+                  "self_timed": fields},
         seed=spec.seed,
-        prompts={"token_space": [space.lo, space.hi], "salt": str(prompts.salt), "form": "token ids"},
+        prompts=prompt_disclosure,
         engine={"base_url": args.url, "model": model, "api": args.api, "max_model_len": args.max_model_len},
     )  # fmt: skip
     return header.model_dump(include={"stages", "saturated", "warnings"})

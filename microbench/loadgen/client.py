@@ -83,7 +83,9 @@ async def send_request(
 
 
 def classify(exc: BaseException) -> str:
-    """The trace ``status`` for a request that raised ``exc``."""
+    """The trace ``status`` for a request that raised ``exc`` (``timeout``: its own time limit ran out)."""
+    if isinstance(exc, StreamCut) and isinstance(exc.__cause__, TimeoutError):
+        return "timeout"
     if isinstance(exc, HTTPStatusError):
         return "http_error"
     if isinstance(exc, ServerStreamError):

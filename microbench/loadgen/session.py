@@ -37,6 +37,8 @@ from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSetti
 
 __all__ = ["LoadSession"]
 
+_RTT_PROBES = 5  # GET /health round trips before the stages: the network's share of every latency
+
 
 class LoadSession:
     """``async with LoadSession(settings) as s: result = await s.run(stages)``."""
@@ -89,6 +91,7 @@ class LoadSession:
         """Run the stages in order (each drained before the next) and return the records."""
         if self._http is None:
             raise RuntimeError("LoadSession.run() needs start() (or 'async with') first")
+        rtt_ms = await self._round_trips()
         self._t0_ns = time.perf_counter_ns()
         started_unix_ns = time.time_ns()
         self._emit(EventKind.SESSION_STARTED, self._t0_ns)
@@ -99,7 +102,20 @@ class LoadSession:
                     break
                 outcomes.append(await self._run_stage(stage))
         self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
-        return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes)
+        return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes, rtt_ms)
+
+    async def _round_trips(self, count: int = _RTT_PROBES) -> list[float]:
+        """Milliseconds of ``count`` sequential GET /health (any answer is a round trip; none: [])."""
+        assert self._http is not None
+        url, times = self.settings.base_url.rstrip("/") + "/health", []
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            try:
+                async with self._http.get(url, headers=self._headers, timeout=aiohttp.ClientTimeout(total=2)):
+                    times.append((time.perf_counter_ns() - t0) / 1e6)
+            except (aiohttp.ClientError, TimeoutError):
+                return times
+        return times
 
     def _emit(self, kind: EventKind, t_ns: int, request_id: int | None = None, **data: Any) -> None:
         if self.events.active:

@@ -148,3 +148,4 @@ class SessionResult:
     started_unix_ns: int
     records: list[RequestRecord]
     stages: list[StageOutcome]
+    rtt_ms: list[float] = field(default_factory=list)  # round trips of GET /health before the stages

@@ -30,7 +30,9 @@ import pandas as pd
 import pydantic
 from pydantic import Field
 
+from benchcore.provenance import hardware_info
 from benchcore.schema import StrictModel
+from engine_harness.telemetry import NvmlSource
 from microbench.loadgen.stages import RequestRecord, SessionResult, StageOutcome
 
 __all__ = [
@@ -101,6 +103,8 @@ class TraceHeader(StrictModel):
     engine: dict[str, Any] = Field(default_factory=dict, description="base URL, model, kind, settings")
     session: dict[str, Any] = Field(default_factory=dict, description="the session settings")
     loadgen: dict[str, Any] = Field(default_factory=dict, description="host and versions")
+    hardware: dict[str, Any] = Field(default_factory=dict, description="the load generator's host: CPU, GPUs")
+    network: dict[str, Any] = Field(default_factory=dict, description="round-trip time to the engine")
     stages: list[StageHealth]
     saturated: bool
     warnings: list[str] = Field(default_factory=list)
@@ -239,6 +243,16 @@ def _atomic_write(path: Path, write: Any) -> None:
             os.unlink(tmp)
 
 
+def _network(rtt_ms: list[float]) -> dict[str, Any]:
+    if not rtt_ms:
+        return {"rtt_ms": None, "note": "GET /health got no answer: round-trip time not measured"}
+    return {
+        "rtt_ms": {"min": min(rtt_ms), "median": float(np.median(rtt_ms)), "max": max(rtt_ms)},
+        "probes": len(rtt_ms),
+        "method": "sequential GET /health before the first stage",
+    }
+
+
 def write_trace(
     out_dir: str | Path,
     result: SessionResult,
@@ -268,6 +282,8 @@ def write_trace(
             "host": platform.node(),
             "cpu_count": os.cpu_count(),
         },
+        hardware=hardware_info(NvmlSource.gpu_names()),
+        network=_network(result.rtt_ms),
         stages=health,
         saturated=any(h.saturated for h in health),
         warnings=[h.warning for h in health if h.warning],

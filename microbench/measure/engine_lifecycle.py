@@ -15,6 +15,7 @@ from rich.console import Console
 
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
+from engine_harness.step_modes import describe_step_mode
 from engine_harness.telemetry import TelemetrySampler, default_source, engine_visible_devices
 from microbench.client.aio import LagMonitor
 from microbench.client.prompts import TokenSpace
@@ -97,7 +98,13 @@ class EngineLifecycle:
     async def warm(self, client: EngineClient, space: TokenSpace, chunk: int) -> None:
         """Warm up and verify (probes within 10%); the probes go to the sink."""
         warm = await warm_up(client, space, chunk)
-        self.sink.warmed(chunk, warm.probes_ms, warm.verified)
+        mode = None
+        if client.steps is not None:
+            await client.steps.mark()  # a source that asks the engine for its mode knows it from here on
+            mode = client.steps.mode
+        self.sink.warmed(chunk, warm.probes_ms, warm.verified, mode)
+        if mode is not None:
+            self.console.print(f"chunk {chunk}: {describe_step_mode(mode)}", soft_wrap=True)
         if not warm.verified:
             self.console.print(
                 f"[yellow]chunk {chunk}: warm-up probes never settled within 10% "

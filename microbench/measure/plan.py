@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass, field
 
 from engine_harness.engines import EngineSpec, engine_kind
+from engine_harness.step_model import Scheduling
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.records import ProtocolRules, RunConfig
 
@@ -44,8 +45,8 @@ class ShardPlan:
         ]
 
     @functools.cached_property
-    def scheduling(self) -> str:
-        """``mixed`` or ``exclusive`` (the engine's prefill scheduling; ``results.windows``)."""
+    def scheduling(self) -> Scheduling:
+        """``mixed`` or ``exclusive`` (the engine's prefill scheduling; ``engine_harness.step_model``)."""
         return engine_kind(self.spec.kind).scheduling(self.spec)
 
     def tokens(self) -> tuple[TokenSpace, list[int]]:

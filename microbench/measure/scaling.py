@@ -35,11 +35,6 @@ class ScalingFit(StrictModel):
     verdict: str = ""
 
 
-def _r2(y: np.ndarray, fitted: np.ndarray) -> float:
-    total = float(np.sum((y - y.mean()) ** 2))
-    return 1.0 if total == 0 else 1.0 - float(np.sum((y - fitted) ** 2)) / total
-
-
 def fit_verdict(lengths: int, span: float, r2: float) -> tuple[bool, str]:
     """Whether a scaling fit can support a headline exponent (``FIT_RULE``), and why not when it cannot."""
     reasons = []
@@ -47,7 +42,7 @@ def fit_verdict(lengths: int, span: float, r2: float) -> tuple[bool, str]:
         reasons.append(f"{lengths} distinct lengths (< 4)")
     if span < 16:
         reasons.append(f"lengths span {span:.0f}× (< 16×)")
-    if r2 < 0.9:
+    if not r2 >= 0.9:  # NaN (the times do not vary) says nothing either
         reasons.append(f"R² {r2:.2f} (< 0.9)")
     if reasons:
         return False, "not meaningful: " + ", ".join(reasons)
@@ -71,10 +66,12 @@ def fit_scaling(lengths: Sequence[float], ttft_s: Sequence[float]) -> ScalingFit
     x, y = x[keep], y[keep]
     if np.unique(x).size < 2:
         raise ValueError("the scaling fit needs at least two distinct context lengths")
+    from analysis.robust import r_squared  # statsmodels with it: only when a fit is asked for
+
     k, log_c = np.polyfit(np.log(x), np.log(y), 1)
-    r2_power = _r2(np.log(y), k * np.log(x) + log_c)
+    r2_power = r_squared(np.log(y), k * np.log(x) + log_c)
     slope, intercept = np.polyfit(x, y, 1)
-    r2_linear = _r2(y, slope * x + intercept)
+    r2_linear = r_squared(y, slope * x + intercept)
     distinct, span = int(np.unique(x).size), float(x.max() / x.min())
     meaningful, verdict = fit_verdict(distinct, span, r2_power)
     return ScalingFit(

@@ -19,6 +19,7 @@ import aiohttp
 from rich.console import Console
 
 from engine_harness.launch import EngineProcess
+from engine_harness.step_model import num_prefill_steps
 from microbench.client.aio import LagMonitor, no_full_collections
 from microbench.measure.decode_batch import DecodeBatch, measure_baseline
 from microbench.measure.engine_client import EngineClient, NotSteady, ProtocolError, wait_idle
@@ -30,7 +31,6 @@ from microbench.measure.sink import Attempt, PointSink, Stored
 from microbench.measure.timing import Timing
 from microbench.results.faults import INFRASTRUCTURE
 from microbench.results.records import RunRecord, point_name
-from microbench.results.windows import expected_chunks
 
 __all__ = ["ShardContext", "ShardEvents", "measure_shard"]
 
@@ -198,6 +198,7 @@ class Shard:
             prompt_tokens=inj.prefill.prompt_tokens,
             cached_prompt_tokens=inj.prefill.cached_prompt_tokens,
             engine_steps=inj.steps if client.steps is not None else None,
+            step_mode=client.steps.mode if client.steps is not None else None,
             notes=inj.reasons,
             decode_failure=failure,
             client_lag_max_ms=inj.client_lag_max_ms,
@@ -221,7 +222,7 @@ class Shard:
         plan = self.plan
         return (
             self.rules.local_gaps
-            + expected_chunks(p, plan.chunk, d, plan.scheduling)
+            + num_prefill_steps(p, plan.chunk, d, plan.scheduling)
             + self.rules.recovery_gaps
             + 8
         )

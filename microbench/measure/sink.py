@@ -17,6 +17,7 @@ import pandas as pd
 from benchcore.redact import redact_argv
 from engine_harness.metric_names import MetricNames, table_name
 from engine_harness.metrics import Snapshot
+from engine_harness.step_modes import StepMode
 from engine_harness.steps import EngineStep
 from microbench.results.faults import infrastructure_reasons
 from microbench.results.layout import RunFolder, attempt_stem
@@ -35,6 +36,7 @@ class Attempt:
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
     engine_steps: list[EngineStep] | None = None
+    step_mode: StepMode | None = None  # how the engine ran its steps, where their durations came from
     notes: list[str] = field(default_factory=list)
     decode_failure: str | None = None
     client_lag_max_ms: float | None = None
@@ -84,7 +86,9 @@ class PointSink(Protocol):
         self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames
     ) -> None: ...
 
-    def warmed(self, chunk: int, probes_ms: list[float], verified: bool) -> None: ...
+    def warmed(
+        self, chunk: int, probes_ms: list[float], verified: bool, step_mode: StepMode | None = None
+    ) -> None: ...
 
 
 class FolderSink:
@@ -122,6 +126,7 @@ class FolderSink:
             prompt_tokens=attempt.prompt_tokens,
             cached_prompt_tokens=attempt.cached_prompt_tokens,
             engine_steps=attempt.engine_steps,
+            step_mode=attempt.step_mode,
             notes=attempt.notes,
             decode_failure=attempt.decode_failure,
             client_lag_max_ms=attempt.client_lag_max_ms,
@@ -171,7 +176,11 @@ class FolderSink:
         manifest.engine_argv[str(chunk)] = redact_argv(argv)  # no --api-key value in the manifest
         self.folder.write_manifest(manifest)
 
-    def warmed(self, chunk: int, probes_ms: list[float], verified: bool) -> None:
+    def warmed(
+        self, chunk: int, probes_ms: list[float], verified: bool, step_mode: StepMode | None = None
+    ) -> None:
         manifest = self.folder.read_manifest()
         manifest.warmup[str(chunk)] = {"probes_ms": [round(p, 3) for p in probes_ms], "verified": verified}
+        if step_mode is not None:
+            manifest.step_modes[str(chunk)] = step_mode
         self.folder.write_manifest(manifest)

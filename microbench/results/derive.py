@@ -18,6 +18,7 @@ import pandas as pd
 
 from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import MetricsError, Snapshot, step_counts
+from engine_harness.step_model import num_prefill_steps
 from microbench.results.records import (
     Baseline,
     Derived,
@@ -30,7 +31,7 @@ from microbench.results.records import (
 )
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
 from microbench.results.validity import implausible_steps
-from microbench.results.windows import Gap, expected_chunks, gaps_of, is_steady, percentile_ms, split_window
+from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
 
 __all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
 
@@ -216,16 +217,19 @@ def derived_figures(
         )
     # no first token, no prefill window: nothing to divide (the point is invalid anyway, and says why)
     identity = aggregate / (d * chunks.used) if aggregate is not None and d and first_token else None
-    penalty, source = (steps.penalty_full_ms(), "engine_steps") if has_log else (identity, "identity")
+    # a step log without durations (a mode whose elapsed field is no step, and no stamps) counts the
+    # chunks but prices none of them: the client's identity does
+    timed = has_log and steps.full_ms is not None
+    penalty, source = (steps.penalty_full_ms(), "engine_steps") if timed else (identity, "identity")
     if penalty is None:
         source = "none"
-    total = steps.total_penalty_ms() if has_log else None
+    total = steps.total_penalty_ms() if timed else None
     during_p50 = percentile_ms(cut.during, 50) if cut else None
     during = local_p50 + penalty if local_p50 is not None and penalty is not None else None
     return Derived(
         tpot_penalty_ms=penalty,
         penalty_source=source,
-        penalty_last_step_ms=steps.penalty_last_ms() if has_log else None,
+        penalty_last_step_ms=steps.penalty_last_ms() if timed else None,
         tpot_during_prefill_ms=during,
         penalty_ratio=_ratio(during, local_p50),
         tpot_penalty_p50_ms=_diff(during_p50, local_p50),
@@ -234,9 +238,7 @@ def derived_figures(
         identity_check=_ratio(aggregate, d * total if total is not None else None),
         num_chunks_used=chunks.used,
         chunks_note=chunks.note,
-        total_interference_ms=total
-        if has_log
-        else (chunks.used * identity if identity is not None else None),
+        total_interference_ms=total if timed else (chunks.used * identity if identity is not None else None),
         decode_tokens_delayed=d * chunks.used,
         aggregate_decode_delay_ms=aggregate,
     )
@@ -257,7 +259,7 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
         tpot_after_prefill_p50_ms=percentile_ms(cut.after, 50) if cut else None,
         num_chunks_actual=chunks.actual,
         num_chunks_source=chunks.source,
-        num_chunks_expected=expected_chunks(
+        num_chunks_expected=num_prefill_steps(
             obs.config.new_prefill_tokens,
             obs.config.chunk_size,
             obs.config.decode_batch_size,
@@ -283,6 +285,7 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
         cached_prompt_tokens=obs.cached_prompt_tokens,
         preemptions=counts.preemptions,
         engine_steps_log=window_steps(obs.engine_steps or []),
+        step_mode=obs.step_mode,
     )
 
 
@@ -304,12 +307,11 @@ def derive(inp: DeriveInputs) -> RunRecord:
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
     reasons += implausible_steps(obs.engine_steps or [])  # a frozen engine's step is not interference
-    exclusive = cfg.scheduling == "exclusive"
-    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, exclusive)
+    steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, cfg.scheduling)
     chunks = count_chunks(
         len(steps.prefill) or None,
         counts.mixed_steps,
-        expected_chunks(cfg.new_prefill_tokens, cfg.chunk_size, d, cfg.scheduling),
+        num_prefill_steps(cfg.new_prefill_tokens, cfg.chunk_size, d, cfg.scheduling),
     )
     local = None
     if cut is not None:

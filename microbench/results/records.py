@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from benchcore.schema import StrictModel
+from engine_harness.step_model import Scheduling
+from engine_harness.step_modes import StepMode
 from engine_harness.steps import EngineStep
 
 __all__ = [
@@ -55,7 +57,7 @@ class RunConfig(StrictModel):
     engine: str = Field(description="engine kind and version, e.g. 'vllm 0.32.0'")
     decode_context: int = Field(ge=0, description="prompt tokens of each decode stream (shared prefix)")
     decode_max_tokens: int = Field(ge=0, description="max_tokens of each decode stream")
-    scheduling: Literal["mixed", "exclusive"] | None = Field(
+    scheduling: Scheduling | None = Field(
         None,
         description="how prefill steps treat the running decodes: 'mixed' (they ride in every prefill "
         "step: vLLM, SGLang --enable-mixed-chunk) or 'exclusive' (a prefill step runs instead of the "
@@ -143,6 +145,9 @@ class Interference(StrictModel):
         description="every engine step from the injection's first to its last prefill step, in order "
         "(empty when the engine does not report steps)",
     )
+    step_mode: StepMode | None = Field(
+        None, description="how the engine ran its steps and where engine_steps_log's durations came from"
+    )
 
 
 class Derived(StrictModel):
@@ -219,6 +224,10 @@ class Observation(StrictModel):
         description="every engine step from the mark before the injection to the end of its recovery "
         "window; None: the engine reports no steps"
     )
+    step_mode: StepMode | None = Field(
+        None, description="how the engine ran its steps (as it stated at start-up) and where their durations "
+        "came from; None: no step source, or written before this field"
+    )  # fmt: skip
     notes: list[str] = Field(
         default_factory=list, description="what failed live (request error, timeout, a stream that broke)"
     )
@@ -283,6 +292,10 @@ class Manifest(StrictModel):
     warmup: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per chunk size: probe latencies (ms) and whether they settled"
     )
+    step_modes: dict[str, StepMode] = Field(
+        default_factory=dict, description="per chunk size: how the engine ran its steps, as it stated at "
+        "start-up, and where step durations come from (engine_harness.step_modes)"
+    )  # fmt: skip
     hardware: dict[str, Any]
     packages: dict[str, str]
     git_commit: str | None

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from engine_harness.step_model import Scheduling, extra_wait_ms
 from engine_harness.steps import EngineStep
 
 __all__ = ["ChunkCount", "PrefillSteps", "count_chunks", "prefill_steps", "window_steps"]
@@ -31,9 +32,9 @@ class PrefillSteps:
     last_partial: EngineStep | None  # the last step of a multi-step prefill when it carried less
     decode_step_ms: float | None  # median decode-only step of the batch right before the prefill (local)
     prefill: list[EngineStep]  # every prefill-carrying step, in order
-    # the prefill steps ran instead of the decode steps (SGLang without --enable-mixed-chunk): a decode
-    # token waits the whole step, not the step less the decode step it would have taken anyway
-    exclusive: bool = False
+    # exclusive: the prefill steps ran instead of the decode steps (SGLang without --enable-mixed-chunk), so
+    # a decode token waits the whole step, not the step less the decode step it would have taken anyway
+    scheduling: Scheduling | None = "mixed"
 
     @property
     def prefill_ms(self) -> float | None:
@@ -50,7 +51,7 @@ class PrefillSteps:
         """A decode token's extra wait on a prefill step of ``step_ms``."""
         if step_ms is None or self.decode_step_ms is None:
             return None
-        return step_ms if self.exclusive else step_ms - self.decode_step_ms
+        return extra_wait_ms(step_ms, self.decode_step_ms, self.scheduling)
 
     def penalty_full_ms(self) -> float | None:
         """Median full-chunk step − decode-only step (exclusive: the whole step): the extra wait of a
@@ -68,9 +69,11 @@ class PrefillSteps:
         return sum(e for e in extras if e is not None)
 
 
-def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int, exclusive: bool = False) -> PrefillSteps:
-    """Classify the logged steps of one injection (``steps``: every step of the attempt, in order).
-    ``exclusive``: the prefill steps ran instead of the decode steps (see ``PrefillSteps``)."""
+def prefill_steps(
+    steps: Sequence[EngineStep], chunk: int, d: int, scheduling: Scheduling | None = "mixed"
+) -> PrefillSteps:
+    """Classify the logged steps of one injection (``steps``: every step of the attempt, in order) run in
+    ``scheduling`` (see ``PrefillSteps``)."""
     window = window_steps(steps)
     prefill = [s for s in window if s.prefill_tokens > 0]
     full = [s for s in prefill if s.prefill_tokens + s.decode_tokens >= chunk]
@@ -92,7 +95,7 @@ def prefill_steps(steps: Sequence[EngineStep], chunk: int, d: int, exclusive: bo
         last_partial=last,
         decode_step_ms=statistics.median(decode) if decode else None,
         prefill=prefill,
-        exclusive=exclusive,
+        scheduling=scheduling,
     )
 
 

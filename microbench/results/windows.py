@@ -9,13 +9,12 @@ half the time, and a per-token latency is always what is compared).
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Gap", "SteadyTracker", "expected_chunks", "gaps_of", "is_steady", "percentile_ms", "split_window"]
+__all__ = ["Gap", "SteadyTracker", "gaps_of", "is_steady", "percentile_ms", "split_window"]
 
 
 @dataclass(frozen=True)
@@ -140,13 +139,3 @@ def percentile_ms(gaps: Sequence[Gap], q: float) -> float | None:
     if not gaps:
         return None
     return float(np.percentile(np.repeat([g.ms for g in gaps], [max(g.tokens, 1) for g in gaps]), q))
-
-
-def expected_chunks(
-    prefill_tokens: int, chunk: int, decode_batch: int, scheduling: str | None = "mixed"
-) -> int:
-    """Mixed steps (vLLM V1, SGLang --enable-mixed-chunk) take the D decode tokens out of the budget
-    first, so a step holds chunk − D prefill tokens; an exclusive prefill step (SGLang's default) holds
-    the whole chunk."""
-    riders = 0 if scheduling == "exclusive" else decode_batch
-    return math.ceil(prefill_tokens / max(chunk - riders, 1))

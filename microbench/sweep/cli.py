@@ -34,8 +34,8 @@ from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
 from microbench.measure.engine_lifecycle import SweepAborted
+from microbench.measure.grid import SweepConfig, SweepConfigError, load_sweep
 from microbench.results.layout import RunFolder, new_manifest
-from microbench.sweep.config import SweepConfig, SweepConfigError, load_sweep
 from microbench.sweep.runner import SweepRunner
 
 __all__ = ["build_parser", "main"]

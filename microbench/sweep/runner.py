@@ -15,12 +15,12 @@ from rich.progress import Progress, TaskID
 
 from benchcore.console import console
 from microbench.client.aio import LagMonitor
+from microbench.measure.grid import SweepConfig, hardware_name, shard_plans
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardContext, ShardEvents, measure_shard
 from microbench.measure.sink import FolderSink, Stored
 from microbench.measure.timing import Timing
 from microbench.results.layout import RunFolder
-from microbench.sweep.config import SweepConfig
 from microbench.sweep.eta import PointClock
 from microbench.sweep.progress import eta_text, progress_bar
 from microbench.sweep.summary import print_summary
@@ -73,26 +73,7 @@ class SweepRunner:
     @functools.cached_property
     def plans(self) -> list[ShardPlan]:
         """One shard per chunk size, resolved once for the run (engine spec, hardware, decode budgets)."""
-        hw = self.folder.read_manifest().hardware
-        hardware = ", ".join(hw.get("gpus") or []) or f"CPU: {hw.get('cpu')}"
-        s = self.sweep
-        return [
-            ShardPlan(
-                spec=s.engine_spec(chunk),
-                chunk=chunk,
-                decode_batch_sizes=s.decode_batch_sizes,
-                prefill_tokens=s.prefill_tokens,
-                repetitions=s.repetitions,
-                decode_context=s.decode_context,
-                seed=s.seed,
-                decode_budgets={d: s.decode_budget(chunk, d) for d in s.decode_batch_sizes if d},
-                rules=s.protocol,
-                max_attempts=s.max_attempts,
-                hardware=hardware,
-                token_range=s.token_range,
-            )
-            for chunk in s.chunks
-        ]
+        return shard_plans(self.sweep, hardware_name(self.folder.read_manifest().hardware))
 
     def _grid(self) -> list[tuple[int, int, int, int]]:
         return [(plan.chunk, *point) for plan in self.plans for point in plan.points()]

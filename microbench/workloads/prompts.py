@@ -9,22 +9,36 @@ accident. Shared prefixes (prefix groups, repository contexts, system prompts) a
 ``(group, index)`` and repeated on purpose; they are new in every run (the salt), so a run starts cold.
 Giving the same salt back reproduces every prompt; the salt is reported in the trace header.
 
-Engines that accept token ids get them as is (exact lengths). Otherwise ``TextRenderer`` decodes the ids
-with a tokenizer and counts the text's tokens again; pick a printable id range so that text round-trips.
+Engines that accept token ids get them as is (exact lengths). Otherwise (the chat API) ``TextRenderer``
+decodes the ids with the model's tokenizer and re-encodes the text, trimming or extending the ids until the
+text holds exactly as many tokens as asked; ``text_space`` picks the tokenizer's longest run of ids whose
+tokens are printable ASCII (the bundled tiny models: '!'..'~'), so the text round-trips.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from microbench.client.prompts import TokenSpace
+from engine_harness.engines import DEFAULT_MODEL
+from engine_harness.spec import MODELS_DIR
+from microbench.client.prompts import TokenSpace, token_space_for
 
-__all__ = ["BLOCK_TOKENS", "BYTE_SPACE", "PromptFactory", "TextRenderer", "Tokenizer", "load_tokenizer"]
+__all__ = [
+    "BLOCK_TOKENS",
+    "BYTE_SPACE",
+    "PromptFactory",
+    "TextRenderer",
+    "Tokenizer",
+    "load_tokenizer",
+    "prompt_source",
+    "text_space",
+]
 
 BLOCK_TOKENS = 16  # prefix-cache block the uniqueness rule is about
 BYTE_SPACE = TokenSpace(0, 256)  # the bundled tiny models' byte tokens (specials 256–258 left out)
@@ -92,22 +106,106 @@ class _HFTokenizer:
         return str(self._tok.decode(ids, skip_special_tokens=False))
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A tokenizer from a ``tokenizer.json`` file or a model folder holding one."""
+def _tokenizer_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {path}")
-    return _HFTokenizer(path)
+    return path
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A tokenizer from a ``tokenizer.json`` file or a model folder holding one."""
+    return _HFTokenizer(_tokenizer_file(path))
+
+
+def _printable(token: str) -> bool:
+    return bool(token) and all(" " < ch < "\x7f" for ch in token)
+
+
+def text_space(path: str | Path) -> TokenSpace:
+    """The longest run of ids whose vocabulary entries are printable ASCII (no space or byte markers)."""
+    data = json.loads(_tokenizer_file(path).read_text(encoding="utf-8"))
+    vocab: dict[str, int] = data.get("model", {}).get("vocab") or {}
+    special = {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special")}
+    ids = sorted(i for tok, i in vocab.items() if _printable(tok) and i not in special)
+    best, start = (0, 0), 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            if k - start > best[1] - best[0]:
+                best = (ids[start], ids[k - 1] + 1)
+            start = k
+    if best[1] - best[0] < 2:
+        raise ValueError(f"{path}: no run of printable-ASCII tokens to draw text prompts from")
+    return TokenSpace(*best)
 
 
 class TextRenderer:
-    """Ids → text through ``tokenizer``, with the token count of the text the engine will see."""
+    """Ids → text through ``tokenizer``, with the token count of the text the engine will see.
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    When re-encoding merges or splits tokens, the tail of the ids is trimmed (or extended with the first
+    ids again) and the text rendered anew, up to ``tries`` times; the count returned is always the text's.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, tries: int = 8) -> None:
         self.tokenizer = tokenizer
+        self.tries = tries
 
     def render(self, ids: list[int]) -> tuple[str, int]:
-        text = self.tokenizer.decode(ids)
-        return text, len(self.tokenizer.encode(text))
+        target, work = len(ids), list(ids)
+        for _ in range(self.tries):
+            text = self.tokenizer.decode(work)
+            count = len(self.tokenizer.encode(text))
+            if count == target or not work:
+                break
+            work = work[: len(work) - (count - target)] if count > target else work + ids[: target - count]
+        return text, count
+
+
+def _tokenizer_path(model: str, tokenizer: str | None) -> str | None:
+    """The given tokenizer, else the served model's folder (a path, or a bundled model's name as vLLM serves
+    it), else the bundled one for the sim ('sim')."""
+    if tokenizer is not None:
+        return tokenizer
+    for folder in (Path(model), MODELS_DIR / model):
+        if (folder / "tokenizer.json").is_file():
+            return str(folder)
+    return DEFAULT_MODEL if model == "sim" else None  # the sim tokenizes as the bundled tiny models do
+
+
+def prompt_source(
+    api: Literal["completions", "chat"],
+    model: str,
+    *,
+    tokenizer: str | None = None,
+    space: TokenSpace | None = None,
+    salt: int | None = None,
+) -> tuple[PromptFactory, TextRenderer | None, dict[str, Any]]:
+    """Prompts for ``api`` on ``model``: token ids for completions, exact-count text for chat.
+
+    Token ids come from the model's own vocabulary (``token_space_for``: the bundled models' bytes, else
+    ids every large vocabulary holds); text from the tokenizer's printable run (``text_space``). Returns
+    the factory, the text renderer (None: token ids) and what a trace header records to repeat the run
+    (form, token space, salt, tokenizer). Raises ``ValueError`` when chat has no tokenizer.
+    """
+    path = _tokenizer_path(model, tokenizer)
+    if api == "chat" and path is None:
+        raise ValueError(
+            f"the chat API takes text prompts, made exact through the model's tokenizer: no tokenizer.json "
+            f"for {model!r}; pass --tokenizer PATH (a tokenizer.json or a model folder)"
+        )
+    try:
+        text = TextRenderer(load_tokenizer(path)) if api == "chat" and path else None
+        if space is None:
+            space = text_space(path) if text is not None and path else token_space_for(path or model)
+    except FileNotFoundError as exc:
+        raise ValueError(f"--tokenizer: {exc}") from None
+    factory = PromptFactory(space, salt=salt)
+    disclosure = {
+        "form": "text" if text is not None else "token ids",
+        "token_space": [space.lo, space.hi],
+        "salt": str(factory.salt),
+        "tokenizer": path,
+    }
+    return factory, text, disclosure

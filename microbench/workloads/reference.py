@@ -31,9 +31,16 @@ from benchcore.registry import Registry
 from benchcore.schema import StrictModel
 from engine_harness.engines import DEFAULT_MODEL
 from microbench.workloads.prompts import load_tokenizer
-from microbench.workloads.spec import WorkloadSpec
+from microbench.workloads.spec import WorkloadSpec, load_workload_spec
 
-__all__ = ["REFERENCE_SEED", "WORKLOADS", "ReferenceOptions", "reference_workload", "sharegpt_lengths"]
+__all__ = [
+    "REFERENCE_SEED",
+    "WORKLOADS",
+    "ReferenceOptions",
+    "load_workload",
+    "reference_workload",
+    "sharegpt_lengths",
+]
 
 REFERENCE_SEED = 42  # the seed of the draft's generation pseudocode (A.1.4)
 LONG_CONTEXT_TARGETS = (8192, 16384, 32768, 65536, 131072)
@@ -58,6 +65,19 @@ WORKLOADS: Registry[Callable[[ReferenceOptions], WorkloadSpec]] = Registry("refe
 def reference_workload(name: str, **options: object) -> WorkloadSpec:
     """The reference workload ``name`` with ``options`` (see ``ReferenceOptions``)."""
     return WORKLOADS.get(name)(ReferenceOptions.model_validate(options))
+
+
+def load_workload(
+    name: str, *, max_model_len: int | None = None, sharegpt_path: str | None = None
+) -> WorkloadSpec:
+    """A reference workload by name, or a spec YAML by path; a ShareGPT file only for 'conversation'
+    (any other would ignore it: ``ValueError`` naming it)."""
+    if sharegpt_path is not None and name != "conversation":
+        raise ValueError(f"--sharegpt {sharegpt_path}: only the conversation workload reads it, not {name!r}")
+    if name in WORKLOADS:
+        options = {"sharegpt_path": sharegpt_path} if sharegpt_path is not None else {}
+        return reference_workload(name, max_model_len=max_model_len, **options)
+    return load_workload_spec(name)
 
 
 def _spec(name: str, opts: ReferenceOptions, client: Mapping[str, object], notes: list[str]) -> WorkloadSpec:

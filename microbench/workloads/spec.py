@@ -151,6 +151,19 @@ class WorkloadSpec(_Spec):
     clients: list[ClientSpec] = Field(..., min_length=1)
     notes: list[str] = Field(default_factory=list, description="provenance and caveats, reported with runs")
 
+    def timing_fields(self) -> list[str]:
+        """The fields by which the spec times its own arrivals (a command's single scheduler can't honour).
+
+        ``aggregate_rate``, a client's ``arrival`` other than the default Poisson, and a client's
+        ``windows``: a command runs such a spec self-timed (``Workload.plan``) or refuses it, naming these.
+        """
+        fields = ["aggregate_rate"] if self.aggregate_rate is not None else []
+        default = ArrivalSpec.model_validate({})
+        for c in self.clients:
+            fields += [f"clients[{c.id}].arrival"] if c.arrival != default else []
+            fields += [f"clients[{c.id}].windows"] if c.windows else []
+        return fields
+
     @field_validator("clients")
     @classmethod
     def _unique_ids(cls, clients: list[ClientSpec]) -> list[ClientSpec]:

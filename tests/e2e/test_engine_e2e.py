@@ -10,7 +10,7 @@ import pytest
 from engine_harness.launch import EngineProcess, EngineStartError
 from engine_harness.metric_names import VLLM_METRICS
 from engine_harness.metrics import scrape, step_counts
-from engine_harness.steps import VllmLogStepSource
+from engine_harness.steps import VllmLogStepSource, parse_iteration_lines, vllm_step_source
 from microbench.client.prompts import cold_prompt, token_space_for
 from microbench.client.streams import stream_request
 
@@ -54,6 +54,20 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
     await asyncio.sleep(0.5)  # the API server writes the last lines after the response
     logged = await engine_log.since(mark)
     assert [s.prefill_tokens for s in logged if s.prefill_tokens] == [2048, 952]
+    # The suite's logging config stamps every line, and the CPU build states its mode at start-up: async
+    # scheduling off, the mp executor, no CUDA graphs, so vLLM's own field times whole steps (as the
+    # reference runs were timed); the stamps' intervals cover each step and a little more (the API
+    # server's hand-off between steps)
+    source = vllm_step_source(None, vllm_engine.base_url, vllm_engine.log_path)  # type: ignore[arg-type]
+    assert source is not None and source.mode is not None, vllm_engine.log_path.read_text()[-3000:]
+    mode = source.mode
+    assert (mode.async_scheduling, mode.executor, mode.cuda_graph_max_tokens, mode.timing) == (
+        False, "mp", 0, "engine_field",
+    ), mode  # fmt: skip
+    assert all(s.t_end_s is not None and s.reported_ms == s.elapsed_ms for s in logged)
+    stamped = parse_iteration_lines(vllm_engine.log_path.read_text()[mark:], "log_interval")
+    gaps = [(s.elapsed_ms, s.reported_ms) for s in stamped if s.elapsed_ms is not None and s.prefill_tokens]
+    assert gaps and all(interval >= 0.9 * field for interval, field in gaps), gaps
     assert [s.decode_tokens for s in logged if not s.prefill_tokens] == [1] * 11
     # The tokens-per-step histogram holds every token of those steps. vLLM 0.32 observes it once per
     # step that produced output, so the first chunk (no token sampled) is folded into the second:

@@ -39,23 +39,24 @@ def sim(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 END = ["--requests", "3"]  # every case but "no-end" gives its stages an end
+M = ["--model", "m"]  # the model list is asked for before the workload is built
 W1 = ["--workload", WORKLOAD, "--rate", "1"]
 
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--workload", "{uniform}", "--rate", "1", *END], "max (16) is below min (32)"),
-        (["--workload", "{lognormal}", "--rate", "1", *END], "sigma: Input should be greater than 0"),
+        (["--workload", "{uniform}", "--rate", "1", *M, *END], "max (16) is below min (32)"),
+        (["--workload", "{lognormal}", "--rate", "1", *M, *END], "sigma: Input should be greater than 0"),
         (["--workload", WORKLOAD, "--concurrency", "0", *END], "--concurrency must be > 0"),
         (["--workload", WORKLOAD, "--rate", "-5", *END], "--rate must be > 0"),
         (["--workload", WORKLOAD, "--rate", "1", "--requests", "0"], "--requests must be ≥ 1"),
         (["--workload", WORKLOAD, "--rate", "1", *END], "no model list at http://127.0.0.1:1/v1/models"),
-        (["--workload", WORKLOAD, "--rate", "1", "--token-range", "9:2", *END], "0 <= lo < hi"),
+        (["--workload", WORKLOAD, "--rate", "1", "--token-range", "9:2", *M, *END], "0 <= lo < hi"),
         ([*W1, "--scheduler", "gamma", "--cv", "-1", *END], "--cv must be > 0"),
         ([*W1, "--scheduler", "trace", "--model", "m", *END], "--scheduler trace"),
         ([*W1, "--scheduler", "trace", "--trace-file", "{missing}", "--model", "m", *END], "does not exist"),
-        (["--workload", WORKLOAD, "--rate", "1"], "give --requests N, --duration T or both"),
+        (["--workload", WORKLOAD, "--rate", "1", "--model", "m"], "give --requests N, --duration T or both"),
     ],
     ids=["uniform", "lognormal", "concurrency0", "rate-5", "requests0", "closed-port", "token-range", "cv-1",
          "trace-without-file", "trace-missing", "no-end"],

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fixtures.inprocess_sim import InProcessSim
 
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
 from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
@@ -25,7 +25,7 @@ from microbench.battery.runner import run_battery
 pytestmark = pytest.mark.integration
 
 S, P, OUT = 4, 64, 16
-STEP = StepModel(alpha_ms=10.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=0.0)
+STEP = SimStepModel(alpha_ms=10.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=0.0)
 STEP_S = (STEP.alpha_ms + STEP.beta_d_ms * S * (OUT - 1) / OUT + STEP.beta_c_ms * P * S / OUT) / 1e3
 CAPACITY_RPS = S / (OUT * STEP_S)  # 23.7 req/s
 CAPACITY_TPS = CAPACITY_RPS * OUT  # 380 tok/s

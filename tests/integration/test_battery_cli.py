@@ -11,6 +11,7 @@ import pytest
 
 from microbench.battery.cli import main
 from microbench.battery.report import BatteryReport
+from microbench.loadgen.trace import read_trace
 from microbench.results.layout import job_folder
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,10 @@ def test_cli_runs_tests_against_a_launched_sim_and_restarts_it(tmp_path: Path) -
     assert "needs two or more named configurations" in report.tests[1].reason
     prefix = report.tests[0]
     assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]  # the restart happened
+    declared = [
+        r.met for r in prefix.requirements if r.text == "cold-start measurement: warm-up skipped and declared"
+    ]
+    assert declared == [True]
     assert (
         report.warmup.cold_start and "cold-start measurement" in (tmp_path / "report-minimum.md").read_text()
     )
@@ -85,7 +90,7 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
     secret = "sk-battery-planted-41c9e2"
     cmd = [sys.executable, "-m", "microbench.battery", "run", "--engine", "sim", "--api-key-env", "BENCH_KEY"]
     cmd += ["--engine-args", "--alpha-ms 4 --time-scale 0.5", "--tests", "prefix_cache", "--profile", "quick"]
-    cmd += ["--cold-start", "--out", str(tmp_path / "run")]
+    cmd += ["--cold-start", "--api", "chat", "--out", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != "BENCH_KEY"}
     # the variable named but not set: a clear error before any engine starts
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -100,6 +105,14 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
         (a.requests, a.requests) for a in prefix.data.arms
     ]
     assert [r.met for r in prefix.requirements if r.ref == "5.7.2"] == [True]
+    # chat: text prompts of exact counts through the bundled tokenizer, which the report declares (4.4.1)
+    assert report.disclosures is not None and report.disclosures.prompts["form"] == "text"
+    assert report.disclosures.tokenizer["vocab_size"] == 259
+    assert "| Tokenizer | qwen3-moe-tiny, 259 tokens, sha256 " in (tmp_path / "run" / "report.md").read_text()
+    head, rows = read_trace(next((tmp_path / "run" / "traces").glob("prefix-cache/cache-*")))
+    assert head.prompts["salt"] == report.disclosures.prompts["salt"] and head.seed == 42
+    assert report.workload_spec["name"] == "synthetic-uniform" and report.workload_spec["seed"] == 42
+    assert (rows["status"] == "ok").all() and (rows["input_tokens"] - rows["prompt_tokens"] == 19).all()
     for path in (tmp_path / "run").rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
 

@@ -56,7 +56,7 @@ async def test_engine_settings_restart_the_engine_and_restore_it(tmp_path: Path)
     assert ["--max-num-seqs 1" in line for line in starts] == [False, True, False]
     assert "engine restarted for engine: max_num_seqs=1 and warmed up (4 requests)" in result.notes
     assert "engine restarted as launched after the last configuration" in result.notes
-    disclosed = next(r for r in result.requirements if r.ref == "4.8.1")
+    disclosed = next(r for r in result.requirements if r.text == "guardrail configuration disclosed")
     assert "serial = engine: max_num_seqs=1" in disclosed.detail and report.system.engine_settings == {
         "kind": "sim",
         "model": "sim",

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from fixtures.inprocess_sim import InProcessSim
 
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
 
 pytestmark = pytest.mark.integration
 
-SIM = SimConfig(model="sim", max_num_seqs=8, step=StepModel(alpha_ms=4.0), seed=2)
+SIM = SimConfig(model="sim", max_num_seqs=8, step=SimStepModel(alpha_ms=4.0), seed=2)
 TINY = profile(
     "quick", output_cap=8, warmup_requests=4, ttft_requests=10, level_duration_s=0.8, search_probes=2,
     tradeoff_levels=[0.5, 1.0], probe_requests=8,

@@ -6,6 +6,7 @@ assertions; 5.8 gets its own sim with a small KV pool so that oversubscription f
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,11 @@ from typing import Any
 import pytest
 from fixtures.inprocess_sim import InProcessSim
 
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import profile
 from microbench.battery.report import BatteryReport
+from microbench.battery.requirement_table import Row, scan
 from microbench.battery.runner import ordered_tests, run_battery, write_report
 from microbench.battery.sections.capacity import CapacityData
 from microbench.battery.sections.fairness import FairnessData
@@ -33,7 +35,7 @@ from microbench.workloads.schedulers import parse_scheduler
 
 pytestmark = pytest.mark.integration
 
-STEP = StepModel(alpha_ms=8.0, beta_d_ms=0.1, beta_c_ms=0.02, gamma_ns=2.0)
+STEP = SimStepModel(alpha_ms=8.0, beta_d_ms=0.1, beta_c_ms=0.02, gamma_ns=2.0)
 SIM = SimConfig(model="sim", max_num_batched_tokens=2048, max_num_seqs=8, step=STEP, time_scale=0.5, seed=1)
 TINY = profile(
     "quick",
@@ -97,6 +99,38 @@ def test_every_test_ran_and_reports_were_written(battery: tuple[BatteryReport, P
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
+def _reported_rows(report: BatteryReport, ran: tuple[str, ...], rows: list[Row]) -> int:
+    """Each requirement row the code states for a test in ``ran`` is in that test's reported requirements."""
+    checked = 0
+    for row in rows:
+        name = row.section.split(" ", 1)[-1]
+        if name not in ran:
+            continue
+        result = report.result(name)
+        assert result is not None
+        texts = [r.text for r in result.requirements if (r.ref, r.level) == (row.ref, row.level)]
+        pattern = ".*".join(re.escape(part) for part in row.text.split("…"))
+        assert any(re.fullmatch(pattern, t) for t in texts), (row, texts)
+        checked += 1
+    return checked
+
+
+def test_every_requirement_the_code_states_is_reported(battery: tuple[BatteryReport, Path]) -> None:
+    """The requirement table's rows (read off the code) are what a run reports, test by test."""
+    report, _ = battery
+    ran = ("ttft", "throughput", "tradeoff", "itl", "capacity", "fairness", "prefix_cache", "long_context")
+    ran += ("guardrail",)
+    assert _reported_rows(report, ran, scan()) >= 40  # every row of the tests that ran (44 today)
+    warm = {r.text: r.met for r in report.tests[0].requirements if r.ref.startswith("4.5")}
+    assert warm.keys() == {
+        "at least 100 requests and 10,000 output tokens before measuring",
+        "request queue drained",
+        "probe latency stable within 10% after warm-up",
+    }
+    assert not warm["at least 100 requests and 10,000 output tokens before measuring"]  # 6 warm-up requests
+    assert warm["request queue drained"]
+
+
 def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
     report, _ = battery
     ttft: TtftData = _data(report, "ttft")
@@ -156,6 +190,13 @@ def test_capacity_fairness_prefix_cache(battery: tuple[BatteryReport, Path]) -> 
     assert [a.name for a in pc.arms] == ["Cache Disabled", "Cache (Cold)", "Cache (Warm)"]
     assert cold.prefix_hit_rate is not None and cold.prefix_hit_rate < warm.prefix_hit_rate  # type: ignore[operator]
     assert disabled.hit_tokens == 0 and warm.prefix_hit_rate is not None and warm.prefix_hit_rate > 0.9
+    reqs = {t.name: t.requirements for t in report.tests}
+    warmed = [r for r in reqs["prefix_cache"] if "warmed up after its restart" in r.text]
+    assert [(r.met, r.detail) for r in warmed] == [(True, "2 warm-ups after restarts")]
+    stand_ins = {name: [r.text for r in rs if r.detail.startswith("stand-in")] for name, rs in reqs.items()}
+    assert stand_ins["fairness"] == ["runs the draft's Synthetic-Skewed workload"]
+    assert stand_ins["long_context"] == ["runs the draft's Long Context (document + question) workload"]
+    assert stand_ins["ttft"] == []  # synthetic-uniform is the draft's own workload
     assert warm.ttft.p50 < disabled.ttft.p50  # type: ignore[operator]
 
 
@@ -189,6 +230,7 @@ async def test_memory_pressure_preempts_above_capacity(tmp_path: Path) -> None:
     assert [e.achieved_rps for e in pressure] == [lv.level.request_rps for lv in data.levels]
     table = data.tables()[0]
     assert table.columns[1:4] == ["Concurrency (offered)", "Achieved (req/s)", "Output (tok/s)"]
+    assert _reported_rows(report, ("memory_pressure",), scan()) == 5  # the table's 5.8 rows, reported
 
 
 async def test_memory_pressure_says_when_it_exerted_none(tmp_path: Path) -> None:

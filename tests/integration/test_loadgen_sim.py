@@ -71,6 +71,9 @@ async def test_run_writes_a_complete_trace(tmp_path: Path) -> None:
     header = write_trace(tmp_path, result, workload={"name": "small"}, seed=5)
     head, rows = read_trace(tmp_path)
     assert head == header and tuple(rows.columns) == TRACE_COLUMNS
+    rtt = head.network["rtt_ms"]
+    assert head.network["probes"] == 5 and 0 < rtt["min"] <= rtt["median"] <= rtt["max"] < 1000
+    assert head.hardware["cpu_cores"] and isinstance(head.hardware["gpus"], list)  # the generator's host
     assert len(rows) == 44 and rows["warmup"].sum() == 4
     assert (rows["status"] == "ok").all()
     assert (rows["output_tokens"] == rows["max_tokens"]).all()
@@ -221,3 +224,12 @@ async def test_self_timed_workload_plan() -> None:
 def test_plan_items_are_request_specs() -> None:
     first = next(itertools.islice(_workload().plan(1.0), 1))
     assert isinstance(first[1], RequestSpec)
+
+
+async def test_a_request_past_its_time_limit_is_a_timeout() -> None:
+    work = _workload(output=400)
+    async with SimServer(SimConfig(time_scale=1.0)) as sim:
+        stage = _stage({"kind": "concurrency", "concurrency": 2}, work.requests(), max_requests=2)
+        result = await _run(sim, [stage], request_timeout_s=0.2)
+    assert [r.status for r in result.records] == ["timeout", "timeout"]
+    assert all(0 < r.stream.completion_tokens < 400 for r in result.records)  # cut by the client's clock

@@ -11,7 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine_harness.sim import FaultConfig, SimConfig, SimServer, StepModel
+from engine_harness.sim import FaultConfig, SimConfig, SimServer, SimStepModel
+from engine_harness.step_model import StepShape
 from microbench.client.streams import HTTPStatusError, StreamCut, StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
@@ -127,7 +128,7 @@ async def test_slow_start_health_503_then_200() -> None:
 
 async def test_die_after_requests_cuts_streams_in_flight_and_refuses_new_ones() -> None:
     cfg = SimConfig(
-        model="sim", time_scale=1.0, step=StepModel(alpha_ms=2.0), faults=FaultConfig(die_after_requests=2)
+        model="sim", time_scale=1.0, step=SimStepModel(alpha_ms=2.0), faults=FaultConfig(die_after_requests=2)
     )
     async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
         url = f"{sim.base_url}/v1/completions"
@@ -146,7 +147,7 @@ async def test_die_after_requests_cuts_streams_in_flight_and_refuses_new_ones() 
 
 async def test_die_at_time() -> None:
     cfg = SimConfig(
-        model="sim", time_scale=1.0, step=StepModel(alpha_ms=2.0), faults=FaultConfig(die_at_s=0.25)
+        model="sim", time_scale=1.0, step=SimStepModel(alpha_ms=2.0), faults=FaultConfig(die_at_s=0.25)
     )
     async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
         t0 = time.monotonic()
@@ -160,13 +161,13 @@ async def test_stalled_step_shows_in_log_and_in_client_gaps() -> None:
     cfg = SimConfig(
         model="sim",
         time_scale=1.0,
-        step=StepModel(alpha_ms=2.0),
+        step=SimStepModel(alpha_ms=2.0),
         faults=FaultConfig(stall_step=10, stall_s=0.15),
     )
     async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
         rec = await stream_request(s, f"{sim.base_url}/v1/completions", _req(20))
     stalled = sim.step_log[10]
-    assert stalled.model_duration_s == pytest.approx(0.15 + cfg.step.cost_s(1, 0, 0))
+    assert stalled.model_duration_s == pytest.approx(0.15 + cfg.step.step_ms(StepShape(1)) / 1e3)
     assert stalled.duration_ns >= 0.15e9
     gaps = [b - a for a, b in zip(rec.chunk_t_ns, rec.chunk_t_ns[1:], strict=False)]
     assert max(gaps) >= 0.15e9 and gaps.index(max(gaps)) == 9  # the 11th token came late

@@ -17,7 +17,7 @@ import pytest
 
 from engine_harness.metric_names import VLLM_METRICS
 from engine_harness.metrics import Snapshot, parse_metrics, scrape, step_counts
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.client.streams import DONE, StreamRecord, parse_sse_line, stream_request
 
 pytestmark = pytest.mark.integration
@@ -327,7 +327,7 @@ async def test_preemption_counted_in_metrics() -> None:
 
 
 async def test_client_disconnect_aborts_request_and_frees_kv() -> None:
-    cfg = SimConfig(model="tiny", time_scale=1.0, step=StepModel(alpha_ms=2.0))
+    cfg = SimConfig(model="tiny", time_scale=1.0, step=SimStepModel(alpha_ms=2.0))
     async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
         rec = StreamRecord()
         url = f"{sim.base_url}/v1/completions"

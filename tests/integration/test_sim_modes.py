@@ -9,7 +9,7 @@ import statistics
 import aiohttp
 import pytest
 
-from engine_harness.sim import SimConfig, SimServer, StepModel
+from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.client.streams import StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ async def test_mode_chunk_counts_over_http(mode: str, expected_steps: str) -> No
 async def test_accelerated_mode_scales_wall_time_and_jitter_is_seeded() -> None:
     logs = []
     for _ in range(2):
-        cfg = SimConfig(model="sim", time_scale=0.05, seed=5, step=StepModel(alpha_ms=40.0, jitter=0.1))
+        cfg = SimConfig(model="sim", time_scale=0.05, seed=5, step=SimStepModel(alpha_ms=40.0, jitter=0.1))
         async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
             await stream_request(
                 s, f"{sim.base_url}/v1/completions", {"model": "sim", "prompt": [1], "max_tokens": 40}

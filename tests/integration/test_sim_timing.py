@@ -15,7 +15,7 @@ import statistics
 import aiohttp
 import pytest
 
-from engine_harness.sim import SimConfig, SimServer, StepModel, StepRecord
+from engine_harness.sim import SimConfig, SimServer, SimStepModel, StepRecord
 from microbench.client.streams import StreamRecord, stream_request
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ async def test_client_gaps_match_step_log_in_real_time_mode() -> None:
         model="sim",
         time_scale=1.0,
         max_num_batched_tokens=1024,
-        step=StepModel(alpha_ms=3.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=5.0),
+        step=SimStepModel(alpha_ms=3.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=5.0),
     )
     async with SimServer(cfg) as sim, aiohttp.ClientSession() as s:
         url = f"{sim.base_url}/v1/completions"

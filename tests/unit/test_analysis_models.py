@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from analysis.models import compare_models, fit_seed_model, fit_step_model, leave_one_p_out
-from analysis.synthetic import StepParams, synthesize_run
+from analysis.synthetic import synthesize_run
 from analysis.table import load_records
+from engine_harness.step_model import StepModel
 from microbench.results.records import RunRecord
 
-TRUTH = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0)
+TRUTH = StepModel(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0)
 GRID = {
     "chunks": (2048, 8192),
     "decode_batches": (0, 1, 2, 4, 8, 12),
@@ -26,8 +27,12 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[RunRecord]:
     return load_records(synthesize_run(tmp_path_factory.mktemp("m") / "truth", params=TRUTH, **GRID))  # type: ignore[arg-type]
 
 
-def _truth(params: StepParams) -> dict[str, float]:
-    return {k: v for k, v in vars(params).items() if k in ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns")}
+def _truth(params: StepModel) -> dict[str, float]:
+    return {
+        k: v
+        for k, v in params.model_dump().items()
+        if k in ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns")
+    }
 
 
 def test_step_model_recovers_parameters(records: list[RunRecord]) -> None:
@@ -62,7 +67,7 @@ def test_leave_one_p_out(records: list[RunRecord]) -> None:
 
 
 def test_a_decode_context_term_is_found_when_decode_attention_grows(tmp_path: Path) -> None:
-    params = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=40.0)
+    params = StepModel(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=40.0)
     # a batch reused for 5 repetitions from a short prefix: each stream's context grows 552 → 1152 tokens
     grid = {**GRID, "repetitions": 5, "decode_context": 512}
     fit = fit_step_model(load_records(synthesize_run(tmp_path / "kv", params=params, **grid)))  # type: ignore[arg-type]
@@ -75,7 +80,7 @@ def test_no_intercept_and_tiny_last_chunks_do_not_break_the_fit(tmp_path: Path) 
     # The failure seen on real data: a fit whose intercept went negative gave tiny last chunks ~0 fitted
     # values and, weighted by them, 20 of 98 rows all the weight (R² 0.515). Here: α = 0 and P equal to
     # the chunk, so every D > 0 cell ends with a last chunk of D tokens.
-    params = StepParams(alpha_ms=0.0, beta_d_ms=0.5, beta_c_ms=0.06, gamma_ns=20.0)
+    params = StepModel(alpha_ms=0.0, beta_d_ms=0.5, beta_c_ms=0.06, gamma_ns=20.0)
     grid = {**GRID, "chunks": (2048, 4096), "prefill_tokens": (1024, 2048, 4096, 8192)}
     fit = fit_step_model(load_records(synthesize_run(tmp_path / "a0", params=params, **grid)))  # type: ignore[arg-type]
     assert fit.r2 > 0.98 and fit.loo_step_mape < 5
@@ -83,7 +88,7 @@ def test_no_intercept_and_tiny_last_chunks_do_not_break_the_fit(tmp_path: Path) 
 
 
 def test_gamma_zero_is_found_zero(tmp_path: Path) -> None:
-    params = StepParams(alpha_ms=1.0, beta_d_ms=0.02, beta_c_ms=0.05, gamma_ns=0.0)
+    params = StepModel(alpha_ms=1.0, beta_d_ms=0.02, beta_c_ms=0.05, gamma_ns=0.0)
     fit = fit_step_model(load_records(synthesize_run(tmp_path / "g0", params=params, **GRID)))  # type: ignore[arg-type]
     assert abs(fit.params["gamma_ns"]) < 0.1
     assert fit.params["beta_c_ms"] == pytest.approx(0.05, rel=0.05)
@@ -97,6 +102,22 @@ def test_window_fallback_without_step_logs(records: list[RunRecord]) -> None:
     fit = fit_step_model(stripped)
     assert fit.data == "windows"
     assert fit.params["beta_c_ms"] == pytest.approx(TRUTH.beta_c_ms, rel=0.10)
+    assert fit.params["gamma_ns"] == pytest.approx(TRUTH.gamma_ns, rel=0.10)
+
+
+def test_a_step_log_without_durations_falls_back_to_the_windows(records: list[RunRecord]) -> None:
+    # an engine whose mode allowed no step durations (its field no whole step, its lines unstamped): the
+    # log still counts the chunks, but the fit uses the prefill windows, never the raw field
+    def untimed(r: RunRecord) -> RunRecord:
+        log = [
+            s.model_copy(update={"elapsed_ms": None, "reported_ms": 1.0})
+            for s in r.interference.engine_steps_log
+        ]
+        itf = r.interference.model_copy(update={"engine_steps_log": log, "decode_step_ms": None})
+        return r.model_copy(update={"interference": itf})
+
+    fit = fit_step_model([untimed(r) for r in records])
+    assert fit.data == "windows"
     assert fit.params["gamma_ns"] == pytest.approx(TRUTH.gamma_ns, rel=0.10)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_harness.engines import DEFAULT_MODEL
 from microbench.battery.compliance import must, should, verdict
 from microbench.battery.render import markdown_full, markdown_minimum
 from microbench.battery.report import BatteryReport, SystemInfo, TestResult, WarmupResult
@@ -18,6 +19,7 @@ from microbench.battery.sections.ttft import TtftData
 from microbench.client.requests import RequestSpec
 from microbench.measure.scaling import fit_scaling
 from microbench.measure.stats import summarize
+from microbench.workloads.prompts import TextRenderer, load_tokenizer
 
 
 def test_verdicts_follow_the_draft_wording() -> None:
@@ -158,3 +160,17 @@ def test_prefix_population_sends_each_shared_prefix_once() -> None:
     ] + [RequestSpec(prompt=[1, 2, 3], prompt_tokens=3, max_tokens=8)]
     (only,) = population_requests(requests)
     assert only.prompt == shared and only.max_tokens == 1
+
+
+def test_a_text_prompt_s_prefix_is_cut_by_the_model_s_tokenizer() -> None:
+    text = TextRenderer(load_tokenizer(DEFAULT_MODEL))
+    requests = [
+        RequestSpec(
+            prompt="sharedpfx" + tail, prompt_tokens=12, max_tokens=4, prefix_group="g/0", prefix_tokens=9
+        )
+        for tail in ("abc", "xyz")
+    ]
+    (only,) = population_requests(requests, text)
+    assert only.prompt == "sharedpfx" and only.prompt_tokens == 9
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        population_requests(requests)

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from engine_harness.settings import EngineSettings
-from microbench.sweep.config import SweepConfig
+from microbench.measure.grid import SweepConfig
 
 
 def test_a_misspelled_key_is_named_with_the_setting_it_looks_like() -> None:

@@ -102,10 +102,11 @@ def test_the_link_fit_of_a_design_it_cannot_solve_is_no_fit_with_the_reason() ->
 def test_the_step_model_on_noiseless_steps_recovers_its_parameters(tmp_path: Path) -> None:
     # Steps exactly on the model: a zero robust scale, which RLM alone cannot weigh.
     from analysis.models import fit_step_model
-    from analysis.synthetic import StepParams, synthesize_run
+    from analysis.synthetic import synthesize_run
     from analysis.table import load_records
+    from engine_harness.step_model import StepModel
 
-    params = StepParams(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=0.0)
+    params = StepModel(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0, delta_ns=0.0)
     run = synthesize_run(
         tmp_path / "exact",
         chunks=(2048,),

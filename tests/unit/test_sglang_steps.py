@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from engine_harness.step_model import num_prefill_steps
 from engine_harness.steps import EngineStep, SglangLogStepSource, parse_sglang_step_lines, sglang_step_source
 from microbench.results.steps import prefill_steps
-from microbench.results.windows import expected_chunks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -76,8 +76,14 @@ def test_the_source_reads_the_mode_from_sglangs_own_server_args_line(tmp_path: P
     log.write_text(args.format(off=False, mixed=False, every=1) + args.format(off=True, mixed=True, every=1))
     source = sglang_step_source(None, "http://x", log)  # type: ignore[arg-type]
     assert isinstance(source, SglangLogStepSource) and source.mixed  # the last start counts
+    assert source.mode is not None and source.mode.async_scheduling is False  # --disable-overlap-schedule
+    assert source.mode.timing == "log_interval"
+    # SGLang's GPU default, the overlap scheduler: lines still one per step, in order, each written when
+    # its step's outputs went out; the record's mode says the overlap was on (it used to give no source)
     log.write_text(args.format(off=False, mixed=False, every=1))
-    assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # overlap: lines late
+    overlap = sglang_step_source(None, "http://x", log)  # type: ignore[arg-type]
+    assert isinstance(overlap, SglangLogStepSource) and overlap.mode is not None
+    assert overlap.mode.async_scheduling is True and overlap.mode.timing == "log_interval"
     log.write_text(args.format(off=True, mixed=False, every=40))
     assert sglang_step_source(None, "http://x", log) is None  # type: ignore[arg-type]  # one line per 40
     assert sglang_step_source(None, "http://x", tmp_path / "none.log") is None  # type: ignore[arg-type]
@@ -102,7 +108,7 @@ def test_an_exclusive_prefill_step_delays_a_decode_token_by_the_whole_step() -> 
         _step(2048, 0, 400.0),
         _step(2048, 0, 600.0),
     ]
-    exclusive = prefill_steps(log, chunk=2048, d=4, exclusive=True)
+    exclusive = prefill_steps(log, chunk=2048, d=4, scheduling="exclusive")
     assert exclusive.decode_step_ms == 10.0  # the step without a duration is left out
     assert exclusive.penalty_full_ms() == 500.0  # no decode token in the step: the decodes wait it all
     assert exclusive.total_penalty_ms() == 1000.0
@@ -112,7 +118,11 @@ def test_an_exclusive_prefill_step_delays_a_decode_token_by_the_whole_step() -> 
 
 def test_a_prefill_step_without_a_duration_gives_no_sum_never_a_short_one() -> None:
     # a bare prefill (D = 0) after idle: SGLang does not log when its first step started
-    steps = prefill_steps([_step(2048, 0, None), _step(2048, 0, 600.0)], chunk=2048, d=0, exclusive=True)
+    steps = prefill_steps(
+        [_step(2048, 0, None), _step(2048, 0, 600.0)], chunk=2048, d=0, scheduling="exclusive"
+    )
     assert steps.prefill_ms is None and steps.full_ms == 600.0
     assert steps.penalty_full_ms() is None and steps.total_penalty_ms() is None  # no decodes to delay
-    assert expected_chunks(4096, 2048, 4, "exclusive") == 2 and expected_chunks(4096, 2048, 4, "mixed") == 3
+    assert (
+        num_prefill_steps(4096, 2048, 4, "exclusive") == 2 and num_prefill_steps(4096, 2048, 4, "mixed") == 3
+    )

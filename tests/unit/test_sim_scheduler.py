@@ -9,8 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from engine_harness.sim.kv_cache import BlockPool, block_hashes
-from engine_harness.sim.params import SimConfig, StepModel, load_config
+from engine_harness.sim.params import SimConfig, SimStepModel, load_config
 from engine_harness.sim.scheduler import EOS_TOKEN_ID, Scheduler, SimRequest, Status, StepPlan
+from engine_harness.step_model import Chunk, StepShape, chunk_schedule, num_prefill_steps
 
 A = 65  # the token every test sampler generates
 
@@ -50,6 +51,10 @@ def _prefill_steps(sched: Scheduler, req: SimRequest) -> list[StepPlan]:
     return steps
 
 
+def _shapes(steps: list[StepPlan]) -> list[tuple[int, tuple[Chunk, ...]]]:
+    return [(s.shape.decode_tokens, s.shape.chunks) for s in steps]
+
+
 @pytest.mark.parametrize(
     ("budget", "d", "p"),
     [(256, 0, 1000), (256, 4, 1000), (256, 16, 240), (256, 16, 241), (512, 100, 5000), (64, 63, 10)],
@@ -59,10 +64,12 @@ def test_vllm_chunk_count_is_ceil_p_over_budget_minus_d(budget: int, d: int, p: 
     decodes = _start_decodes(sched, d)
     before = [r.num_output_tokens for r in decodes]
     steps = _prefill_steps(sched, _req("cold", p, max_tokens=1, start=7))
-    assert len(steps) == math.ceil(p / (budget - d))
-    assert all(s.decode_tokens == d and s.num_tokens <= budget for s in steps)  # decodes ride along
-    assert sum(s.prefill_tokens for s in steps) == p
+    assert len(steps) == math.ceil(p / (budget - d)) == num_prefill_steps(p, budget, d, "mixed")
+    assert all(s.shape.decode_tokens == d and s.num_tokens <= budget for s in steps)  # decodes ride along
+    assert sum(s.shape.prefill_tokens for s in steps) == p
     assert [r.num_output_tokens - b for r, b in zip(decodes, before, strict=True)] == [len(steps)] * d
+    # the step model's schedule is what the sim's scheduler does
+    assert _shapes(steps) == [(s.decode_tokens, s.chunks) for s in chunk_schedule(p, budget, d, "mixed")]
 
 
 @pytest.mark.parametrize(("budget", "d", "p"), [(256, 4, 1000), (256, 16, 256), (512, 100, 5000)])
@@ -71,11 +78,12 @@ def test_sglang_prefill_runs_instead_of_decodes(budget: int, d: int, p: int) -> 
     decodes = _start_decodes(sched, d)
     before = [r.num_output_tokens for r in decodes]
     steps = _prefill_steps(sched, _req("cold", p, max_tokens=1, start=7))
-    assert len(steps) == math.ceil(p / budget)
-    assert all(s.decode_tokens == 0 for s in steps)
+    assert len(steps) == math.ceil(p / budget) == num_prefill_steps(p, budget, d, "exclusive")
+    assert all(s.shape.decode_tokens == 0 for s in steps)
     assert [r.num_output_tokens for r in decodes] == before  # the decodes stalled for the whole prefill
     nxt = _step(sched)
-    assert nxt.decode_tokens == d and nxt.prefill_tokens == 0
+    assert nxt.shape.decode_tokens == d and nxt.shape.prefill_tokens == 0
+    assert _shapes(steps) == [(0, s.chunks) for s in chunk_schedule(p, budget, d, "exclusive")]
 
 
 @pytest.mark.parametrize(("budget", "d", "p"), [(256, 4, 1000), (256, 16, 241), (512, 100, 5000)])
@@ -84,7 +92,8 @@ def test_sglang_mixed_chunk_count(budget: int, d: int, p: int) -> None:
     _start_decodes(sched, d)
     steps = _prefill_steps(sched, _req("cold", p, max_tokens=1, start=7))
     assert len(steps) == math.ceil(p / (budget - d))
-    assert all(s.decode_tokens == d for s in steps)
+    assert all(s.shape.decode_tokens == d for s in steps)
+    assert _shapes(steps) == [(s.decode_tokens, s.chunks) for s in chunk_schedule(p, budget, d, "mixed")]
 
 
 def test_context_of_each_chunk_is_tokens_already_computed() -> None:
@@ -92,7 +101,7 @@ def test_context_of_each_chunk_is_tokens_already_computed() -> None:
     steps = _prefill_steps(sched, _req("p", 250, max_tokens=1))
     assert [c.context for s in steps for c in s.chunks] == [0, 100, 200]
     # Σ c·(ctx + c/2): causal attention to the cached context and to half of the chunk itself
-    assert [s.chunk_context for s in steps] == [100 * 50, 100 * (100 + 50), 50 * (200 + 25)]
+    assert [s.shape.chunk_attention for s in steps] == [100 * 50, 100 * (100 + 50), 50 * (200 + 25)]
 
 
 def test_max_tokens_one_finishes_at_end_of_prefill() -> None:
@@ -126,7 +135,7 @@ def test_shared_prefix_hits_cache_unique_prompts_hit_nothing() -> None:
     steps = _prefill_steps(sched, second)
     assert sched.prefix_cache_queries - q0 == 68 and sched.prefix_cache_hits - h0 == 64
     assert second.num_cached_tokens == 64
-    assert sum(s.prefill_tokens for s in steps) == 4  # cached tokens are not computed
+    assert sum(s.shape.prefill_tokens for s in steps) == 4  # cached tokens are not computed
     assert steps[0].chunks[0].context == 64
     for i in range(5):  # unique prompts: no hits at all
         _prefill_steps(sched, _req(f"u{i}", 80, max_tokens=1, start=1 + 40 * i))
@@ -138,7 +147,7 @@ def test_identical_prompt_computes_at_least_one_token() -> None:
     _prefill_steps(sched, _req("a", 64, max_tokens=1))
     steps = _prefill_steps(sched, _req("b", 64, max_tokens=1))
     assert sched.prefix_cache_hits == 48  # capped at 63 tokens, rounded down to full blocks
-    assert sum(s.prefill_tokens for s in steps) == 16
+    assert sum(s.shape.prefill_tokens for s in steps) == 16
 
 
 def test_same_block_at_another_position_is_not_a_hit() -> None:
@@ -155,7 +164,7 @@ def test_prefix_caching_disabled_counts_nothing() -> None:
     _prefill_steps(sched, _req("a", 64, max_tokens=1))
     steps = _prefill_steps(sched, _req("b", 64, max_tokens=1))
     assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (0, 0)
-    assert sum(s.prefill_tokens for s in steps) == 64
+    assert sum(s.shape.prefill_tokens for s in steps) == 64
 
 
 def test_generated_tokens_enter_the_prefix_cache() -> None:
@@ -227,7 +236,7 @@ def test_decodes_count_against_the_budget_in_vllm_mode() -> None:
         _step(sched)
     sched.add(_req("late", 5))
     plan = _step(sched)
-    assert plan.decode_tokens == 8 and plan.prefill_tokens == 0  # no room for the chunk this step
+    assert plan.shape.decode_tokens == 8 and plan.shape.prefill_tokens == 0  # no room for the chunk this step
 
 
 def test_abort_frees_blocks() -> None:
@@ -284,14 +293,17 @@ def test_block_pool_evicts_least_recently_freed_first() -> None:
     assert pool.allocate(3) is None
 
 
-def test_step_model_formula_and_seeded_jitter() -> None:
-    m = StepModel(alpha_ms=2, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=5)
-    assert m.cost_s(10, 1000, 10**6) == pytest.approx(2e-3 + 1e-3 + 10e-3 + 5e-3)
-    j = StepModel(alpha_ms=2, jitter=0.2)
-    a = [j.sample_s(1, 0, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
-    b = [j.sample_s(1, 0, 0, 0, r) for r in [random.Random(3)] for _ in range(50)]
+def test_sim_step_model_is_the_step_model_with_seeded_jitter() -> None:
+    m = SimStepModel(alpha_ms=2, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=5)
+    # 10 decodes, one chunk of 1000 tokens at context 500: Σ c·(ctx + c/2) = 1000 × 1000 = 10⁶
+    shape = StepShape(10, (Chunk(1000, 500),))
+    assert m.sample_s(shape, random.Random(0)) == pytest.approx((2 + 1 + 10 + 5) / 1e3)
+    j = SimStepModel(alpha_ms=2, jitter=0.2)
+    one = StepShape(1)
+    a = [j.sample_s(one, r) for r in [random.Random(3)] for _ in range(50)]
+    b = [j.sample_s(one, r) for r in [random.Random(3)] for _ in range(50)]
     assert a == b and len(set(a)) == 50 and min(a) >= 0
-    assert sum(a) / len(a) == pytest.approx(j.cost_s(1, 0, 0), rel=0.1)
+    assert sum(a) / len(a) == pytest.approx(j.step_ms(one) / 1e3, rel=0.1)
 
 
 def test_config_yaml_then_overrides(tmp_path: object) -> None:

@@ -28,11 +28,28 @@ from microbench.measure.levels import LevelRow, ledger_entry, level_row
 from microbench.measure.stats import Distribution, inter_chunk_gaps, modality, summarize
 from microbench.workloads.schedulers import parse_scheduler
 
-__all__ = ["BURST_GAP_S", "ItlData", "ItlLevel", "itl_level", "run_itl"]
+__all__ = ["BURST_GAP_S", "ItlData", "ItlLevel", "itl_level", "run_itl", "tail_type"]
 
 BURST_GAP_S = (
     1e-4  # gaps shorter than this are chunks that arrived together (after a stall), not decode steps
 )
+
+
+_TAIL_EXCEEDANCES = 30  # fewest gaps above P90 the tail is judged on
+
+
+def tail_type(samples: np.ndarray) -> str:
+    """5.4.4.3's tail character, from the excesses over P90: their coefficient of variation is 1 for an
+    exponential tail (memoryless), below it for a bounded one, and above it for a power law (heavy).
+    Bands: < 0.75 bounded, 0.75–1.5 exponential-type (a normal's reads 0.84), > 1.5 heavy."""
+    values = np.asarray(samples, dtype=float)
+    threshold = float(np.quantile(values, 0.9)) if values.size else 0.0
+    excess = values[values > threshold] - threshold
+    if excess.size < _TAIL_EXCEEDANCES or not excess.mean() > 0:
+        return f"not classified (fewer than {_TAIL_EXCEEDANCES} gaps above P90)"
+    cv = float(excess.std(ddof=1) / excess.mean())
+    kind = "bounded" if cv < 0.75 else "exponential-type" if cv <= 1.5 else "heavy-tailed (power law)"
+    return f"{kind}: CV of excesses over P90 {cv:.2f}"
 
 
 class ItlLevel(StrictModel):
@@ -47,6 +64,7 @@ class ItlLevel(StrictModel):
     max_pause: Distribution
     tail_ratio: float | None
     modality: str
+    tail_type: str = "not classified (report written before 5.4's tail type was kept)"
     multi_token_chunk_share: float
     burst_share: float = Field(..., description="share of gaps under 0.1 ms: chunks delivered together")
     histogram_edges_s: list[float]
@@ -84,6 +102,7 @@ def itl_level(
         max_pause=summarize(pauses),
         tail_ratio=None if not agg.p50 or agg.p99 is None else agg.p99 / agg.p50,
         modality=modality(gaps),
+        tail_type=tail_type(gaps),
         multi_token_chunk_share=float(np.mean(np.asarray(tokens) > 1)) if len(tokens) else 0.0,
         burst_share=float(np.mean(gaps < BURST_GAP_S)) if gaps.size else 0.0,
         histogram_edges_s=[float(e) for e in edges],
@@ -112,6 +131,7 @@ class ItlData(TestData):
             )
             t.rows.append(["P99/P50 Ratio", num(lv.tail_ratio, ".2f")])
             t.rows.append(["Modality", lv.modality])
+            t.rows.append(["Tail type", lv.tail_type])
             t.rows.append(["Multi-token chunks", f"{lv.multi_token_chunk_share:.1%}"])
             t.rows.append(["Gaps < 0.1 ms (burst delivery)", f"{lv.burst_share:.1%}"])
             tables.append(t)

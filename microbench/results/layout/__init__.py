@@ -1,7 +1,7 @@
 """The one layout of every job's run folder: every path, the atomic writes, and loading what ``derive`` reads.
 
 DESIGN §4. Every job writes ``results/<run-id>/manifest.json`` naming the job (``Manifest.job``: ``sweep``,
-``transfer``, ``battery``), the resolved job definition, engine spec, argv and version, hardware,
+``transfer``, ``battery``, ``ablate``), the resolved job definition, engine spec, argv and version, hardware,
 packages, git commit (``JobFolder``); ``job_folder`` opens a folder as the job that wrote it.
 
 The sweep (``RunFolder``), per run:
@@ -25,6 +25,9 @@ idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table
 
 The battery (``BatteryFolder``): ``state/`` (finished tests, the capacity ledger), ``traces/``, the
 reports (``report.json``, ``report.md``, ``report.html``, ``figures/``).
+
+The ablation (``AblateFolder``): ``arms/<name>/``, one sweep run folder per arm (``RunFolder``, its own
+manifest naming the arm's engine), and ``compare-<B>-vs-<A>/`` (``analysis.compare``'s outputs).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from microbench.results.records import Manifest
 
 __all__ = [
     "JOBS",
+    "AblateFolder",
     "BatteryFolder",
     "JobFolder",
     "RunFolder",
@@ -55,6 +59,18 @@ class BatteryFolder(JobFolder):
     """The battery's run folder (its state and reports are the battery's own: ``microbench.battery``)."""
 
     JOB = "battery"
+
+
+class AblateFolder(JobFolder):
+    """The ablation's run folder: one sweep run folder per arm under ``arms/``, the comparisons beside."""
+
+    JOB = "ablate"
+
+    def arm(self, name: str) -> RunFolder:
+        return RunFolder(self.root / "arms" / name)
+
+    def comparison(self, name_a: str, name_b: str) -> Path:
+        return self.root / f"compare-{name_b}-vs-{name_a}"
 
 
 def _job_of(root: Path, manifest: Manifest) -> str:
@@ -75,6 +91,7 @@ def job_folder(root: Path) -> JobFolder:
         "sweep": RunFolder,
         "transfer": TransferFolder,
         "battery": BatteryFolder,
+        "ablate": AblateFolder,
     }
     if job not in folders:
         raise ValueError(

@@ -1,12 +1,15 @@
-"""The sweep definition: defaults → ``sweeps/<name>.yaml`` → command-line flags → one validated object.
+"""The interference grid (a sweep definition): defaults → ``sweeps/<name>.yaml`` → flags → one object.
 
 ``SweepConfig`` is strict (a misspelled key is an error, not a silent default) and is stored, resolved,
-in the run's manifest, so a run says exactly what it measured.
+in the run's manifest, so a run says exactly what it measured. ``shard_plans`` resolves it into one
+``ShardPlan`` per chunk size. It lives on the measurement floor because every job that measures the grid
+reads it: the sweep (one engine configuration) and the ablation (one per arm, the same grid).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,10 @@ from benchcore.schema import StrictModel
 from engine_harness.engines import EngineSpec
 from engine_harness.settings import EngineSettings
 from microbench.client.prompts import TokenSpace
+from microbench.measure.plan import ShardPlan
 from microbench.results.records import ProtocolRules
 
-__all__ = ["SweepConfig", "SweepConfigError", "load_sweep"]
+__all__ = ["SweepConfig", "SweepConfigError", "hardware_name", "load_sweep", "shard_plans"]
 
 SEED_D = [0, 1, 2, 4, 6, 8, 12]
 SEED_P = [512, 1024, 2048, 4096, 8192, 16384, 32768]
@@ -105,3 +109,32 @@ def load_sweep(path: Path | None, overrides: dict[str, Any]) -> SweepConfig:
         hint="see sweeps/ for the shipped ones",
         error=SweepConfigError,
     )
+
+
+def hardware_name(hardware: dict[str, Any]) -> str:
+    """A manifest's hardware as records name it (``RunConfig.gpu``): GPU names, or "CPU: <model>"."""
+    return ", ".join(hardware.get("gpus") or []) or f"CPU: {hardware.get('cpu')}"
+
+
+def shard_plans(
+    sweep: SweepConfig, hardware: str, spec_for: Callable[[int], EngineSpec] | None = None
+) -> list[ShardPlan]:
+    """One shard per chunk size, resolved once for a run: the engine (``spec_for(chunk)``, default the
+    sweep's own engine for that chunk), hardware name, decode budgets."""
+    return [
+        ShardPlan(
+            spec=(spec_for or sweep.engine_spec)(chunk),
+            chunk=chunk,
+            decode_batch_sizes=sweep.decode_batch_sizes,
+            prefill_tokens=sweep.prefill_tokens,
+            repetitions=sweep.repetitions,
+            decode_context=sweep.decode_context,
+            seed=sweep.seed,
+            decode_budgets={d: sweep.decode_budget(chunk, d) for d in sweep.decode_batch_sizes if d},
+            rules=sweep.protocol,
+            max_attempts=sweep.max_attempts,
+            hardware=hardware,
+            token_range=sweep.token_range,
+        )
+        for chunk in sweep.chunks
+    ]

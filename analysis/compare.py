@@ -1,0 +1,306 @@
+"""``python -m analysis.compare RUN_A RUN_B``: the A/B comparison of two interference run folders.
+
+Per cell (chunk, D, P) the effect B/A of one figure (default the cell's headline: the full-step penalty,
+the bare prefill's duration at D = 0; ``analysis.table.headline_column``) from the **valid repetitions**
+of each run, with its bootstrap CI, rank test, Benjamini–Hochberg correction across cells, minimum
+detectable effect and verdict (``analysis.effects``). Runs of different grids compare on the cells they
+share; a cell measured in one run only is reported as such, never dropped. A warning says when the two
+runs' hardware, engine version or model differ. One typed record (``Comparison``) is written as JSON and
+rendered as Markdown and HTML with a heatmap of B/A (``analysis.compare_pages``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+from pydantic import Field
+
+from analysis.compare_pages import verdict_lines, write_pages
+from analysis.effects import (
+    CORRECTION,
+    Verdict,
+    bootstrap_ratio_ci,
+    correct_pvalues,
+    min_detectable_effect,
+    rank_pvalue,
+    verdict,
+)
+from analysis.table import CELL, headline_column, load_manifest, records_frame
+from benchcore.atomic import write_model
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out
+from benchcore.schema import StrictModel
+
+__all__ = [
+    "CellEffect",
+    "Comparison",
+    "align_chunks",
+    "compare_frames",
+    "compare_runs",
+    "main",
+    "round_levels",
+    "run_warnings",
+    "write_comparison",
+]
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+class CellEffect(StrictModel):
+    """One cell's effect: B/A of the medians of its valid repetitions, and what the statistics say."""
+
+    chunk_size: int
+    decode_batch_size: int
+    new_prefill_tokens: int
+    metric: str = Field(description="the per-repetition figure compared (a column of records_frame)")
+    n_a: int
+    n_b: int
+    median_a: float | None
+    median_b: float | None
+    ratio: float | None = Field(description="median(B) / median(A); < 1: B is faster")
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None = Field(description="two-sided Mann–Whitney U")
+    p_adjusted: float | None = Field(description="Benjamini–Hochberg across the compared cells")
+    mde: float | None = Field(description="relative change detectable at alpha, 80% power; None: none is")
+    verdict: Verdict
+
+    @property
+    def cell(self) -> tuple[int, int, int]:
+        return self.chunk_size, self.decode_batch_size, self.new_prefill_tokens
+
+    @property
+    def ci_excludes_one(self) -> bool:
+        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 1 or self.ci_high < 1)
+
+
+class Comparison(StrictModel):
+    """The comparison of arm B against arm A (every renderer draws this record)."""
+
+    version: Literal[1] = 1  # bump on a breaking change of the record
+    name_a: str
+    name_b: str
+    run_a: str
+    run_b: str
+    alpha: float
+    tolerance: float = Field(description="a non-significant cell whose CI lies within ±this is decided")
+    seed: int
+    correction: str = CORRECTION
+    warnings: list[str] = Field(default_factory=list)
+    levels_a: list[float | None] = Field(default_factory=list, description="round_levels of run A")
+    levels_b: list[float | None] = Field(default_factory=list, description="round_levels of run B")
+    cells: list[CellEffect]
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(c.verdict for c in self.cells))
+
+    def undecided(self) -> list[CellEffect]:
+        return [c for c in self.cells if c.verdict == "undecided"]
+
+
+def _valid_values(frame: pd.DataFrame, metric: str | None) -> dict[tuple[int, int, int], list[float]]:
+    """Per cell, the finite values of the figure over its valid point records (one per repetition)."""
+    rows = frame[(frame["source"] == "runs") & frame["valid"]] if len(frame) else frame
+    out: dict[tuple[int, int, int], list[float]] = {}
+    for key, group in frame.groupby(CELL):
+        cell = (int(key[0]), int(key[1]), int(key[2]))
+        column = metric or headline_column(cell[1])
+        values = rows.loc[rows.index.intersection(group.index), column] if column in rows else []
+        out[cell] = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return out
+
+
+def round_levels(frame: pd.DataFrame, metric: str | None = None) -> list[float | None]:
+    """Per repetition (a round, in an ablation), the median over cells of each value / its cell's median:
+    the machine's level in that round (1.0: typical). A trend across rounds is drift, which alternating
+    the arms' order spreads over both arms; None: no valid value in that repetition."""
+    rows = frame[(frame["source"] == "runs") & frame["valid"]]
+    shares: dict[int, list[float]] = {}
+    for key, group in rows.groupby(CELL):
+        values = group[metric or headline_column(int(key[1]))]
+        median = values.median()
+        if not median > 0:
+            continue
+        for rep, value in zip(group["repetition"], values, strict=True):
+            if math.isfinite(value):
+                shares.setdefault(int(rep), []).append(value / median)
+    last = max(shares, default=-1)
+    return [float(pd.Series(shares[r]).median()) if r in shares else None for r in range(last + 1)]
+
+
+def compare_frames(
+    frame_a: pd.DataFrame,
+    frame_b: pd.DataFrame,
+    *,
+    metric: str | None = None,
+    alpha: float = 0.05,
+    tolerance: float = 0.1,
+    seed: int = 0,
+) -> list[CellEffect]:
+    """Every cell of either run (``records_frame`` output), sorted; the p-values corrected together."""
+    if metric is not None and (metric not in frame_a or metric not in frame_b):
+        raise ValueError(f"no figure {metric!r} in the records (e.g. tpot_penalty_ms, prefill_duration_ms)")
+    a, b = _valid_values(frame_a, metric), _valid_values(frame_b, metric)
+    cells = sorted(set(a) | set(b))
+    pvalues = [rank_pvalue(a[c], b[c]) if c in a and c in b else math.nan for c in cells]
+    adjusted = correct_pvalues(pvalues, alpha)
+    out = []
+    for cell, p, p_adj in zip(cells, pvalues, adjusted, strict=True):
+        xa, xb = a.get(cell, []), b.get(cell, [])
+        med_a = float(pd.Series(xa).median()) if xa else math.nan
+        med_b = float(pd.Series(xb).median()) if xb else math.nan
+        ratio = med_b / med_a if med_a > 0 else math.nan
+        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *cell])
+        mde = min_detectable_effect(xa, xb, alpha)
+        if cell not in b:
+            why: Verdict = "only in A"
+        elif cell not in a:
+            why = "only in B"
+        else:
+            why = verdict(ratio, ci, p_adj, alpha, tolerance)
+        out.append(
+            CellEffect(
+                chunk_size=cell[0],
+                decode_batch_size=cell[1],
+                new_prefill_tokens=cell[2],
+                metric=metric or headline_column(cell[1]),
+                n_a=len(xa),
+                n_b=len(xb),
+                median_a=_finite(med_a),
+                median_b=_finite(med_b),
+                ratio=_finite(ratio),
+                ci_low=_finite(ci[0]),
+                ci_high=_finite(ci[1]),
+                p_value=_finite(p),
+                p_adjusted=_finite(p_adj),
+                mde=_finite(mde),
+                verdict=why,
+            )
+        )
+    return out
+
+
+def run_warnings(run_a: Path, run_b: Path) -> list[str]:
+    """What differs between the runs beyond the compared configuration: hardware, engine version, model,
+    engine kind (each run's manifest)."""
+    ma, mb = load_manifest(run_a), load_manifest(run_b)
+    if ma is None or mb is None:
+        return [f"{run_a if ma is None else run_b} has no manifest: hardware and versions not checked"]
+    pairs = {
+        "hardware": (
+            ma.hardware.get("gpus") or ma.hardware.get("cpu"),
+            mb.hardware.get("gpus") or mb.hardware.get("cpu"),
+        ),
+        "engine version": (ma.engine_version, mb.engine_version),
+        "model": (ma.engine_spec.get("model"), mb.engine_spec.get("model")),
+        "engine kind": (ma.engine_spec.get("kind"), mb.engine_spec.get("kind")),
+    }
+    return [f"{what} differs: A {va!r}, B {vb!r}" for what, (va, vb) in pairs.items() if va != vb]
+
+
+def _grid_warnings(cells: list[CellEffect]) -> list[str]:
+    only = Counter(c.verdict for c in cells if c.verdict in ("only in A", "only in B"))
+    return [f"{n} cell(s) measured {which} (listed, not compared)" for which, n in sorted(only.items())]
+
+
+def align_chunks(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """When each run holds one chunk size and they differ (a chunk-size A/B), B's cells are matched to
+    A's on (D, P) and shown under A's chunk, with a note saying so; otherwise ``frame_b`` as it is."""
+    chunks_a, chunks_b = set(frame_a["chunk_size"]), set(frame_b["chunk_size"])
+    if len(chunks_a) != 1 or len(chunks_b) != 1 or chunks_a == chunks_b:
+        return frame_b, []
+    (ca,), (cb,) = chunks_a, chunks_b
+    note = f"chunk size differs (A {ca}, B {cb}): cells matched on (D, P), listed under A's chunk {ca}"
+    return frame_b.assign(chunk_size=ca), [note]
+
+
+def compare_runs(
+    run_a: Path,
+    run_b: Path,
+    *,
+    names: tuple[str, str] = ("A", "B"),
+    metric: str | None = None,
+    alpha: float = 0.05,
+    tolerance: float = 0.1,
+    seed: int = 0,
+) -> Comparison:
+    """Compare two run folders (``ValueError``/``FileNotFoundError`` naming the folder when one is not a
+    run folder with records)."""
+    frame_a = records_frame(run_a, include_invalid_attempts=False)
+    frame_b, notes = align_chunks(frame_a, records_frame(run_b, include_invalid_attempts=False))
+    cells = compare_frames(
+        frame_a,
+        frame_b,
+        metric=metric,
+        alpha=alpha,
+        tolerance=tolerance,
+        seed=seed,
+    )
+    return Comparison(
+        name_a=names[0],
+        name_b=names[1],
+        run_a=str(run_a),
+        run_b=str(run_b),
+        alpha=alpha,
+        tolerance=tolerance,
+        seed=seed,
+        warnings=run_warnings(run_a, run_b) + notes + _grid_warnings(cells),
+        levels_a=round_levels(frame_a, metric),
+        levels_b=round_levels(frame_b, metric),
+        cells=cells,
+    )
+
+
+def write_comparison(comparison: Comparison, out: Path) -> list[Path]:
+    """``comparison.json``, ``comparison.md``, ``comparison.html`` and the heatmap into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_model(out / "comparison.json", comparison)
+    return [out / "comparison.json", *write_pages(comparison, out)]
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        comparison = compare_runs(
+            args.run_a,
+            args.run_b,
+            names=(args.name_a, args.name_b),
+            metric=args.metric,
+            alpha=args.alpha,
+            tolerance=args.tolerance,
+            seed=args.seed,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise BadInput(str(exc)) from None
+    out = args.out or args.run_b / f"compare-vs-{args.run_a.name}"
+    paths = write_comparison(comparison, out)
+    print("\n".join(verdict_lines(comparison)))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.compare", description=(__doc__ or "").split("\n\n")[0]
+    )
+    p.add_argument("run_a", type=Path, help="run folder of arm A (the reference)")
+    p.add_argument("run_b", type=Path, help="run folder of arm B")
+    p.add_argument("--name-a", default="A")
+    p.add_argument("--name-b", default="B")
+    p.add_argument("--metric", help="a record figure to compare (default: the cell's headline)")
+    p.add_argument("--alpha", type=float, default=0.05, help="false discovery rate across cells (0.05)")
+    p.add_argument("--tolerance", type=float, default=0.1, help="±effect ruled out = decided (0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    add_out(p, "RUN_B/compare-vs-<RUN_A name>")
+    args = p.parse_args(argv)
+    return run_cli(lambda: _run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

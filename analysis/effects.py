@@ -1,0 +1,124 @@
+"""The statistics of an A/B comparison of one cell, from raw repetitions (never from medians of medians).
+
+Per cell: the effect as the ratio B/A of the medians, a seeded percentile-bootstrap 95% CI of that ratio
+(A and B resampled independently), a two-sided Mann–Whitney U test (``scipy.stats.mannwhitneyu``: a rank
+test, robust to the heavy right tail a loaded host puts on latencies), and the minimum detectable effect
+(MDE) at the repetitions measured. Across cells the p-values are corrected with Benjamini–Hochberg
+(``statsmodels``' ``fdr_bh``): a grid holds dozens of cells, and it bounds the expected share of false
+"different" verdicts among those flagged (the false discovery rate) without Bonferroni's loss of power
+over many cells; cells are positively dependent (one machine, one engine), where BH stays valid.
+
+A cell's verdict (lower is better: every figure compared is a time): **B better** / **B worse** when the
+corrected p-value is below ``alpha`` *and* the CI excludes 1; **no detectable difference** when it is not
+significant and the CI lies within ±``tolerance`` of 1 (an effect that large is ruled out); else
+**undecided** (more rounds would decide it). The MDE is the relative change a test at ``alpha`` detects
+with 80% power, from the log-scale spread of both arms (normal approximation, 1.4826·MAD as a robust σ);
+infinite when the rank test cannot reach ``alpha`` at all with so few repetitions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+__all__ = [
+    "CORRECTION",
+    "Verdict",
+    "bootstrap_ratio_ci",
+    "correct_pvalues",
+    "min_detectable_effect",
+    "min_rank_pvalue",
+    "rank_pvalue",
+    "verdict",
+]
+
+Verdict = Literal["B better", "B worse", "no detectable difference", "undecided", "only in A", "only in B"]
+CORRECTION = "Benjamini–Hochberg (false discovery rate across cells)"
+POWER = 0.8
+
+
+def _finite(values: Sequence[float]) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    return x[np.isfinite(x)]
+
+
+def bootstrap_ratio_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    seed: int | Sequence[int] = 0,
+    n_boot: int = 4000,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(B)/median(A), each arm resampled on its own with a seeded RNG;
+    ``(nan, nan)`` with fewer than two values in an arm or a resampled median of A at 0."""
+    xa, xb = _finite(a), _finite(b)
+    if xa.size < 2 or xb.size < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    med_a = np.median(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], axis=1)
+    med_b = np.median(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], axis=1)
+    if np.any(med_a <= 0):
+        return math.nan, math.nan
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(med_b / med_a, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def rank_pvalue(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided Mann–Whitney U p-value (exact for small samples without ties); NaN with an empty arm."""
+    xa, xb = _finite(a), _finite(b)
+    if xa.size == 0 or xb.size == 0:
+        return math.nan
+    return float(stats.mannwhitneyu(xb, xa, alternative="two-sided").pvalue)
+
+
+def min_rank_pvalue(n_a: int, n_b: int) -> float:
+    """The smallest two-sided p-value the exact rank test can give with these sample sizes."""
+    if n_a == 0 or n_b == 0:
+        return 1.0
+    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
+
+
+def min_detectable_effect(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> float:
+    """Relative change (0.1 = 10%) detectable at ``alpha`` with 80% power; ``inf`` when the rank test
+    cannot reach ``alpha`` with these repetitions, NaN with fewer than two positive values in an arm."""
+    xa, xb = _finite(a), _finite(b)
+    xa, xb = xa[xa > 0], xb[xb > 0]
+    if xa.size < 2 or xb.size < 2:
+        return math.nan
+    if min_rank_pvalue(xa.size, xb.size) >= alpha:
+        return math.inf
+    la, lb = np.log(xa), np.log(xb)
+    sigma_a = 1.4826 * stats.median_abs_deviation(la)
+    sigma_b = 1.4826 * stats.median_abs_deviation(lb)
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(POWER)
+    return float(math.expm1(z * math.sqrt(sigma_a**2 / xa.size + sigma_b**2 / xb.size)))
+
+
+def correct_pvalues(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values (NaN stays NaN: a cell without a test is not counted)."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, math.nan)
+    tested = np.isfinite(p)
+    if tested.any():
+        out[tested] = multipletests(p[tested], alpha=alpha, method="fdr_bh")[1]
+    return [float(x) for x in out]
+
+
+def verdict(
+    ratio: float, ci: tuple[float, float], p_adjusted: float, alpha: float = 0.05, tolerance: float = 0.1
+) -> Verdict:
+    """The cell's verdict (lower is better); see the module docstring."""
+    low, high = ci
+    if not (math.isfinite(ratio) and math.isfinite(low) and math.isfinite(high)):
+        return "undecided"
+    if math.isfinite(p_adjusted) and p_adjusted < alpha and (low > 1 or high < 1):
+        return "B worse" if ratio > 1 else "B better"
+    if 1 - tolerance <= low and high <= 1 + tolerance:
+        return "no detectable difference"
+    return "undecided"

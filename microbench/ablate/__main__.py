@@ -1,0 +1,7 @@
+"""``python -m microbench.ablate``: see ``microbench.ablate.cli``."""
+
+import sys
+
+from microbench.ablate.cli import main
+
+sys.exit(main())

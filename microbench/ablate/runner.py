@@ -1,0 +1,140 @@
+"""Runs an ``AblateConfig`` into an ``AblateFolder``: counterbalanced rounds of one shard per arm × chunk.
+
+Round r measures repetition r of every point of the grid under each arm, one engine start per arm and
+chunk size (``microbench.measure.shard``), the arms' order reversed every other round (A B, B A, A B …),
+so slow drift of the machine falls on both arms alike. Each arm's points go to its own sweep run folder
+(``arms/<name>/``, through a ``FolderSink``), which ``analysis.compare`` reads like any run; the shard
+skips what a folder holds, so an interrupted ablation resumes where it stopped. With ``until_resolved``
+rounds are added until every cell of every comparison is decided, or the round/time budget is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import aiohttp
+
+from analysis.compare import Comparison, compare_runs, write_comparison
+from benchcore.console import console
+from engine_harness.launch import EngineError
+from microbench.ablate.config import AblateConfig
+from microbench.client.aio import LagMonitor
+from microbench.measure.grid import hardware_name, shard_plans
+from microbench.measure.plan import ShardPlan
+from microbench.measure.shard import ShardContext, measure_shard
+from microbench.measure.sink import FolderSink
+from microbench.measure.timing import Timing
+from microbench.results.layout import AblateFolder
+
+__all__ = ["AblateRunner", "ArmFailed", "arm_order"]
+
+
+class ArmFailed(RuntimeError):
+    """An arm's engine could not be started or kept running; the message names the arm."""
+
+
+def arm_order(names: list[str], round_index: int) -> list[str]:
+    """The arms' order in a round: as given in even rounds, reversed in odd ones (A B, B A, …)."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
+
+
+class AblateRunner:
+    def __init__(
+        self, folder: AblateFolder, config: AblateConfig, start_timeout_s: float | None = None
+    ) -> None:
+        self.folder = folder
+        self.config = config
+        self.sinks = {name: FolderSink(folder.arm(name)) for name in config.names}
+        self.console = console()
+        self.timing = Timing()
+        self.start_timeout_s = start_timeout_s
+        self.rounds_done = 0
+        self.stop_reason = ""
+
+    @functools.cached_property
+    def plans(self) -> dict[str, list[ShardPlan]]:
+        """Per arm, one shard per chunk size: the same grid, seeds and prompt lengths, the arm's engine."""
+        hardware = hardware_name(self.folder.read_manifest().hardware)
+        return {
+            name: shard_plans(self.config.arm_grid(name), hardware, functools.partial(self.config.spec, name))
+            for name in self.config.names
+        }
+
+    async def run(self) -> None:
+        lag = LagMonitor()
+        lag.start()
+        started = time.monotonic()
+        try:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                context = ShardContext(
+                    session, self.console, self.timing, lag=lag, start_timeout_s=self.start_timeout_s
+                )
+                for r in range(self.config.round_budget()):
+                    await self._round(r, context)
+                    self.rounds_done = r + 1
+                    if self._finished(time.monotonic() - started):
+                        break
+        finally:
+            await lag.stop()
+
+    async def _round(self, r: int, context: ShardContext) -> None:
+        order = arm_order(self.config.names, r)
+        self.console.print(f"round {r + 1}: {' '.join(order)}")
+        for index in range(len(self.config.grid.chunks)):
+            for name in order:
+                plan = dataclasses.replace(self.plans[name][index], repetitions=r + 1)
+                try:
+                    await measure_shard(plan, self.sinks[name], context)
+                except EngineError as exc:
+                    raise ArmFailed(f"arm {name} (chunk {plan.chunk}): {exc}") from exc
+
+    def _finished(self, elapsed_s: float) -> bool:
+        """Whether to stop after this round, with the reason in ``stop_reason``."""
+        cfg, done = self.config, self.rounds_done
+        if done < cfg.rounds:
+            return False
+        if cfg.until_resolved is None:
+            self.stop_reason = f"{done} rounds as asked"
+            return True
+        undecided = sum(len(c.undecided()) for c in self.comparisons())
+        if not undecided:
+            self.stop_reason = f"every cell decided after {done} rounds (±{cfg.until_resolved:.0%})"
+        elif cfg.max_minutes is not None and elapsed_s >= 60 * cfg.max_minutes:
+            self.stop_reason = f"time budget of {cfg.max_minutes} min spent: {undecided} cell(s) undecided"
+        elif done >= cfg.max_rounds:
+            self.stop_reason = f"round budget of {cfg.max_rounds} spent: {undecided} cell(s) undecided"
+        else:
+            self.console.print(f"{undecided} cell(s) undecided after {done} rounds: another round")
+            return False
+        return True
+
+    def comparisons(self) -> list[Comparison]:
+        """Each arm after the first against the first (A), from what the arm folders hold now."""
+        cfg = self.config
+        a, *others = cfg.names
+        return [
+            compare_runs(
+                self.folder.arm(a).root,
+                self.folder.arm(b).root,
+                names=(a, b),
+                alpha=cfg.alpha,
+                tolerance=cfg.decision_tolerance(),
+                seed=cfg.grid.seed,
+            )
+            for b in others
+        ]
+
+    def finish(self) -> list[Comparison]:
+        """Write every comparison into the run folder and note how the rounds ended."""
+        self.console.print(self.timing.report())
+        if self.stop_reason:
+            self.folder.add_note(f"stopped: {self.stop_reason}")
+            self.console.print(f"stopped: {self.stop_reason}")
+        out = []
+        for c in self.comparisons():
+            write_comparison(c, self.folder.comparison(c.name_a, c.name_b))
+            out.append(c)
+        return out

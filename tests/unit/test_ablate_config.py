@@ -1,0 +1,67 @@
+"""The ablation definition (arms, grid, rounds) and the counterbalanced order of its rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
+from microbench.ablate.runner import arm_order
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "ablations").glob("*.yaml"))
+
+
+def test_rounds_alternate_the_arms_order() -> None:
+    assert [arm_order(["A", "B"], r) for r in range(4)] == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
+    assert arm_order(["A", "B", "C"], 1) == ["C", "B", "A"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_ablations_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(path.parents[2])  # a grid given as a sweep file is relative to the repository
+    config = load_ablation(path, {})
+    assert len(config.names) >= 2 and config.grid.chunks
+
+
+def test_an_arm_is_the_grids_engine_with_its_overrides() -> None:
+    config = AblateConfig.model_validate(
+        {"grid": {"chunks": [512], "engine": {"kind": "sim"}}, "arms": {"A": {}, "B": {"max_num_seqs": 4}}}
+    )
+    a, b = config.spec("A", 512), config.spec("B", 512)
+    assert (a.kind, a.chunk_size, a.max_num_seqs) == ("sim", 512, None)
+    assert (b.kind, b.chunk_size, b.max_num_seqs) == ("sim", 512, 4)
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ({"A": {}}, "arms: Dictionary should have at least 2 items"),
+        ({"A": {}, "B": {"no_such": 1}}, "arm B: unknown engine setting 'no_such'"),
+        (
+            {"A": {}, "B": {"chunk_size": 8192}},
+            "an arm changes chunk_size: give a grid of one chunk (not [512, 1024])",
+        ),
+        ({"A": {}, "B": {"max_num_seqs": -1}}, "arm B: max_num_seqs=-1"),
+    ],
+)
+def test_a_bad_definition_names_the_problem(arms: dict[str, dict[str, object]], message: str) -> None:
+    with pytest.raises(AblateConfigError) as err:
+        load_ablation(None, {"arms": arms, "grid": {"chunks": [512, 1024], "engine": {"kind": "sim"}}})
+    assert message in str(err.value)
+
+
+def test_a_chunk_size_arm_measures_its_own_chunk() -> None:
+    config = AblateConfig.model_validate(
+        {
+            "grid": {"chunks": [2048], "engine": {"kind": "sim"}},
+            "arms": {"c2k": {}, "c8k": {"chunk_size": 8192}},
+        }
+    )
+    assert config.arm_grid("c2k").chunks == [2048] and config.arm_grid("c8k").chunks == [8192]
+    assert config.spec("c8k", 2048).chunk_size == 8192
+
+
+def test_a_missing_grid_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(AblateConfigError, match=r"nope\.yaml does not exist"):
+        load_ablation(None, {"grid": str(tmp_path / "nope.yaml"), "arms": {"A": {}, "B": {}}})
