@@ -13,9 +13,11 @@ instead of pretending. (The tests' in-process sim handle lives in ``tests/fixtur
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
@@ -29,10 +31,12 @@ from engine_harness.metric_names import MetricNames
 __all__ = [
     "ARM_SYNTAX",
     "ENGINE_PREFIX",
+    "PROBE_TIMEOUT_S",
     "EngineHandle",
     "EngineOverrides",
     "ExternalEngine",
     "LaunchedEngine",
+    "NotOpenAIServer",
     "NotRestartable",
     "model_cards",
     "parse_arm",
@@ -92,14 +96,43 @@ class EngineOverrides:
         return "engine: " + (", ".join(f"{k}={v}" for k, v in self.values.items()) or "as launched")
 
 
+PROBE_TIMEOUT_S = 10.0
+
+
+class NotOpenAIServer(ValueError):
+    """The URL does not lead to an OpenAI-compatible server; the message names what answered instead."""
+
+
 async def model_cards(
-    http: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str] | None = None
+    http: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = PROBE_TIMEOUT_S,
 ) -> list[dict[str, Any]]:
-    """The entries of the engine's ``/v1/models`` (an HTTP error raises ``aiohttp.ClientResponseError``)."""
-    async with http.get(base_url.rstrip("/") + "/v1/models", headers=headers) as resp:
-        resp.raise_for_status()
-        body = await resp.json(content_type=None)
-    return list(body["data"])
+    """The entries of the engine's ``/v1/models``: the one probe of an endpoint, shared by every job. An
+    HTTP error raises ``aiohttp.ClientResponseError``; a URL that is not http(s), an answer that is not a
+    model list (an HTML page, other JSON) or no answer within ``timeout_s`` raise ``NotOpenAIServer``."""
+    url = base_url.rstrip("/") + "/v1/models"
+    if urlsplit(base_url).scheme not in ("http", "https") or not urlsplit(base_url).netloc:
+        raise NotOpenAIServer(f"{base_url!r} is not an http(s) URL of an OpenAI-compatible server")
+    try:
+        async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            resp.raise_for_status()
+            text, ctype = await resp.text(errors="replace"), resp.content_type
+    except TimeoutError:
+        raise NotOpenAIServer(
+            f"{url} sent no answer within {timeout_s:g} s: not an OpenAI-compatible server (or a stalled one)"
+        ) from None
+    try:
+        data = json.loads(text).get("data")
+    except (ValueError, AttributeError):
+        what = "an HTML page" if "html" in ctype or text.lstrip().startswith("<") else f"{ctype or 'a body'}"
+        raise NotOpenAIServer(
+            f"{url} answered with {what}, not a model list: not an OpenAI-compatible server"
+        ) from None
+    if not isinstance(data, list) or not data or not all(isinstance(c, dict) and "id" in c for c in data):
+        raise NotOpenAIServer(f"{url} answered JSON without a model list: not an OpenAI-compatible server")
+    return data
 
 
 async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:

@@ -41,6 +41,7 @@ from engine_harness.handles import (
     EngineOverrides,
     ExternalEngine,
     LaunchedEngine,
+    NotOpenAIServer,
     parse_arm,
     served_model,
 )
@@ -253,6 +254,8 @@ async def _served(base_url: str, api_key_env: str | None) -> tuple[str, int | No
     """The served model; an engine that does not answer is bad input (its URL or key) for an external one."""
     try:
         return await served_model(base_url, api_key_env)
+    except NotOpenAIServer as exc:
+        raise BadInput(f"--url: {exc}") from None
     except aiohttp.ClientResponseError as exc:
         if exc.status not in (401, 403):
             raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None

@@ -27,7 +27,7 @@ import aiohttp
 
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out, duration
-from engine_harness.handles import served_model
+from engine_harness.handles import NotOpenAIServer, served_model
 from microbench.client import aio
 from microbench.client.prompts import TokenSpace
 from microbench.client.requests import ApiSettings, RequestSpec
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def _first_model(url: str, api_key_env: str | None) -> str:
     try:
         return (await served_model(url, api_key_env))[0]
+    except NotOpenAIServer as exc:
+        raise BadInput(f"--url: {exc}") from None
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
         raise BadInput(
             f"no model list at {url}/v1/models ({exc}); is the engine running, does it want a key "
