@@ -102,6 +102,10 @@ class EngineKind:
     metrics_from_engine: bool = False
     # Settings only some kinds read (a definition's engine: mapping may set them for this kind; settings.py).
     reads: frozenset[str] = frozenset()
+    # A (re)start's typical seconds, for plans (60: the CPU engine's start-up; the sim starts in about 1).
+    start_s: float = 60.0
+    # The model a launch takes when none is given and no preset names one (the sim serves any name).
+    default_model: str | None = None
 
     def check_installed(self, spec: EngineSpec | None = None) -> None:
         """Raise ``EngineEnvError`` naming the set-up command if the engine's package is missing from the
@@ -188,6 +192,8 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             scheduling=sim_scheduling,
             api_key_var=SIM_API_KEY_VAR,
             reads=frozenset({"mixed_chunk"}),
+            start_s=1.0,
+            default_model="sim",
         ),
     )
 }

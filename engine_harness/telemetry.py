@@ -11,6 +11,7 @@ a gap in the telemetry says why it is there.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -75,8 +76,7 @@ class NvmlSource:
 
     def __init__(self, visible_devices: str | None = None, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
-
+            nvml = importlib.import_module("pynvml")  # nvidia-ml-py, where a GPU extra is installed
         self._nvml = nvml
         nvml.nvmlInit()
         try:
@@ -84,7 +84,7 @@ class NvmlSource:
         except Exception:  # e.g. a GPU lost before the start: no source, and NVML not left initialised
             nvml.nvmlShutdown()
             raise
-        self._pending = [Failure("*", "CUDA_VISIBLE_DEVICES", p) for p in problems]
+        self._pending: list[Reading | Failure] = [Failure("*", "CUDA_VISIBLE_DEVICES", p) for p in problems]
         self._skip: set[tuple[str, str]] = set()
         n = nvml
         self._refused = (n.NVMLError_NotSupported, n.NVMLError_NoPermission, n.NVMLError_FunctionNotFound)

@@ -33,7 +33,7 @@ from pydantic import Field, ValidationError
 from benchcore.cli import BadInput, Failed, run_cli
 from benchcore.flags import add_out, duration_ms
 from benchcore.schema import StrictModel
-from engine_harness.engines import DEFAULT_PRESET, resolve_spec
+from engine_harness.engines import DEFAULT_PRESET, engine_kind, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.handles import (
     ENGINE_PREFIX,
@@ -194,7 +194,7 @@ async def _engine(
     args: argparse.Namespace, arms: list[Any], stack: AsyncExitStack, out: Path
 ) -> EngineHandle:
     kind = args.engine or "sim"
-    if kind == "external":
+    if not engine_kind(kind).launched:
         if not args.url:
             raise BadInput("--engine external needs --url")
         if any(isinstance(target, EngineOverrides) for _, target in arms):
@@ -206,8 +206,7 @@ async def _engine(
     if args.url:
         raise BadInput("--url is only for --engine external")
     overrides = {**engine_overrides(args), "kind": kind}
-    if kind == "sim":
-        overrides["model"] = overrides["model"] or "sim"
+    overrides["model"] = overrides["model"] or engine_kind(kind).default_model
     try:
         spec = resolve_spec(overrides.pop("preset") or DEFAULT_PRESET, **overrides)
     except ValueError as exc:

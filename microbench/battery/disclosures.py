@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from benchcore.schema import StrictModel
+from engine_harness.engines import engine_kind
 from engine_harness.telemetry import NvmlSource
 from microbench.battery.compliance import Requirement, must, should
 from microbench.battery.context import BatteryContext
@@ -79,7 +80,7 @@ def tokenizer_card(path: str | None) -> dict[str, Any]:
 
 def measure_disclosures(ctx: BatteryContext) -> Disclosures:
     """What this run can say: measured for an engine it launched, stated (flags) or not for another."""
-    launched = ctx.engine.kind != "external"
+    launched = engine_kind(ctx.engine.kind).launched
     gpus = NvmlSource.gpu_names() if launched else []
     if ctx.sut_boundary is not None:
         boundary, boundary_source = ctx.sut_boundary, "stated"

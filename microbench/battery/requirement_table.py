@@ -68,8 +68,11 @@ def _rows_of_call(call: ast.Call) -> list[tuple[str, str, str, bool]]:
         ]
     if name == "duration_requirement" and len(args) >= 3:
         level = next((_literal(k.value) for k in call.keywords if k.arg == "level"), "MUST")
-        minimum = args[2].value if isinstance(args[2], ast.Constant) else "…"
-        return [(_literal(args[0]), level, f"at least {minimum:g} s per load level", False)]
+        value = args[2].value if isinstance(args[2], ast.Constant) else None
+        minimum = (
+            f"{value:g}" if isinstance(value, int | float) else "…"
+        )  # a computed minimum: not known here
+        return [(_literal(args[0]), level, f"at least {minimum} s per load level", False)]
     return []
 
 

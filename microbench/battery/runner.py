@@ -19,11 +19,12 @@ from pathlib import Path
 import matplotlib
 
 from benchcore.provenance import cpu_model, git_commit
+from engine_harness.engines import engine_kind
 from microbench.battery import sections as _sections  # noqa: F401  (registers the tests)
 from microbench.battery.compliance import Requirement, verdict
 from microbench.battery.context import BatteryContext
 from microbench.battery.disclosures import disclosure_requirements, measure_disclosures, workload_stand_ins
-from microbench.battery.plan import RESTART_S, PlanRow, Probe, estimate_plan, format_plan
+from microbench.battery.plan import PlanRow, Probe, estimate_plan, format_plan
 from microbench.battery.plots import figures_for
 from microbench.battery.progress import Progress
 from microbench.battery.registry import TESTS, BatteryTest, SkipTest
@@ -96,7 +97,7 @@ async def plan_battery(
 ) -> list[PlanRow]:
     """Probe briefly, then print (``emit``) and return the plan of ``tests``."""
     probe = await _probe(ctx)
-    restart_s = 1.0 if ctx.engine.kind == "sim" else RESTART_S
+    restart_s = engine_kind(ctx.engine.kind).start_s
     rows = estimate_plan(tests, ctx.profile, probe, len(ctx.guardrail_configs), restart_s=restart_s)
     emit(format_plan(rows, probe, ctx.profile.name))
     return rows

@@ -40,6 +40,7 @@ from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import prompt_source
 from microbench.workloads.reference import WORKLOADS, load_workload
 from microbench.workloads.schedulers import SCHEDULERS, parse_scheduler
+from microbench.workloads.spec import WorkloadSpec
 
 __all__ = ["build_parser", "main"]
 
@@ -99,10 +100,20 @@ def _check(args: argparse.Namespace) -> None:
         raise BadInput(f"--cv must be > 0 (got {args.cv})")
 
 
-def _prompts(args: argparse.Namespace, model: str) -> tuple[Workload, dict[str, Any]]:
+def _spec(args: argparse.Namespace) -> tuple[WorkloadSpec, TokenSpace | None]:
+    """The workload and token range, checked before the engine is asked anything (bad input is named
+    as such, not as an engine that does not answer)."""
     try:
         spec = load_workload(args.workload, max_model_len=args.max_model_len, sharegpt_path=args.sharegpt)
-        space = TokenSpace.parse(args.token_range) if args.token_range else None
+        return spec, TokenSpace.parse(args.token_range) if args.token_range else None
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _prompts(
+    args: argparse.Namespace, model: str, spec: WorkloadSpec, space: TokenSpace | None
+) -> tuple[Workload, dict[str, Any]]:
+    try:
         factory, text, disclosure = prompt_source(
             args.api, model, tokenizer=args.tokenizer, space=space, salt=args.salt
         )
@@ -166,9 +177,10 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         raise BadInput(
             f"--api-key-env {args.api_key_env}: that variable is not set; export it before the run"
         )
+    spec, space = _spec(args)
     model = args.model or await _first_model(args.url, args.api_key_env)
-    workload, prompt_disclosure = _prompts(args, model)
-    spec, requests = workload.spec, workload.requests()
+    workload, prompt_disclosure = _prompts(args, model, spec, space)
+    requests = workload.requests()
     stages: list[Stage] = []
     if args.warmup_requests:
         warm = parse_scheduler({"kind": "concurrency", "concurrency": 4})

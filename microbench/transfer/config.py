@@ -151,7 +151,7 @@ def model_max_len(spec: EngineSpec) -> tuple[int | None, str]:
     if spec.max_model_len is not None:
         limits.append((spec.max_model_len, "the engine's max_model_len"))
     cfg_path = Path(spec.model) / "config.json"
-    if spec.kind == "vllm" and cfg_path.is_file():
+    if cfg_path.is_file():  # a local model folder: every launched engine enforces its positions
         positions = json.loads(cfg_path.read_text()).get("max_position_embeddings")
         if isinstance(positions, int):
             limits.append((positions, f"max_position_embeddings of {cfg_path}"))
