@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from benchcore.atomic import atomic_write_bytes
+from microbench.results.layout import RunFolder
 from microbench.results.records import Manifest, RunRecord, read_record
 
 __all__ = [
@@ -120,18 +121,19 @@ OUTLIER_FACTOR = 3.0
 
 
 def load_manifest(run_dir: Path) -> Manifest | None:
-    """The run's ``manifest.json``, or ``None`` when the folder has none (e.g. a run still starting)."""
-    path = Path(run_dir) / "manifest.json"
-    return read_record(path, Manifest) if path.exists() else None
+    """The run's manifest, or ``None`` when the folder has none (e.g. a run still starting)."""
+    folder = RunFolder(Path(run_dir))
+    return folder.read_manifest() if folder.exists() else None
 
 
 def find_record_files(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    """``(point records under runs/, invalid attempts under invalid/)``, sorted; errors on a bad folder."""
+    """``(point records, invalid attempts)`` as the run-folder layout keeps them, sorted; errors on a
+    bad folder."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
-    points = sorted((run_dir / "runs").glob("*/D*_P*_r*.json"))
-    invalid = sorted((run_dir / "invalid").rglob("*.json")) if (run_dir / "invalid").is_dir() else []
+    folder = RunFolder(run_dir)
+    points, invalid = folder.point_paths(), folder.invalid_paths()
     if not points:
         raise ValueError(
             f"{run_dir} holds no run records (expected runs/<chunk>/D<d>_P<p>_r<rep>.json): "

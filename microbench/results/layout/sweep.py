@@ -93,6 +93,14 @@ class RunFolder(JobFolder):
         records = (_readable(path) for path in paths)
         return sum(1 for r in records if r is not None and not infrastructure_reasons(r.validity.reasons))
 
+    def point_paths(self) -> list[Path]:
+        """The points' records under runs/ (the valid one, or the last invalid one once retries are spent)."""
+        return sorted((self.root / "runs").glob("*/D*_P*_r*.json"))
+
+    def invalid_paths(self) -> list[Path]:
+        """Every invalid attempt kept under invalid/."""
+        return sorted((self.root / "invalid").rglob("*.json"))
+
     def stored_record_paths(self) -> Iterator[Path]:
         """Every derived record: the points under runs/, then the invalid attempts under invalid/."""
         for sub in ("runs", "invalid"):
