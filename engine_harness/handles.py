@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from benchcore.flags import arm
 from engine_harness.engines import EngineSpec, auth_headers, engine_kind
 from engine_harness.launch import EngineProcess
-from engine_harness.metric_names import MetricNames
+from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table, table_name
+from engine_harness.metrics import MetricsError, scrape
 
 __all__ = [
     "ARM_SYNTAX",
@@ -212,8 +213,20 @@ class ExternalEngine(EngineHandle):
 
     def __init__(self, url: str, metrics: MetricNames | None = None, api_key_env: str | None = None) -> None:
         self._url = url.rstrip("/")
-        self.metrics = metrics or engine_kind("vllm").metrics
+        self.metrics = metrics or engine_kind("external").metrics
         self.api_key_env = api_key_env
+
+    @classmethod
+    async def reached(cls, url: str, api_key_env: str | None = None) -> ExternalEngine:
+        """The engine at ``url``, read with the metric names its ``/metrics`` serves (an SGLang behind a
+        URL is read as SGLang), or the external kind's default table where ``/metrics`` does not answer."""
+        default = engine_kind("external").metrics
+        async with aiohttp.ClientSession(headers=auth_headers(api_key_env)) as http:
+            try:
+                names = (await scrape(http, url.rstrip("/"))).names()
+            except MetricsError:
+                return cls(url, default, api_key_env)
+        return cls(url, METRIC_TABLES[served_table(names, default=table_name(default))], api_key_env)
 
     @property
     def base_url(self) -> str:

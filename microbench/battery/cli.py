@@ -202,7 +202,7 @@ async def _engine(
                 f"--arm NAME={ENGINE_PREFIX}... restarts the battery's engine; "
                 "engine-settings configurations need --engine vllm|sim"
             )
-        return ExternalEngine(args.url, api_key_env=args.api_key_env)
+        return await ExternalEngine.reached(args.url, api_key_env=args.api_key_env)
     if args.url:
         raise BadInput("--url is only for --engine external")
     overrides = {**engine_overrides(args), "kind": kind}

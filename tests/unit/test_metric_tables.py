@@ -63,3 +63,32 @@ async def test_an_external_engine_is_read_with_the_table_its_metrics_serve(
         assert engine.metrics is table  # no /metrics: the kind's own table
     finally:
         await runner.cleanup()
+
+
+async def test_an_external_engine_is_read_with_the_names_its_metrics_serve() -> None:
+    from aiohttp import web
+
+    from engine_harness.handles import ExternalEngine
+    from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS
+
+    body = {"/metrics": (FIXTURES / "sglang_metrics.txt").read_text()}
+
+    async def metrics(request: web.Request) -> web.Response:
+        if request.path not in body:
+            raise web.HTTPNotFound()
+        return web.Response(text=body[request.path], content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert (await ExternalEngine.reached(url)).metrics == SGLANG_METRICS  # an SGLang behind a URL
+        body.clear()  # /metrics answers 404: the external kind's default table
+        assert (await ExternalEngine.reached(url)).metrics == VLLM_METRICS
+    finally:
+        await runner.cleanup()
