@@ -31,7 +31,7 @@ from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablat
 from microbench.ablate.runner import AblateRunner, ArmFailed
 from microbench.client import aio
 from microbench.measure.engine_lifecycle import SweepAborted
-from microbench.results.layout import AblateFolder, RunFolder, RunFolderBusy, new_manifest
+from microbench.results.layout import AblateFolder, RunFolder, new_manifest
 
 __all__ = ["build_parser", "main"]
 
@@ -148,12 +148,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
     folder, config, resumed = _resolve(args)
     state["out"] = folder.root
     resume = f"python -m microbench.ablate --resume --out {folder.root}"
-    try:
-        lock = folder.lock()
-        lock.acquire()
-    except RunFolderBusy as exc:
-        raise BadInput(str(exc)) from None
-    try:
+    with folder.lock():  # one writer: a second run into this folder is bad input (exit 2)
         if not resumed:
             _write_manifests(folder, config)
         runner = AblateRunner(folder, config, args.start_timeout)
@@ -175,8 +170,6 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 runner.console.print(f"[yellow]warning: {w}")
         runner.console.print(f"comparisons written under {folder.root}")
         return 0
-    finally:
-        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:
