@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
 
 from benchcore.registry import Registry
 from microbench.battery.compliance import Requirement, must, should
@@ -21,6 +24,7 @@ from microbench.battery.report import TestData
 __all__ = [
     "TESTS",
     "BatteryTest",
+    "FigureSpec",
     "Outcome",
     "SkipTest",
     "TestFunction",
@@ -47,6 +51,14 @@ TestFunction = Callable[[BatteryContext], Awaitable[Outcome]]
 
 
 @dataclass(frozen=True)
+class FigureSpec:
+    """A test's figure: ``plot(data)`` draws it from the test's data; ``caption`` says what it shows."""
+
+    plot: Callable[[Any], Figure]
+    caption: str
+
+
+@dataclass(frozen=True)
 class BatteryTest:
     name: str
     section: str
@@ -54,6 +66,7 @@ class BatteryTest:
     run: TestFunction
     estimate: PlanEstimate | None = None  # None: no load of its own (5.2 reports the capacity measurement)
     needs_capacity: bool = False  # scales its load by the capacity measurement (planned before it)
+    figure: FigureSpec | None = None  # its figure in the report (microbench.battery.plots draws it)
 
 
 TESTS: Registry[BatteryTest] = Registry("battery test")
@@ -66,9 +79,10 @@ def register_test(
     *,
     estimate: PlanEstimate | None = None,
     needs_capacity: bool = False,
+    figure: FigureSpec | None = None,
 ) -> Callable[[TestFunction], TestFunction]:
     def add(fn: TestFunction) -> TestFunction:
-        TESTS.register(name)(BatteryTest(name, section, title, fn, estimate, needs_capacity))
+        TESTS.register(name)(BatteryTest(name, section, title, fn, estimate, needs_capacity, figure))
         return fn
 
     return add

@@ -11,10 +11,14 @@ import dataclasses
 import math
 from typing import ClassVar, Literal
 
+import numpy as np
+from matplotlib.figure import Figure
+
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import Estimate, PlanInputs
-from microbench.battery.registry import Outcome, register_test
+from microbench.battery.plots import new_figure, plain_log
+from microbench.battery.registry import FigureSpec, Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, ms, num, pct
 from microbench.loadgen.stages import Stage
 from microbench.measure.capacity import closed_criteria
@@ -146,7 +150,30 @@ def _plan(i: PlanInputs) -> Estimate:
     return Estimate(n, int(n * i.probe.rps * p.capacity_duration_s), n * i.level_s(p.capacity_duration_s))
 
 
-@register_test("capacity", "5.5", "Concurrent Request Capacity", estimate=_plan)
+_CAPTION = "Figure 5.5: TTFT P99 (ms) per closed-loop concurrency, against the success criterion."
+
+
+def _capacity_search(data: CapacityData) -> Figure:
+    fig, (ax,) = new_figure()
+    for row in data.levels:
+        y = np.nan if row.ttft.p99 is None else row.ttft.p99 * 1e3
+        ax.scatter(row.offered, y, color="C2" if row.slo_met else "C3", zorder=3)
+    ax.axhline(data.ttft_p99_limit_ms, color="grey", ls=":", lw=1, label="TTFT P99 limit")
+    ax.scatter([], [], color="C2", label="pass")
+    ax.scatter([], [], color="C3", label="fail")
+    ax.set(xlabel="concurrency", ylabel="TTFT P99 (ms)", title="5.5 capacity search")
+    plain_log(ax, base=2)
+    ax.legend()
+    return fig
+
+
+@register_test(
+    "capacity",
+    "5.5",
+    "Concurrent Request Capacity",
+    estimate=_plan,
+    figure=FigureSpec(_capacity_search, _CAPTION),
+)
 async def run_capacity(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     data = await find_max_concurrency(ctx)

@@ -13,13 +13,15 @@ from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
+from matplotlib.figure import Figure
 from pydantic import Field
 
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import Estimate, PlanInputs
-from microbench.battery.registry import Outcome, register_test
+from microbench.battery.plots import new_figure, plain_log
+from microbench.battery.registry import FigureSpec, Outcome, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms, num
 from microbench.battery.sections.ttft import distribution_table
 from microbench.client.requests import RequestSpec
@@ -178,7 +180,30 @@ def _plan(i: PlanInputs) -> Estimate:
     return Estimate(len(p.itl_levels), p.itl_requests * len(p.itl_levels), secs)
 
 
-@register_test("itl", "5.4", "Inter-Token Latency Distribution", estimate=_plan, needs_capacity=True)
+_CAPTION = "Figure 5.4: distribution of inter-chunk gaps (ms, log scale) per load level."
+
+
+def _itl_histograms(data: ItlData) -> Figure:
+    fig, (ax,) = new_figure()
+    for lv in data.levels:
+        if lv.histogram_counts:
+            edges = np.asarray(lv.histogram_edges_s) * 1e3
+            share = np.asarray(lv.histogram_counts) / max(sum(lv.histogram_counts), 1)
+            ax.stairs(share, edges, label=f"{lv.load_fraction:.0%} load ({lv.gaps.count} gaps)")
+    ax.set(xlabel="inter-chunk gap (ms)", ylabel="share of gaps", title="5.4 ITL distribution")
+    plain_log(ax)
+    ax.legend()
+    return fig
+
+
+@register_test(
+    "itl",
+    "5.4",
+    "Inter-Token Latency Distribution",
+    estimate=_plan,
+    needs_capacity=True,
+    figure=FigureSpec(_itl_histograms, _CAPTION),
+)
 async def run_itl(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+from matplotlib.figure import Figure
+
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.disclosures import stand_in
 from microbench.battery.plan import Estimate, PlanInputs
-from microbench.battery.registry import Outcome, SkipTest, register_test
+from microbench.battery.plots import new_figure, plain_log
+from microbench.battery.registry import FigureSpec, Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
 from microbench.loadgen.stages import Stage
 from microbench.measure.scaling import ScalingFit, fit_scaling
@@ -108,7 +112,46 @@ def _plan(i: PlanInputs) -> Estimate:
     return Estimate(len(p.context_lengths), reqs, secs)
 
 
-@register_test("long_context", "5.9", "Long Context Scaling", estimate=_plan)
+_CAPTION = "Figure 5.9: TTFT (ms) against context length (tokens), log-log, with the fitted power law."
+
+
+def _context_scaling(data: LongContextData) -> Figure:
+    fig, (ax,) = new_figure()
+    for row in data.lengths:
+        ax.scatter([row.length] * len(row.samples_s), np.asarray(row.samples_s) * 1e3, color="C0", alpha=0.6)
+    if data.fit is not None and data.lengths:
+        xs = np.geomspace(min(r.length for r in data.lengths), max(r.length for r in data.lengths), 50)
+        f = data.fit
+        ax.plot(
+            xs,
+            f.coefficient * xs**f.exponent * 1e3,
+            "C1-",
+            label=f"power law k={f.exponent:.2f} (R²={f.r2_power:.3f})",
+        )
+        ax.plot(
+            xs,
+            (f.intercept_s + f.slope_s_per_token * xs) * 1e3,
+            "C2--",
+            label=f"linear (R²={f.r2_linear:.3f})",
+        )
+        ax.legend()
+    ax.set(
+        xlabel="context length (tokens)",
+        ylabel="TTFT (ms)",
+        title="5.9 long context scaling",
+    )
+    plain_log(ax)
+    plain_log(ax, "y")
+    return fig
+
+
+@register_test(
+    "long_context",
+    "5.9",
+    "Long Context Scaling",
+    estimate=_plan,
+    figure=FigureSpec(_context_scaling, _CAPTION),
+)
 async def run_long_context(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     limit = ctx.max_model_len

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from matplotlib.figure import Figure
 from pydantic import Field
 
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.registry import Outcome, duration_requirement, register_test
+from microbench.battery.plots import new_figure
+from microbench.battery.registry import FigureSpec, Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, level_rate_rows, ms, num
 from microbench.measure.capacity import CapacitySearch
 from microbench.measure.levels import LevelRow
@@ -78,7 +80,41 @@ class ThroughputData(TestData):
         return tables
 
 
-@register_test("throughput", "5.2", "Output Token Throughput", needs_capacity=True)
+_CAPTION = (
+    "Figure 5.2: open-loop levels of the capacity search: achieved output tokens/s (± 95% Poisson "
+    "half-width) against the offered rate (req/s); green sustainable, red saturated."
+)
+
+
+def _throughput_search(data: ThroughputData) -> Figure:
+    fig, (ax,) = new_figure()
+    for row in data.search.open_loop:
+        ax.errorbar(
+            row.offered,
+            row.output_tps,
+            yerr=row.output_tps_ci or 0,
+            fmt="o",
+            color="C2" if row.sustainable else "C3",
+            zorder=3,
+        )
+    ax.scatter([], [], color="C2", label="sustainable")
+    ax.scatter([], [], color="C3", label="saturated / SLO missed")
+    if data.search.sustainable_rps is not None:
+        ax.axvline(data.search.sustainable_rps, color="grey", ls="--", lw=1, label="max sustainable rate")
+    ax.set(
+        xlabel="offered load (req/s)", ylabel="output tokens/s (steady window)", title="5.2 throughput search"
+    )
+    ax.legend()
+    return fig
+
+
+@register_test(
+    "throughput",
+    "5.2",
+    "Output Token Throughput",
+    needs_capacity=True,
+    figure=FigureSpec(_throughput_search, _CAPTION),
+)
 async def run_throughput(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     await ctx.capacity_rps()  # notes a capacity without a sustainable level

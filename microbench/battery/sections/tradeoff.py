@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+from matplotlib.figure import Figure
+
 from microbench.battery.compliance import must
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import Estimate, PlanInputs
-from microbench.battery.registry import Outcome, duration_requirement, register_test
+from microbench.battery.plots import new_figure, plain_log
+from microbench.battery.registry import FigureSpec, Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, num, pct
 from microbench.loadgen.stages import Stage
 from microbench.measure.levels import LevelRow, ledger_entry, level_row
@@ -113,7 +117,50 @@ def _plan(i: PlanInputs) -> Estimate:
     return Estimate(n, int(reqs), n * i.level_s(p.level_duration_s))
 
 
-@register_test("tradeoff", "5.3", "Throughput-Latency Trade-off", estimate=_plan, needs_capacity=True)
+_CAPTION = (
+    "Figure 5.3: achieved output tokens/s and TTFT P99 (ms) against the offered rate (req/s), with the "
+    "knee, saturation and optimal points."
+)
+
+
+def _tradeoff_curve(data: TradeoffData) -> Figure:
+    fig, (left, right) = new_figure(2)
+    offered = [r.offered for r in data.levels]
+    left.plot(offered, [r.output_tps for r in data.levels], "o-", color="C0")
+    left.set(xlabel="offered load (req/s)", ylabel="achieved output tokens/s", title="achieved vs offered")
+    for x, label, color in (
+        (data.knee_rps, "knee", "C1"),
+        (data.saturation_rps, "saturation", "C3"),
+        (data.optimal_rps, "optimal", "C2"),
+    ):
+        if x is not None:
+            left.axvline(x, color=color, ls="--", lw=1, label=label)
+    left.legend()
+    tps = [r.output_tps for r in data.levels]
+    for key, style in (("p50", "o-"), ("p99", "s--")):
+        right.plot(
+            tps,
+            [getattr(r.ttft, key) * 1e3 if getattr(r.ttft, key) is not None else np.nan for r in data.levels],
+            style,
+            label=f"TTFT {key.upper()}",
+        )
+    right.axhline(data.ttft_slo_ms, color="grey", ls=":", lw=1, label=f"SLO {data.ttft_slo_ms:g} ms")
+    right.set(
+        xlabel="achieved output tokens/s", ylabel="TTFT (ms)", title="throughput–latency curve (load order)"
+    )
+    plain_log(right, "y")
+    right.legend()
+    return fig
+
+
+@register_test(
+    "tradeoff",
+    "5.3",
+    "Throughput-Latency Trade-off",
+    estimate=_plan,
+    needs_capacity=True,
+    figure=FigureSpec(_tradeoff_curve, _CAPTION),
+)
 async def run_tradeoff(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()

@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import Estimate, PlanInputs
-from microbench.battery.registry import Outcome, register_test, sample_requirements
+from microbench.battery.plots import new_figure, plain_log
+from microbench.battery.registry import FigureSpec, Outcome, register_test, sample_requirements
 from microbench.battery.report import TEST_DATA, Table, TestData, level_rate_rows, ms
 from microbench.loadgen.stages import Stage
 from microbench.measure.levels import LevelRow, ledger_entry, level_row
@@ -112,7 +114,37 @@ def _plan(i: PlanInputs) -> Estimate:
     return Estimate(1, p.ttft_requests, p.ttft_requests / (p.ttft_load * i.probe.rps) + i.probe.e2e_s)
 
 
-@register_test("ttft", "5.1", "Time to First Token", estimate=_plan, needs_capacity=True)
+_CAPTION = (
+    "Figure 5.1: cumulative distribution of TTFT (ms) over every request of the test, with P50/P99 marks."
+)
+
+
+def _ttft_cdf(data: TtftData) -> Figure:
+    fig, (ax,) = new_figure()
+    values = np.asarray(data.samples_s) * 1e3
+    ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", color="C0")
+    for q, style in ((0.5, ":"), (0.99, "--")):
+        if values.size:
+            ax.axvline(np.percentile(values, q * 100), color="grey", ls=style, lw=1, label=f"P{q * 100:g}")
+    ax.set(
+        xlabel="TTFT (ms)",
+        ylabel="fraction of requests",
+        title=f"TTFT CDF ({data.workload}, {values.size} requests)",
+    )
+    if values.size and values.max() / max(values.min(), 1e-9) > 20:
+        plain_log(ax)
+    ax.legend(loc="lower right")
+    return fig
+
+
+@register_test(
+    "ttft",
+    "5.1",
+    "Time to First Token",
+    estimate=_plan,
+    needs_capacity=True,
+    figure=FigureSpec(_ttft_cdf, _CAPTION),
+)
 async def run_ttft(ctx: BatteryContext) -> Outcome:
     p = ctx.profile
     capacity = await ctx.capacity_rps()
