@@ -23,6 +23,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from benchcore.layered_config import shipped_file, shipped_names
 from engine_harness.model_kv import ModelKV, read_model_kv
 from microbench.results.layout import RunFolder
 
@@ -165,15 +166,13 @@ class LinkProfile(BaseModel):
 
 def list_links() -> list[str]:
     """Names of the link profiles shipped in ``analysis/links/``."""
-    return sorted(p.stem for p in LINKS_DIR.glob("*.yaml"))
+    return shipped_names(LINKS_DIR)
 
 
 def load_link(link: str | Path) -> LinkProfile:
     """A link profile by name (``analysis/links/<name>.yaml``) or by path to a YAML file."""
-    path = Path(link)
-    if not path.is_file():
-        path = LINKS_DIR / f"{link}.yaml"
-    if not path.is_file():
+    path = shipped_file(link, LINKS_DIR)
+    if path is None:
         raise ValueError(f"unknown link profile {str(link)!r}: give a YAML path or one of {list_links()}")
     data = yaml.safe_load(path.read_text())
     if not isinstance(data, dict):

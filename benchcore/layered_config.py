@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["load_layered"]
+__all__ = ["load_layered", "shipped_file", "shipped_names"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -56,3 +56,16 @@ def load_layered(
         raise error("\n".join(lines)) from None
     except ValueError as exc:
         raise error(f"invalid {what} ({source}): {exc}") from None
+
+
+def shipped_names(folder: Path) -> list[str]:
+    """The names of the YAML definitions shipped in ``folder`` (a preset folder of the package)."""
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def shipped_file(name: str | Path, folder: Path) -> Path | None:
+    """A definition given by path, else by name in ``folder`` (``<name>.yaml``); None when neither exists."""
+    for path in (Path(name), folder / f"{name}.yaml"):
+        if path.is_file():
+            return path
+    return None

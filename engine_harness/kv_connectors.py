@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from benchcore.layered_config import shipped_file, shipped_names
 from benchcore.schema import StrictModel
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.launch import free_port
@@ -101,15 +102,13 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 
 def list_connectors() -> list[str]:
-    return sorted(p.stem for p in CONNECTORS_DIR.glob("*.yaml"))
+    return shipped_names(CONNECTORS_DIR)
 
 
 def load_connector(name: str | Path) -> ConnectorPreset:
     """A connector preset by name (``engine_harness/connectors/<name>.yaml``) or by path."""
-    path = Path(name)
-    if not path.is_file():
-        path = CONNECTORS_DIR / f"{name}.yaml"
-    if not path.is_file():
+    path = shipped_file(name, CONNECTORS_DIR)
+    if path is None:
         raise ConnectorError(f"unknown connector {str(name)!r}; known: {', '.join(list_connectors())}")
     try:
         return ConnectorPreset.model_validate(yaml.safe_load(path.read_text()))
