@@ -96,17 +96,23 @@ def test_an_engine_that_dies_once_is_restarted_and_the_sweep_completes(place: Pl
     assert any("engine restarted (restart 1" in n for n in _notes(out))
 
 
-def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
-    # SIGKILL of the engine while points are being measured (the sim's stand-in for the e2e row where
-    # vLLM's EngineCore is killed): restarted, nothing counted against max_attempts, every point valid.
-    cfg = place.sweep_yaml(max_attempts=1)  # one attempt: a death that spent it would leave it invalid
-    out = place.tmp / "run"
+def _sweep_past_three_points(cfg: Path, out: Path) -> subprocess.Popen[str]:
+    """The sweep of ``cfg`` into ``out``, started in a subprocess and returned once 3 points are stored."""
     cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while len(list(out.glob("runs/*/*.json"))) < 3:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
+    return proc
+
+
+def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
+    # SIGKILL of the engine while points are being measured (the sim's stand-in for the e2e row where
+    # vLLM's EngineCore is killed): restarted, nothing counted against max_attempts, every point valid.
+    cfg = place.sweep_yaml(max_attempts=1)  # one attempt: a death that spent it would leave it invalid
+    out = place.tmp / "run"
+    proc = _sweep_past_three_points(cfg, out)
     engines = psutil.Process(proc.pid).children()
     assert engines
     for engine in engines:
@@ -202,12 +208,7 @@ def test_an_engine_core_killed_during_a_point_spends_no_attempt(place: Place, de
     # the in-stream error as the point's verdict. The sim dies that way on SIGUSR1 with --death vllm.
     cfg = place.sweep_yaml(sim_args=("--death", death), max_attempts=1)  # a spent attempt: invalid for good
     out = place.tmp / "run"
-    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("runs/*/*.json"))) < 3:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+    proc = _sweep_past_three_points(cfg, out)
     time.sleep(0.2)  # inside the next point
     (engine,) = psutil.Process(proc.pid).children()
     engine.send_signal(signal.SIGUSR1)
