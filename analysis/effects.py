@@ -53,15 +53,17 @@ def bootstrap_ratio_ci(
     seed: int | Sequence[int] = 0,
     n_boot: int = 4000,
     level: float = 0.95,
+    q: float = 50.0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of median(B)/median(A), each arm resampled on its own with a seeded RNG;
-    ``(nan, nan)`` with fewer than two values in an arm or a resampled median of A at 0."""
+    """Percentile bootstrap CI of median(B)/median(A) (or of the ``q``-th percentiles: P99 with q=99), each
+    arm resampled on its own with a seeded RNG; ``(nan, nan)`` with fewer than two values in an arm or a
+    resampled figure of A at 0."""
     xa, xb = _finite(a), _finite(b)
     if xa.size < 2 or xb.size < 2:
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
-    med_a = np.median(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], axis=1)
-    med_b = np.median(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], axis=1)
+    med_a = np.percentile(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], q, axis=1)
+    med_b = np.percentile(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], q, axis=1)
     if np.any(med_a <= 0):
         return math.nan, math.nan
     tail = (1.0 - level) / 2.0
