@@ -7,7 +7,8 @@ Uniqueness follows the sweep's rule: cold parts come from one RNG seeded by the 
 two cold parts with the same first 16-token block, so no two prompts share a prefix-cache block by
 accident. ``document_question`` builds the Long Context workload's prompt: a cold document, then a fixed
 question (a suffix, so it never makes a prefix-cache hit). Shared prefixes (prefix groups, repository
-contexts, system prompts) are drawn once per ``(group, index)`` and repeated on purpose; they are new in every run (the salt), so a run starts cold.
+contexts, system prompts) are drawn once per ``(group, index)`` and repeated on purpose; they are new
+in every run (the salt), so a run starts cold.
 Giving the same salt back reproduces every prompt; the salt is reported in the trace header.
 
 Engines that accept token ids get them as is (exact lengths). Otherwise (the chat API) ``TextRenderer``
