@@ -185,7 +185,8 @@ async def find_max_concurrency(ctx: BatteryContext) -> CapacityData:
 def _plan(i: PlanInputs) -> Estimate:
     p = i.profile
     n = max(1, int(math.log2(p.capacity_max / p.capacity_initial)) + 3)
-    return Estimate(n, int(n * i.probe.rps * p.capacity_duration_s), n * i.level_s(p.capacity_duration_s))
+    level_s = max(p.capacity_duration_s, p.capacity_completions_per_slot * i.probe.e2e_s)  # level_requests
+    return Estimate(n, int(n * i.probe.rps * level_s), n * i.level_s(level_s))
 
 
 _CAPTION = "Figure 5.5: TTFT P99 (ms) per closed-loop concurrency, against the success criterion."
