@@ -16,6 +16,7 @@ levelled off (a maximum) or stopped at its ceiling (a lower bound).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numpy as np
@@ -229,7 +230,7 @@ async def run_long_context(ctx: BatteryContext) -> Outcome:
             plan = CapacityPlan(1, p.context_ramp_max, p.level_duration_s, p.capacity_ttft_p99_ms, 2)
             ramp = await closed_loop_ramp(
                 ctx.run,
-                lambda n=n: ctx.document_requests(n, p.context_output),
+                functools.partial(ctx.document_requests, n, p.context_output),
                 f"long-context/ramp-{n}",
                 plan,
             )

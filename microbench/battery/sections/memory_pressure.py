@@ -94,7 +94,8 @@ def preemption_figures(
     if not has_counter:
         return PreemptionFigures(events=None, requests=n, preempted=None, recovered=None, loss_tokens=None)
     events = float(sum(r[2] for r in rises))
-    gaps = np.concatenate([np.diff(np.asarray(c, dtype=float)) / 1e9 for c in trace["chunk_ns"]] or [[]])
+    diffs = [np.diff(np.asarray(c, dtype=float)) / 1e9 for c in trace["chunk_ns"]]
+    gaps = np.concatenate(diffs) if diffs else np.empty(0)
     threshold = float(stall_factor * np.median(gaps)) if gaps.size else None
     if not events or threshold is None:
         return PreemptionFigures(
