@@ -1,5 +1,5 @@
-"""5.2's batch utilization, 5.8's preemption figures, 5.9's throughput at length and Long Context prompts,
-on hand-built traces, levels and /metrics series."""
+"""5.2's batch utilization, 5.5's level sizes, 5.8's preemption figures, 5.9's throughput at length and its
+Long Context prompts, on hand-built traces, levels and /metrics series."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from fixtures.latencies import latencies
 
 from microbench.battery.requirement_table import scan
+from microbench.battery.sections.capacity import level_requests
 from microbench.battery.sections.long_context import max_throughput
 from microbench.battery.sections.memory_pressure import preemption_figures
 from microbench.battery.sections.throughput import batch_utilization
@@ -133,3 +134,9 @@ def test_long_context_prompts_are_a_cold_document_then_one_fixed_question() -> N
     assert [r.text for r in rows] == [
         "Long Context prompts are a document followed by a fixed question (A.5.1)"
     ]
+
+
+def test_5_5_levels_run_enough_requests_for_their_completions_per_slot_and_their_duration() -> None:
+    assert level_requests(4, 100, 60.0, 0.2) == 4 * 300  # 60 s at 0.2 s per request and slot
+    assert level_requests(4, 100, 60.0, 2.0) == 4 * 100  # 100 per slot already takes 200 s
+    assert level_requests(1, 2, 3.0, 0.0) > 1_000  # no E2E measured yet: never a zero-length level
