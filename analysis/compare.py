@@ -23,9 +23,11 @@ from pydantic import Field
 from analysis.compare_pages import verdict_lines, write_pages
 from analysis.effects import (
     CORRECTION,
+    LOCATION,
     Verdict,
     bootstrap_ratio_ci,
     correct_pvalues,
+    location,
     min_detectable_effect,
     rank_pvalue,
     verdict,
@@ -45,6 +47,7 @@ __all__ = [
     "main",
     "round_levels",
     "run_warnings",
+    "shared_figures",
     "write_comparison",
 ]
 
@@ -54,7 +57,7 @@ def _finite(x: float) -> float | None:
 
 
 class CellEffect(StrictModel):
-    """One cell's effect: B/A of the medians of its valid repetitions, and what the statistics say."""
+    """One cell's effect: B/A of the first quartiles of its valid repetitions, and what the statistics say."""
 
     chunk_size: int
     decode_batch_size: int
@@ -62,9 +65,9 @@ class CellEffect(StrictModel):
     metric: str = Field(description="the per-repetition figure compared (a column of records_frame)")
     n_a: int
     n_b: int
-    median_a: float | None
-    median_b: float | None
-    ratio: float | None = Field(description="median(B) / median(A); < 1: B is faster")
+    q1_a: float | None = Field(description="first quartile of A's repetitions (analysis.effects.location)")
+    q1_b: float | None
+    ratio: float | None = Field(description="q1_b / q1_a; < 1: B is faster")
     ci_low: float | None
     ci_high: float | None
     p_value: float | None = Field(description="two-sided Mann–Whitney U")
@@ -84,7 +87,7 @@ class CellEffect(StrictModel):
 class Comparison(StrictModel):
     """The comparison of arm B against arm A (every renderer draws this record)."""
 
-    version: Literal[1] = 1  # bump on a breaking change of the record
+    version: Literal[2] = 2  # bump on a breaking change of the record (2: first quartiles, not medians)
     name_a: str
     name_b: str
     run_a: str
@@ -92,6 +95,7 @@ class Comparison(StrictModel):
     alpha: float
     tolerance: float = Field(description="a non-significant cell whose CI lies within ±this is decided")
     seed: int
+    location: str = LOCATION
     correction: str = CORRECTION
     warnings: list[str] = Field(default_factory=list)
     levels_a: list[float | None] = Field(default_factory=list, description="round_levels of run A")
@@ -144,24 +148,27 @@ def compare_frames(
     tolerance: float = 0.1,
     seed: int = 0,
 ) -> list[CellEffect]:
-    """Every cell of either run (``records_frame`` output), sorted; the p-values corrected together."""
-    if metric is not None and (metric not in frame_a or metric not in frame_b):
-        raise ValueError(f"no figure {metric!r} in the records (e.g. tpot_penalty_ms, prefill_duration_ms)")
+    """Every cell of either run (``records_frame`` output), sorted; the p-values corrected together. A
+    cell without a valid value of its figure in one run (not measured there, every repetition invalid, or
+    a figure that run's engine kind does not produce) is listed as measured in the other only."""
+    if metric is not None and metric not in (both := shared_figures(frame_a, frame_b)):
+        raise ValueError(
+            f"figure {metric!r} is not in both runs' records; figures both produce: {', '.join(both)}"
+        )
     a, b = _valid_values(frame_a, metric), _valid_values(frame_b, metric)
     cells = sorted(set(a) | set(b))
-    pvalues = [rank_pvalue(a[c], b[c]) if c in a and c in b else math.nan for c in cells]
+    pvalues = [rank_pvalue(a.get(c, []), b.get(c, [])) for c in cells]
     adjusted = correct_pvalues(pvalues, alpha)
     out = []
     for cell, p, p_adj in zip(cells, pvalues, adjusted, strict=True):
         xa, xb = a.get(cell, []), b.get(cell, [])
-        med_a = float(pd.Series(xa).median()) if xa else math.nan
-        med_b = float(pd.Series(xb).median()) if xb else math.nan
+        med_a, med_b = location(xa), location(xb)
         ratio = med_b / med_a if med_a > 0 else math.nan
         ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *cell])
         mde = min_detectable_effect(xa, xb, alpha)
-        if cell not in b:
+        if not xb:
             why: Verdict = "only in A"
-        elif cell not in a:
+        elif not xa:
             why = "only in B"
         else:
             why = verdict(ratio, ci, p_adj, alpha, tolerance)
@@ -173,8 +180,8 @@ def compare_frames(
                 metric=metric or headline_column(cell[1]),
                 n_a=len(xa),
                 n_b=len(xb),
-                median_a=_finite(med_a),
-                median_b=_finite(med_b),
+                q1_a=_finite(med_a),
+                q1_b=_finite(med_b),
                 ratio=_finite(ratio),
                 ci_low=_finite(ci[0]),
                 ci_high=_finite(ci[1]),
@@ -185,6 +192,18 @@ def compare_frames(
             )
         )
     return out
+
+
+def shared_figures(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:
+    """The per-repetition figures with a valid value in both runs (runs of two engine kinds share only
+    some: compare on these)."""
+
+    def produced(frame: pd.DataFrame) -> set[str]:
+        rows = frame[(frame["source"] == "runs") & frame["valid"]] if len(frame) else frame
+        numeric = rows.select_dtypes("number").drop(columns=[*CELL, "repetition"], errors="ignore")
+        return {str(c) for c in numeric.columns if numeric[c].notna().any()}
+
+    return sorted(produced(frame_a) & produced(frame_b))
 
 
 def run_warnings(run_a: Path, run_b: Path) -> list[str]:
@@ -202,7 +221,13 @@ def run_warnings(run_a: Path, run_b: Path) -> list[str]:
         "model": (ma.engine_spec.get("model"), mb.engine_spec.get("model")),
         "engine kind": (ma.engine_spec.get("kind"), mb.engine_spec.get("kind")),
     }
-    return [f"{what} differs: A {va!r}, B {vb!r}" for what, (va, vb) in pairs.items() if va != vb]
+    out = [f"{what} differs: A {va!r}, B {vb!r}" for what, (va, vb) in pairs.items() if va != vb]
+    if pairs["engine kind"][0] != pairs["engine kind"][1]:
+        out.append(
+            "the engine kinds differ: each cell is compared on its headline only where both produce it "
+            "(a cell whose figure one kind lacks is listed as measured in the other only)"
+        )
+    return out
 
 
 def _grid_warnings(cells: list[CellEffect]) -> list[str]:

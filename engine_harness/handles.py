@@ -6,7 +6,9 @@ instead of pretending. (The tests' in-process sim handle lives in ``tests/fixtur
 
 ``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the job launched the engine with
 (the battery's 5.10 engine-settings configurations, an A/B arm: ``--arm NAME=engine:KEY=VALUE,...``, see
-``parse_arm``); only a ``LaunchedEngine`` can be ``reconfigure``d with them. ``served_model`` and
+``parse_arm``); an arm may name another kind or model (``kind=sglang``: the ablation launches each arm
+anew), but only a ``LaunchedEngine`` can be ``reconfigure``d with them, and only within its own kind and
+model (one engine restarted with other settings). ``served_model`` and
 ``model_cards`` are the one reading of an engine's ``/v1/models``.
 """
 
@@ -31,6 +33,7 @@ from engine_harness.metrics import MetricsError, scrape
 
 __all__ = [
     "ARM_SYNTAX",
+    "ENGINE_IDENTITY",
     "ENGINE_PREFIX",
     "PROBE_TIMEOUT_S",
     "EngineHandle",
@@ -45,8 +48,11 @@ __all__ = [
 ]
 
 
-# Fields that would make a configuration another engine or another model, not other settings of this one.
-_FIXED_FIELDS = frozenset({"kind", "url", "model", "served_model_name"})
+# An override never names an endpoint (an arm that is a URL is ``NAME=URL``, not a setting).
+_NOT_SETTINGS = frozenset({"url"})
+# Fields that make a configuration another engine or another model, not other settings of this one: an
+# ablation launches such an arm on its own; a restart of one running engine (``reconfigure``) refuses them.
+ENGINE_IDENTITY = ("kind", "model", "served_model_name")
 
 
 class NotRestartable(RuntimeError):
@@ -77,7 +83,7 @@ class EngineOverrides:
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> EngineOverrides:
         """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s."""
-        allowed = sorted(set(EngineSpec.model_fields) - _FIXED_FIELDS)
+        allowed = sorted(set(EngineSpec.model_fields) - _NOT_SETTINGS)
         for key in raw:
             if key not in allowed:
                 raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
@@ -88,6 +94,14 @@ class EngineOverrides:
                 "; ".join(f"{e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
             ) from None
         return cls({key: getattr(spec, key) for key in raw})
+
+    def identity_changes(self, spec: EngineSpec) -> dict[str, Any]:
+        """The fields of ``ENGINE_IDENTITY`` these overrides change in ``spec`` (another kind or model)."""
+        return {
+            k: self.values[k]
+            for k in ENGINE_IDENTITY
+            if k in self.values and self.values[k] != getattr(spec, k)
+        }
 
     def apply(self, spec: EngineSpec) -> EngineSpec:
         """``spec`` with these fields changed (validated again as a whole)."""
@@ -271,9 +285,21 @@ class LaunchedEngine(EngineHandle):
     def can_reconfigure(self) -> bool:
         return self.can_restart
 
+    def restart_problem(self, overrides: EngineOverrides) -> str | None:
+        """Why ``reconfigure(overrides)`` would refuse: another kind or model than the launched one."""
+        if not (changed := overrides.identity_changes(self._launched)):
+            return None
+        return (
+            f"{overrides} changes {', '.join(f'{k} to {v!r}' for k, v in changed.items())}: a restart "
+            f"keeps the launched {self.kind} engine and model; compare engines or models with "
+            "python -m microbench.ablate, which launches each arm"
+        )
+
     async def reconfigure(self, overrides: EngineOverrides) -> bool:
         if not self.can_reconfigure:
             return await super().reconfigure(overrides)
+        if (problem := self.restart_problem(overrides)) is not None:
+            raise NotRestartable(problem)
         spec = overrides.apply(self._launched)
         if spec == self.process.spec:
             return False

@@ -52,11 +52,11 @@ def test_the_known_ratio_is_recovered_with_the_right_verdicts(ablation: Path) ->
     cells = comparison["cells"]
     assert len(cells) == 6 and all(5 <= c["n_a"] == c["n_b"] <= 10 for c in cells)
     for c in cells:
-        # Both arms' times are real time on a shared 2-core host, whose contention slows some repetitions
-        # of either arm; the client-timed bare prefill (D = 0) most (seen: A at P 2048 101-133 ms, B/A 1.22
-        # after 7 rounds; the penalties 1.28-1.30).
+        # Both arms' times are real time on a shared host, whose contention only ever adds time to some
+        # repetitions of either arm; the first quartiles compared stay on the clean ones (analysis.effects:
+        # under three busy processes medians were up to 4.6% off, quartiles 1.4%).
         if c["new_prefill_tokens"] >= 2048:
-            assert c["ratio"] == pytest.approx(1.3, rel=0.05 if c["decode_batch_size"] else 0.15), c
+            assert c["ratio"] == pytest.approx(1.3, rel=0.05), c
     # never a wrong verdict; a cell the contention kept undecided through 10 rounds says so
     verdicts = [c["verdict"] for c in cells]
     assert set(verdicts) <= {"B worse", "undecided"} and verdicts.count("B worse") >= 4, verdicts
