@@ -152,6 +152,11 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
         if not resumed:
             _write_manifests(folder, config)
         runner = AblateRunner(folder, config, args.start_timeout)
+        if differs := config.identity_differs():
+            note = f"the arms run different engines: {'; '.join(differs)}"
+            runner.console.print(note)
+            if not resumed:
+                folder.add_note(note)
         try:
             aio.run(runner.run())
         except (KeyboardInterrupt, Stopped):
