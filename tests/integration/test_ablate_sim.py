@@ -86,3 +86,19 @@ def test_an_arm_that_fails_to_start_is_named(tmp_path: Path, capsys: pytest.Capt
     path = _ablation(tmp_path, arms={"A": {}, "broken": {"extra_args": ["--no-such-flag"]}}, rounds=1)
     assert main(["--config", str(path), "--out", str(tmp_path / "run"), "--start-timeout", "20s"]) == 1
     assert "arm broken (chunk 512)" in capsys.readouterr().out
+
+
+def test_a_decode_batch_that_runs_dry_gets_more_tokens(tmp_path: Path) -> None:
+    # 80 tokens per stream cannot hold steady state, a baseline and one injection: the first batch of
+    # each arm runs out before its point; the next gets twice the tokens (was: 3 invalid attempts).
+    grid = {"decode_batch_sizes": [2], "prefill_tokens": [1024], "decode_tokens": 80}
+    path = _ablation(tmp_path, rounds=1, until_resolved=None)
+    data = yaml.safe_load(path.read_text())
+    data["grid"] |= grid
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
+    for arm in ("A", "B"):
+        folder = tmp_path / "run" / "arms" / arm
+        assert not list(folder.glob("invalid/*/*.json"))
+        (record,) = [json.loads(p.read_text()) for p in folder.glob("runs/*/*.json")]
+        assert 80 < record["config"]["decode_max_tokens"] <= 320
