@@ -44,6 +44,7 @@ __all__ = [
     "align_chunks",
     "compare_frames",
     "compare_runs",
+    "grid_problem",
     "main",
     "round_levels",
     "run_warnings",
@@ -230,6 +231,33 @@ def run_warnings(run_a: Path, run_b: Path) -> list[str]:
     return out
 
 
+# Grid settings that change what every cell measures: runs that differ in one have no comparable cell.
+CELL_MEANING = ("decode_context", "protocol")
+
+
+def grid_problem(run_a: Path, run_b: Path, cells: list[CellEffect]) -> str | None:
+    """Why the two runs cannot be compared at all (their grids share no cell, or differ in a setting
+    every cell depends on, ``CELL_MEANING``); None when they can (cells of one run only are listed)."""
+    if cells and not any(c.n_a and c.n_b for c in cells):
+        cells_of = {
+            run: sorted({c.cell for c in cells if (c.n_a if run == "A" else c.n_b)}) for run in ("A", "B")
+        }
+        return (
+            f"{run_a} and {run_b} share no measured cell (chunk, D, P): A has {cells_of['A'] or 'none'}, "
+            f"B has {cells_of['B'] or 'none'}; compare runs of one grid"
+        )
+    ma, mb = load_manifest(run_a), load_manifest(run_b)
+    if ma is None or mb is None:
+        return None
+    for key in CELL_MEANING:
+        if ma.sweep.get(key) != mb.sweep.get(key):
+            return (
+                f"the runs' grids differ in {key} (A {ma.sweep.get(key)!r}, B {mb.sweep.get(key)!r}): every "
+                "cell is measured differently, so none compares; rerun one with the other's setting"
+            )
+    return None
+
+
 def _grid_warnings(cells: list[CellEffect]) -> list[str]:
     only = Counter(c.verdict for c in cells if c.verdict in ("only in A", "only in B"))
     return [f"{n} cell(s) measured {which} (listed, not compared)" for which, n in sorted(only.items())]
@@ -257,7 +285,7 @@ def compare_runs(
     seed: int = 0,
 ) -> Comparison:
     """Compare two run folders (``ValueError``/``FileNotFoundError`` naming the folder when one is not a
-    run folder with records)."""
+    run folder with records, or naming the setting when their grids cannot be compared: ``grid_problem``)."""
     frame_a = records_frame(run_a, include_invalid_attempts=False)
     frame_b, notes = align_chunks(frame_a, records_frame(run_b, include_invalid_attempts=False))
     cells = compare_frames(
@@ -268,6 +296,8 @@ def compare_runs(
         tolerance=tolerance,
         seed=seed,
     )
+    if (problem := grid_problem(run_a, run_b, cells)) is not None:
+        raise ValueError(problem)
     return Comparison(
         name_a=names[0],
         name_b=names[1],

@@ -28,7 +28,7 @@ from engine_harness.handles import EngineOverrides, parse_arm
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
-from microbench.ablate.runner import AblateRunner, ArmFailed
+from microbench.ablate.runner import AblateRunner, ArmFailed, NotComparable
 from microbench.client import aio
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.results.layout import AblateFolder, RunFolder, new_manifest
@@ -168,7 +168,13 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 f"measured points are kept in {folder.root}; continue with: {resume}", soft_wrap=True
             )
             return EXIT_FAILURES
-        for c in runner.finish():
+        try:
+            comparisons = runner.finish()
+        except NotComparable as exc:
+            runner.console.print(f"[red]error: {exc}", soft_wrap=True)
+            runner.console.print(f"measured points are kept in {folder.root}", soft_wrap=True)
+            return EXIT_FAILURES
+        for c in comparisons:
             counts = ", ".join(f"{n} {v}" for v, n in sorted(c.counts().items()))
             runner.console.print(f"{c.name_b} against {c.name_a}: {counts}")
             for w in c.warnings:

@@ -28,11 +28,15 @@ from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.layout import AblateFolder
 
-__all__ = ["AblateRunner", "ArmFailed", "arm_order"]
+__all__ = ["AblateRunner", "ArmFailed", "NotComparable", "arm_order"]
 
 
 class ArmFailed(RuntimeError):
     """An arm's engine could not be started or kept running; the message names the arm."""
+
+
+class NotComparable(RuntimeError):
+    """The arms' runs hold nothing to compare (e.g. every point of an arm invalid); the message says why."""
 
 
 def arm_order(names: list[str], round_index: int) -> list[str]:
@@ -99,7 +103,11 @@ class AblateRunner:
         if cfg.until_resolved is None:
             self.stop_reason = f"{done} rounds as asked"
             return True
-        undecided = sum(len(c.undecided()) for c in self.comparisons())
+        try:
+            undecided = sum(len(c.undecided()) for c in self.comparisons())
+        except NotComparable as exc:  # e.g. an arm without a valid point yet: more rounds may bring one
+            self.console.print(f"[yellow]{exc}")
+            undecided = len(self.config.grid.decode_batch_sizes) * len(self.config.grid.prefill_tokens)
         if not undecided:
             self.stop_reason = f"every cell decided after {done} rounds (±{cfg.until_resolved:.0%})"
         elif cfg.max_minutes is not None and elapsed_s >= 60 * cfg.max_minutes:
@@ -115,17 +123,22 @@ class AblateRunner:
         """Each arm after the first against the first (A), from what the arm folders hold now."""
         cfg = self.config
         a, *others = cfg.names
-        return [
-            compare_runs(
-                self.folder.arm(a).root,
-                self.folder.arm(b).root,
-                names=(a, b),
-                alpha=cfg.alpha,
-                tolerance=cfg.decision_tolerance(),
-                seed=cfg.grid.seed,
-            )
-            for b in others
-        ]
+        out = []
+        for b in others:
+            try:
+                out.append(
+                    compare_runs(
+                        self.folder.arm(a).root,
+                        self.folder.arm(b).root,
+                        names=(a, b),
+                        alpha=cfg.alpha,
+                        tolerance=cfg.decision_tolerance(),
+                        seed=cfg.grid.seed,
+                    )
+                )
+            except ValueError as exc:
+                raise NotComparable(f"{b} against {a}: {exc}") from exc
+        return out
 
     def finish(self) -> list[Comparison]:
         """Write every comparison into the run folder and note how the rounds ended."""

@@ -16,6 +16,7 @@ from analysis.compare import (
     align_chunks,
     compare_frames,
     compare_runs,
+    grid_problem,
     main,
     round_levels,
     run_warnings,
@@ -183,3 +184,19 @@ def test_a_figure_one_run_lacks_is_compared_nowhere_and_listed() -> None:
     b["tpot_penalty_ms"] = math.nan
     with pytest.raises(ValueError, match="'tpot_penalty_ms' is not in both runs' records; figures both"):
         compare_frames(a, b, metric="tpot_penalty_ms")
+
+
+def test_runs_of_grids_that_cannot_compare_are_a_clear_error(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(REFERENCE, other, ignore=shutil.ignore_patterns("raw", "metrics", "observed", "*.log"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["sweep"]["decode_context"] = 2 * manifest["sweep"]["decode_context"]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="grids differ in decode_context"):
+        compare_runs(REFERENCE, other)
+    # no cell in common: the error lists each run's cells
+    rng = np.random.default_rng(1)
+    a = _frame({(512, 2, 1024): _noisy(3, rng)})
+    b = _frame({(1024, 4, 2048): _noisy(3, rng)})
+    problem = grid_problem(tmp_path / "a", tmp_path / "b", compare_frames(a, b))
+    assert problem is not None and "share no measured cell" in problem and "(1024, 4, 2048)" in problem
