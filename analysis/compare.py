@@ -21,17 +21,7 @@ import pandas as pd
 from pydantic import Field
 
 from analysis.compare_pages import verdict_lines, write_pages
-from analysis.effects import (
-    CORRECTION,
-    LOCATION,
-    Verdict,
-    bootstrap_ratio_ci,
-    correct_pvalues,
-    location,
-    min_detectable_effect,
-    rank_pvalue,
-    verdict,
-)
+from analysis.effects import CORRECTION, LOCATION, Effect, compare_samples
 from analysis.table import CELL, headline_column, load_manifest, records_frame
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput, run_cli
@@ -53,36 +43,17 @@ __all__ = [
 ]
 
 
-def _finite(x: float) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
-
-
-class CellEffect(StrictModel):
-    """One cell's effect: B/A of the first quartiles of its valid repetitions, and what the statistics say."""
+class CellEffect(Effect):
+    """One cell's effect (``analysis.effects.Effect``) on the figure compared there."""
 
     chunk_size: int
     decode_batch_size: int
     new_prefill_tokens: int
     metric: str = Field(description="the per-repetition figure compared (a column of records_frame)")
-    n_a: int
-    n_b: int
-    q1_a: float | None = Field(description="first quartile of A's repetitions (analysis.effects.location)")
-    q1_b: float | None
-    ratio: float | None = Field(description="q1_b / q1_a; < 1: B is faster")
-    ci_low: float | None
-    ci_high: float | None
-    p_value: float | None = Field(description="two-sided Mann–Whitney U")
-    p_adjusted: float | None = Field(description="Benjamini–Hochberg across the compared cells")
-    mde: float | None = Field(description="relative change detectable at alpha, 80% power; None: none is")
-    verdict: Verdict
 
     @property
     def cell(self) -> tuple[int, int, int]:
         return self.chunk_size, self.decode_batch_size, self.new_prefill_tokens
-
-    @property
-    def ci_excludes_one(self) -> bool:
-        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 1 or self.ci_high < 1)
 
 
 class Comparison(StrictModel):
@@ -157,42 +128,17 @@ def compare_frames(
             f"figure {metric!r} is not in both runs' records; figures both produce: {', '.join(both)}"
         )
     a, b = _valid_values(frame_a, metric), _valid_values(frame_b, metric)
-    cells = sorted(set(a) | set(b))
-    pvalues = [rank_pvalue(a.get(c, []), b.get(c, [])) for c in cells]
-    adjusted = correct_pvalues(pvalues, alpha)
-    out = []
-    for cell, p, p_adj in zip(cells, pvalues, adjusted, strict=True):
-        xa, xb = a.get(cell, []), b.get(cell, [])
-        med_a, med_b = location(xa), location(xb)
-        ratio = med_b / med_a if med_a > 0 else math.nan
-        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *cell])
-        mde = min_detectable_effect(xa, xb, alpha)
-        if not xb:
-            why: Verdict = "only in A"
-        elif not xa:
-            why = "only in B"
-        else:
-            why = verdict(ratio, ci, p_adj, alpha, tolerance)
-        out.append(
-            CellEffect(
-                chunk_size=cell[0],
-                decode_batch_size=cell[1],
-                new_prefill_tokens=cell[2],
-                metric=metric or headline_column(cell[1]),
-                n_a=len(xa),
-                n_b=len(xb),
-                q1_a=_finite(med_a),
-                q1_b=_finite(med_b),
-                ratio=_finite(ratio),
-                ci_low=_finite(ci[0]),
-                ci_high=_finite(ci[1]),
-                p_value=_finite(p),
-                p_adjusted=_finite(p_adj),
-                mde=_finite(mde),
-                verdict=why,
-            )
+    effects = compare_samples(a, b, alpha=alpha, tolerance=tolerance, seed=seed)
+    return [
+        CellEffect(
+            chunk_size=cell[0],
+            decode_batch_size=cell[1],
+            new_prefill_tokens=cell[2],
+            metric=metric or headline_column(cell[1]),
+            **effect.model_dump(),
         )
-    return out
+        for cell, effect in effects.items()
+    ]
 
 
 def shared_figures(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:

@@ -29,19 +29,24 @@ of 79 s): B/A of medians 1.255–1.360 across 6 cells (up to 4.6% off), of first
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
+from pydantic import Field
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
+
+from benchcore.schema import StrictModel
 
 __all__ = [
     "CORRECTION",
     "LOCATION",
     "QUANTILE",
+    "Effect",
     "Verdict",
     "bootstrap_ratio_ci",
+    "compare_samples",
     "correct_pvalues",
     "location",
     "min_detectable_effect",
@@ -143,3 +148,69 @@ def verdict(
     if 1 - tolerance <= low and high <= 1 + tolerance:
         return "no detectable difference"
     return "undecided"
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+class Effect(StrictModel):
+    """B against A on one figure: B/A of the raw values' first quartiles, and what the statistics say."""
+
+    n_a: int
+    n_b: int
+    q1_a: float | None = Field(description="first quartile of A's values (location)")
+    q1_b: float | None
+    ratio: float | None = Field(description="q1_b / q1_a; < 1: B is faster")
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None = Field(description="two-sided Mann–Whitney U")
+    p_adjusted: float | None = Field(description="Benjamini–Hochberg across the figures compared together")
+    mde: float | None = Field(description="relative change detectable at alpha, 80% power; None: none is")
+    verdict: Verdict
+
+    @property
+    def ci_excludes_one(self) -> bool:
+        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 1 or self.ci_high < 1)
+
+
+def compare_samples(
+    a: Mapping[tuple[int, ...], Sequence[float]],
+    b: Mapping[tuple[int, ...], Sequence[float]],
+    *,
+    alpha: float = 0.05,
+    tolerance: float = 0.1,
+    seed: int = 0,
+) -> dict[tuple[int, ...], Effect]:
+    """The effect per key (a cell, or a configuration × load level × figure) of either side, sorted; the
+    p-values corrected together; each key's bootstrap seeded with ``[seed, *key]``. A key without a finite
+    value on one side is "only in" the other."""
+    keys = sorted(set(a) | set(b))
+    values = {k: (_finite(a.get(k, [])), _finite(b.get(k, []))) for k in keys}
+    pvalues = [rank_pvalue(*values[k]) for k in keys]
+    out = {}
+    for key, p, p_adj in zip(keys, pvalues, correct_pvalues(pvalues, alpha), strict=True):
+        xa, xb = values[key]
+        loc_a, loc_b = location(xa), location(xb)
+        ratio = loc_b / loc_a if loc_a > 0 else math.nan
+        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *key])
+        if not xb.size:
+            why: Verdict = "only in A"
+        elif not xa.size:
+            why = "only in B"
+        else:
+            why = verdict(ratio, ci, p_adj, alpha, tolerance)
+        out[key] = Effect(
+            n_a=int(xa.size),
+            n_b=int(xb.size),
+            q1_a=_finite_or_none(loc_a),
+            q1_b=_finite_or_none(loc_b),
+            ratio=_finite_or_none(ratio),
+            ci_low=_finite_or_none(ci[0]),
+            ci_high=_finite_or_none(ci[1]),
+            p_value=_finite_or_none(p),
+            p_adjusted=_finite_or_none(p_adj),
+            mde=_finite_or_none(min_detectable_effect(xa, xb, alpha)),
+            verdict=why,
+        )
+    return out
