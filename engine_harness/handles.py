@@ -44,6 +44,7 @@ __all__ = [
     "NotRestartable",
     "model_cards",
     "parse_arm",
+    "parse_engine_arm",
     "served_model",
 ]
 
@@ -66,8 +67,8 @@ class EngineOverrides:
     values: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str) -> EngineOverrides:
-        """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec``."""
+    def parse(cls, text: str, engines: bool = False) -> EngineOverrides:
+        """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec`` (``of``)."""
         raw: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
@@ -78,13 +79,21 @@ class EngineOverrides:
                 raw[key] = yaml.safe_load(value)
             except yaml.YAMLError:
                 raise ValueError(f"{key}: {value!r} is not a YAML scalar") from None
-        return cls.of(raw)
+        return cls.of(raw, engines)
 
     @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> EngineOverrides:
-        """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s."""
-        allowed = sorted(set(EngineSpec.model_fields) - _NOT_SETTINGS)
+    def of(cls, raw: Mapping[str, Any], engines: bool = False) -> EngineOverrides:
+        """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s; the
+        fields of ``ENGINE_IDENTITY`` only with ``engines`` (a job that launches each configuration)."""
+        allowed = sorted(
+            set(EngineSpec.model_fields) - _NOT_SETTINGS - set(() if engines else ENGINE_IDENTITY)
+        )
         for key in raw:
+            if key in ENGINE_IDENTITY and not engines:
+                raise ValueError(
+                    f"unknown engine setting {key!r} for a restart of this engine: another kind or model is "
+                    "another engine (compare engines with python -m microbench.ablate)"
+                )
             if key not in allowed:
                 raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
         try:  # the kind only satisfies the spec's own check; the fields' checks do not depend on it
@@ -162,12 +171,13 @@ ENGINE_PREFIX = "engine:"
 ARM_SYNTAX = f"NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..."
 
 
-def parse_arm(value: str) -> tuple[str, str | EngineOverrides]:
+def parse_arm(value: str, engines: bool = False) -> tuple[str, str | EngineOverrides]:
     """``NAME=URL`` (an endpoint) or ``NAME=engine:[KEY=VALUE,...]`` (the launched engine restarted with
-    those ``EngineSpec`` fields changed; ``engine:`` alone: as launched): an argparse ``type``.
+    those ``EngineSpec`` fields changed; ``engine:`` alone: as launched): an argparse ``type``. With
+    ``engines`` (``parse_engine_arm``) the settings may name another kind or model.
 
-    Shared by every job that compares configurations of one engine (battery 5.10, ablate); it lives here,
-    not in ``benchcore.flags``, because its values are engine settings checked against ``EngineSpec``.
+    Shared by every job that compares configurations (battery 5.10, ablate); it lives here, not in
+    ``benchcore.flags``, because its values are engine settings checked against ``EngineSpec``.
     """
     try:
         name, target = arm(value)
@@ -178,9 +188,14 @@ def parse_arm(value: str) -> tuple[str, str | EngineOverrides]:
     if not target.startswith(ENGINE_PREFIX):
         return name, target
     try:
-        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX))
+        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX), engines)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+
+
+def parse_engine_arm(value: str) -> tuple[str, str | EngineOverrides]:
+    """``parse_arm`` for a job that launches each arm on its own (ablate): kind and model are settings."""
+    return parse_arm(value, engines=True)
 
 
 class EngineHandle:

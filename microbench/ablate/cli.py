@@ -24,7 +24,7 @@ from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import new_run_id
 from benchcore.redact import redact_argv, redact_env
-from engine_harness.handles import EngineOverrides, parse_arm
+from engine_harness.handles import EngineOverrides, parse_engine_arm
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
@@ -51,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", type=Path, metavar="FILE", help="the grid: a sweep definition (sweeps/*.yaml)")
     p.add_argument(
         "--arm",
-        type=parse_arm,
+        type=parse_engine_arm,
         action="append",
         metavar="NAME=engine:KEY=VALUE,...",
-        help="an arm: the grid's engine with these settings changed (repeat; the first is A)",
+        help="an arm: the grid's engine with these settings changed, kind and model included (repeat; the "
+        "first is A)",
     )
     p.add_argument("--rounds", type=int, help="rounds to measure (default 3)")
     p.add_argument(

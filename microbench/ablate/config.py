@@ -60,7 +60,7 @@ class AblateConfig(StrictModel):
     def _arms(cls, arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, values in arms.items():
             try:
-                EngineOverrides.of(values or {})
+                EngineOverrides.of(values or {}, engines=True)
             except ValueError as exc:
                 raise ValueError(f"arm {name}: {exc}") from None
         return {name: values or {} for name, values in arms.items()}

@@ -9,7 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from engine_harness.engines import EngineSpec, engine_kind
-from engine_harness.handles import EngineOverrides, LaunchedEngine, NotRestartable, parse_arm
+from engine_harness.handles import (
+    EngineOverrides,
+    LaunchedEngine,
+    NotRestartable,
+    parse_arm,
+    parse_engine_arm,
+)
 
 
 def test_an_arm_is_an_endpoint_or_typed_engine_settings() -> None:
@@ -26,6 +32,7 @@ def test_an_arm_is_an_endpoint_or_typed_engine_settings() -> None:
         ("bare", "--arm wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'bare'"),
         ("x=", "--arm wants NAME=URL or NAME=engine:KEY=VALUE,..., got 'x='"),
         ("x=engine:url=http://h:8000", "x: unknown engine setting 'url'"),
+        ("x=engine:kind=sglang", "x: unknown engine setting 'kind' for a restart of this engine"),
         ("x=engine:max_num_seqs=-1", "x: max_num_seqs=-1:"),
     ],
 )
@@ -36,7 +43,7 @@ def test_a_bad_arm_names_what_is_wrong(value: str, message: str) -> None:
 
 
 def test_an_arm_may_name_another_kind_which_a_restart_refuses() -> None:
-    name, sg = parse_arm("sg=engine:kind=sglang,mixed_chunk=true")
+    name, sg = parse_engine_arm("sg=engine:kind=sglang,mixed_chunk=true")
     assert name == "sg" and sg == EngineOverrides({"kind": "sglang", "mixed_chunk": True})
     launched = EngineSpec(kind="sim")
     assert sg.identity_changes(launched) == {"kind": "sglang"}

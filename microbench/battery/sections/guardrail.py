@@ -19,7 +19,7 @@ from pydantic import Field
 
 from analysis.effects import Effect, compare_samples
 from benchcore.schema import StrictModel
-from engine_harness.handles import EngineOverrides, LaunchedEngine, NotRestartable
+from engine_harness.handles import EngineOverrides, NotRestartable
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import Estimate, PlanInputs
@@ -262,9 +262,6 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
             f"but this {ctx.engine.kind} engine was not launched by the battery; engine-settings "
             "configurations need --engine vllm|sim"
         )
-    for name in engine_configs:
-        if isinstance(ctx.engine, LaunchedEngine) and (why := ctx.engine.restart_problem(configs[name])):
-            raise NotRestartable(f"configuration {name}: {why}")
     spec = ctx.workload_spec()
     baseline = next(iter(configs))
     throughput: dict[str, float] = {}
