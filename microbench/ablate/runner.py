@@ -89,11 +89,25 @@ class AblateRunner:
         self.console.print(f"round {r + 1}: {' '.join(order)}")
         for index in range(len(self.config.grid.chunks)):
             for name in order:
-                plan = dataclasses.replace(self.plans[name][index], repetitions=r + 1)
+                plan = self._learned(name, dataclasses.replace(self.plans[name][index], repetitions=r + 1))
                 try:
                     await measure_shard(plan, self.sinks[name], context)
                 except EngineError as exc:
                     raise ArmFailed(f"arm {name} (chunk {plan.chunk}): {exc}") from exc
+
+    def _learned(self, name: str, plan: ShardPlan) -> ShardPlan:
+        """``plan`` with each D's decode budget raised to the largest one that measured a valid point of
+        this arm in an earlier round: a round starts its own engine, and a batch that ran dry there (and
+        got twice the tokens, ``measure.shard``) costs its steady-state wait again (SGLang on a loaded
+        host: minutes) unless the next round starts where the last one ended."""
+        folder, budgets = self.folder.arm(name), dict(plan.decode_budgets)
+        for d in budgets:
+            for r in range(plan.repetitions):
+                for p in plan.prefill_tokens:
+                    record = folder.stored_record(plan.chunk, d, p, r)
+                    if record is not None and record.validity.valid:
+                        budgets[d] = max(budgets[d], record.config.decode_max_tokens)
+        return dataclasses.replace(plan, decode_budgets=budgets)
 
     def _finished(self, elapsed_s: float) -> bool:
         """Whether to stop after this round, with the reason in ``stop_reason``."""

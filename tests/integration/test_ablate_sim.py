@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from microbench.ablate.cli import main
+from microbench.measure.shard import Shard
 from microbench.results.layout import AblateFolder, job_folder
 
 pytestmark = pytest.mark.integration
@@ -88,11 +89,17 @@ def test_an_arm_that_fails_to_start_is_named(tmp_path: Path, capsys: pytest.Capt
     assert "arm broken (chunk 512)" in capsys.readouterr().out
 
 
-def test_a_decode_batch_that_runs_dry_gets_more_tokens(tmp_path: Path) -> None:
+def test_a_decode_batch_that_runs_dry_gets_more_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 80 tokens per stream cannot hold steady state, a baseline and one injection: the first batch of
-    # each arm runs out before its point; the next gets twice the tokens (was: 3 invalid attempts).
+    # each arm runs out before its point; the next gets twice the tokens (was: 3 invalid attempts), and
+    # the next round starts with what worked instead of running dry again.
+    grown: list[int] = []
+    original = Shard._grown
+    monkeypatch.setattr(Shard, "_grown", lambda self, b, d: grown.append(b) or original(self, b, d))
     grid = {"decode_batch_sizes": [2], "prefill_tokens": [1024], "decode_tokens": 80}
-    path = _ablation(tmp_path, rounds=1, until_resolved=None)
+    path = _ablation(tmp_path, rounds=2, until_resolved=None)
     data = yaml.safe_load(path.read_text())
     data["grid"] |= grid
     path.write_text(yaml.safe_dump(data))
@@ -100,5 +107,21 @@ def test_a_decode_batch_that_runs_dry_gets_more_tokens(tmp_path: Path) -> None:
     for arm in ("A", "B"):
         folder = tmp_path / "run" / "arms" / arm
         assert not list(folder.glob("invalid/*/*.json"))
-        (record,) = [json.loads(p.read_text()) for p in folder.glob("runs/*/*.json")]
-        assert 80 < record["config"]["decode_max_tokens"] <= 320
+        records = [json.loads(p.read_text()) for p in folder.glob("runs/*/*.json")]
+        assert len(records) == 2 and all(80 < r["config"]["decode_max_tokens"] <= 320 for r in records)
+    assert grown.count(80) == 2 and len(grown) == 2  # round 1 ran dry once per arm, round 2 never
+
+
+def test_arms_of_different_models_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = {"decode_batch_sizes": [0], "prefill_tokens": [1024]}
+    path = _ablation(tmp_path, rounds=2, until_resolved=None, arms={"A": {}, "B": {"model": "sim-dense"}})
+    data = yaml.safe_load(path.read_text())
+    data["grid"] |= grid
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
+    assert "the arms run different engines: model: " in capsys.readouterr().out
+    folder = AblateFolder(tmp_path / "run")
+    assert any(n.startswith("the arms run different engines: model:") for n in folder.read_manifest().notes)
+    comparison = json.loads((folder.comparison("A", "B") / "comparison.json").read_text())
+    assert any(w.startswith("model differs: A ") and "'sim-dense'" in w for w in comparison["warnings"])
+    assert folder.arm("B").read_manifest().engine_spec["model"] == "sim-dense"
