@@ -58,7 +58,7 @@ __all__ = [
 Verdict = Literal["B better", "B worse", "no detectable difference", "undecided", "only in A", "only in B"]
 CORRECTION = "Benjamini–Hochberg (false discovery rate across cells)"
 POWER = 0.8
-QUANTILE = 0.25  # the location compared: the first quartile (see the module docstring)
+QUANTILE = 0.25  # the location of repetitions of one measurement: the first quartile (module docstring)
 LOCATION = "first quartile"
 
 
@@ -67,10 +67,11 @@ def _finite(values: Sequence[float]) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def location(values: Sequence[float]) -> float:
-    """The figure an arm is summarised by: the first quartile of its finite values (NaN: none)."""
+def location(values: Sequence[float], quantile: float = QUANTILE) -> float:
+    """The figure an arm is summarised by: by default the first quartile of its finite values (NaN: none).
+    Values that differ by nature (requests of a mix) rather than by host noise take the median (0.5)."""
     x = _finite(values)
-    return float(np.quantile(x, QUANTILE)) if x.size else math.nan
+    return float(np.quantile(x, quantile)) if x.size else math.nan
 
 
 def bootstrap_ratio_ci(
@@ -79,6 +80,7 @@ def bootstrap_ratio_ci(
     seed: int | Sequence[int] = 0,
     n_boot: int = 4000,
     level: float = 0.95,
+    quantile: float = QUANTILE,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of location(B)/location(A), each arm resampled on its own with a seeded
     RNG; ``(nan, nan)`` with fewer than two values in an arm or a resampled location of A at 0."""
@@ -86,8 +88,8 @@ def bootstrap_ratio_ci(
     if xa.size < 2 or xb.size < 2:
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
-    med_a = np.quantile(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], QUANTILE, axis=1)
-    med_b = np.quantile(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], QUANTILE, axis=1)
+    med_a = np.quantile(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], quantile, axis=1)
+    med_b = np.quantile(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], quantile, axis=1)
     if np.any(med_a <= 0):
         return math.nan, math.nan
     tail = (1.0 - level) / 2.0
@@ -159,9 +161,10 @@ class Effect(StrictModel):
 
     n_a: int
     n_b: int
-    q1_a: float | None = Field(description="first quartile of A's values (location)")
-    q1_b: float | None
-    ratio: float | None = Field(description="q1_b / q1_a; < 1: B is faster")
+    quantile: float = Field(QUANTILE, description="the quantile compared (location): 0.25 first quartile")
+    location_a: float | None = Field(description="that quantile of A's values")
+    location_b: float | None
+    ratio: float | None = Field(description="location_b / location_a; < 1: B is faster")
     ci_low: float | None
     ci_high: float | None
     p_value: float | None = Field(description="two-sided Mann–Whitney U")
@@ -181,6 +184,7 @@ def compare_samples(
     alpha: float = 0.05,
     tolerance: float = 0.1,
     seed: int = 0,
+    quantile: float = QUANTILE,
 ) -> dict[tuple[int, ...], Effect]:
     """The effect per key (a cell, or a configuration × load level × figure) of either side, sorted; the
     p-values corrected together; each key's bootstrap seeded with ``[seed, *key]``. A key without a finite
@@ -191,9 +195,9 @@ def compare_samples(
     out = {}
     for key, p, p_adj in zip(keys, pvalues, correct_pvalues(pvalues, alpha), strict=True):
         xa, xb = values[key]
-        loc_a, loc_b = location(xa), location(xb)
+        loc_a, loc_b = location(xa, quantile), location(xb, quantile)
         ratio = loc_b / loc_a if loc_a > 0 else math.nan
-        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *key])
+        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *key], quantile=quantile)
         if not xb.size:
             why: Verdict = "only in A"
         elif not xa.size:
@@ -203,8 +207,9 @@ def compare_samples(
         out[key] = Effect(
             n_a=int(xa.size),
             n_b=int(xb.size),
-            q1_a=_finite_or_none(loc_a),
-            q1_b=_finite_or_none(loc_b),
+            quantile=quantile,
+            location_a=_finite_or_none(loc_a),
+            location_b=_finite_or_none(loc_b),
             ratio=_finite_or_none(ratio),
             ci_low=_finite_or_none(ci[0]),
             ci_high=_finite_or_none(ci[1]),
