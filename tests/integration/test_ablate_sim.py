@@ -110,8 +110,8 @@ def test_a_decode_batch_that_runs_dry_gets_more_tokens(
         dry = [p for p in folder.glob("invalid/*/*.json") if "never reached steady state" in p.read_text()]
         assert not dry
         records = [json.loads(p.read_text()) for p in folder.glob("runs/*/*.json")]
-        assert len(records) == 2 and all(80 < r["config"]["decode_max_tokens"] <= 320 for r in records)
-    assert grown.count(80) == 2 and len(grown) == 2  # round 1 ran dry once per arm, round 2 never
+        assert len(records) == 2 and all(r["config"]["decode_max_tokens"] > 80 for r in records)
+    assert grown.count(80) == 2  # round 1 outgrew 80 once per arm; round 2 started where round 1 ended
 
 
 def test_arms_of_different_models_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
