@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("predicted", type=Path, help="the predicted trace folder")
     r.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the CIs (1000)")
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (0)")
+    r.add_argument(
+        "--engine-log", type=Path, metavar="FILE",
+        help="the real engine's log (vLLM with --enable-logging-iteration-details, or SGLang): compare "
+        "its steps during the trace with the replay's",
+    )  # fmt: skip
     add_out(r, "results/calibration-<UTC time>")
     return parser
 
@@ -84,8 +89,8 @@ def _report(args: argparse.Namespace, held: ExitStack) -> int:
         if not (path / "header.json").is_file():
             raise BadInput(f"{name} {path} is not a trace folder (no header.json)")
     try:
-        report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed)
-    except ValueError as exc:
+        report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed, args.engine_log)
+    except (OSError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     held.enter_context(hold_folder(args.out))
     paths = write_pages(report, args.out)

@@ -70,11 +70,41 @@ def _counts(report: CalibrationReport) -> str:
     )
 
 
+STEP_COLUMNS = [
+    "", "steps", "prompt tokens", "decode tokens", "mixed share", "median tokens/step",
+    "median prefill step ms", "median decode step ms",
+]  # fmt: skip
+
+
+def step_rows(report: CalibrationReport) -> list[list[str]]:
+    """The step-composition table (real, predicted), or none without an engine log."""
+    if report.steps is None:
+        return []
+    return [
+        [name, str(s.steps), str(s.prefill_tokens), str(s.decode_tokens), f"{s.mixed_share:.2f}",
+         f"{s.median_tokens:g}", _f(s.median_prefill_step_ms, ".1f"), _f(s.median_decode_step_ms, ".2f")]
+        for name, s in (("real", report.steps.real), ("predicted", report.steps.predicted))
+    ]  # fmt: skip
+
+
+def _steps_note(report: CalibrationReport) -> str:
+    st = report.steps
+    return "" if st is None else (
+        f"Tokens per step, real against predicted: KS D {st.tokens_ks_d:.3f}, p {st.tokens_ks_p:.3g} "
+        f"(engine log {st.engine_log})."
+    )  # fmt: skip
+
+
 def lines(report: CalibrationReport) -> list[str]:
     """What the console prints."""
     out = [_counts(report)]
     for m, row in zip(report.metrics, rows(report), strict=True):
         out.append(f"{row[0]:5s} MAPE {row[2]} %, r {row[5]}, KS D {row[9]} p {row[10]}, {m.rating or ''}")
+    for row in step_rows(report):
+        out.append(
+            f"steps {row[0]:9s}: "
+            + ", ".join(f"{c} {v}" for c, v in zip(STEP_COLUMNS[1:], row[1:], strict=True))
+        )
     return out + [f"warning: {w}" for w in report.warnings]
 
 
@@ -102,6 +132,15 @@ def markdown(report: CalibrationReport, figures: bool = True) -> str:
         "Errors are (predicted − real) / real; bias > 0 over-predicts. Rating: seed 003's table "
         "(the worse of the MAPE's and r's bands). ITL compares distributions only (gaps are not paired).",
     ]
+    if report.steps is not None:
+        md += [
+            "",
+            "## Step composition",
+            "",
+            "| " + " | ".join(STEP_COLUMNS) + " |",
+            "|" + "---|" * len(STEP_COLUMNS),
+        ]
+        md += ["| " + " | ".join(r) + " |" for r in step_rows(report)] + ["", _steps_note(report)]
     matched, defaulted = _setup(report)
     if matched or defaulted:
         md += ["", "## Simulator settings", ""] + [f"- matched: {m}" for m in matched]
@@ -166,6 +205,9 @@ def write_pages(report: CalibrationReport, out_dir: Path) -> list[Path]:
         counts=_counts(report),
         columns=COLUMNS,
         rows=rows(report),
+        step_columns=STEP_COLUMNS,
+        step_rows=step_rows(report),
+        steps_note=_steps_note(report),
         matched=matched,
         defaulted=defaulted,
         qq=png_data_uri(qq),

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.calibrate import stats
 from analysis.calibrate.metrics import METRICS, itl_values, request_metrics, split_requests
+from analysis.calibrate.steps import StepComposition, engine_log_steps, step_composition
 from benchcore.schema import StrictModel
 from microbench.results.trace import read_trace
 
@@ -88,6 +90,7 @@ class CalibrationReport(StrictModel):
     duration_s: float = Field(description="the real trace's first send to its last chunk")
     bootstrap: dict[str, int] = Field(description="resamples and seed of the CIs")
     metrics: list[MetricComparison]
+    steps: StepComposition | None = Field(default=None, description="the engine's steps against the replay's")
     warnings: list[str] = Field(default_factory=list)
     known_limitations: list[str] = Field(default_factory=lambda: list(KNOWN_LIMITATIONS))
 
@@ -139,10 +142,14 @@ def _compare(
 
 
 def calibration_report(
-    real_dir: str | Path, predicted_dir: str | Path, n_boot: int = 1000, seed: int = 0
+    real_dir: str | Path,
+    predicted_dir: str | Path,
+    n_boot: int = 1000,
+    seed: int = 0,
+    engine_log: str | Path | None = None,
 ) -> CalibrationReport:
-    """Compare the predicted trace at ``predicted_dir`` with the real one at ``real_dir``; ``ValueError``
-    when no request can be compared."""
+    """Compare the predicted trace at ``predicted_dir`` with the real one at ``real_dir`` (and, given the
+    real engine's log, its steps with the replay's); ``ValueError`` when no request can be compared."""
     real_head, real = read_trace(real_dir)
     pred_head, pred = read_trace(predicted_dir)
     split = split_requests(real, pred)
@@ -166,6 +173,13 @@ def calibration_report(
     real_itl, pred_itl = itl_values(real, split.compared), itl_values(pred, split.compared)
     if real_itl.size >= 2 and pred_itl.size >= 2:
         metrics.append(_compare("itl", real_itl, pred_itl, False, n_boot, seed))
+    steps = None
+    if engine_log is not None:
+        replayed = Path(predicted_dir) / "steps.parquet"
+        if not replayed.is_file():
+            raise ValueError(f"{predicted_dir} has no steps.parquet (the replay's step log) to compare with")
+        real_steps = engine_log_steps(Path(engine_log), real_head, real)
+        steps = step_composition(real_steps, pd.read_parquet(replayed), str(engine_log))
     sent = real.loc[real["send_ns"].notna(), "send_ns"].astype(float)
     last = real["last_chunk_ns"].dropna().astype(float)
     duration = float((last.max() - sent.min()) / 1e9) if len(sent) and len(last) else 0.0
@@ -181,5 +195,6 @@ def calibration_report(
         duration_s=duration,
         bootstrap={"resamples": n_boot, "seed": seed},
         metrics=metrics,
+        steps=steps,
         warnings=warnings,
     )
