@@ -171,3 +171,12 @@ def test_cli_bad_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "--model" in capsys.readouterr().err
     assert main(["report", str(real), str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()  # nothing written on bad input
+
+
+def test_replay_runs_sglang_exclusive_steps() -> None:
+    a, b = ReplayRequest("a", 0, list(range(100)), 4), ReplayRequest("b", 3 * MS, list(range(900, 1900)), 1)
+    result = replay([a, b], _settings(mode="sglang", max_num_batched_tokens=512))
+    # a prefills (6 ms) and decodes; b's 1000 tokens take two prefill steps in which a gets no token
+    shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
+    assert shapes == [(100, 0), (512, 0), (488, 0), (0, 1), (0, 1), (0, 1)]
+    assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
