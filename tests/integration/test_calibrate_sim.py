@@ -98,10 +98,10 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     stretch = sim_steps["duration_ns"].sum() / (sim_steps["model_duration_s"].sum() * 1e9)
     figures = f"stretch {stretch:.3f}, TTFT MAPE {ttft.mape_pct:.1f}%, E2E MAPE {e2e.mape_pct:.1f}%"
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
-    # batched worse than the engine would be), and it orders the requests as reality did
+    # batched worse than the engine would be)
     assert e2e.bias_pct <= 2.0 and ttft.bias_pct is not None and ttft.bias_pct <= 5.0, figures
-    assert e2e.pearson_r is not None and e2e.pearson_r > 0.95, figures
     if stretch <= 1.01:  # reality held its model: the loop recovers it
+        assert e2e.pearson_r is not None and e2e.pearson_r > 0.98, figures
         assert e2e.mape_pct <= 2.0, figures  # issue #36's bar (measured on a quiet box: 0.7%)
         # TTFT misses issue #36's 2%: which step a request joins turns on sub-millisecond arrival times,
         # and one 15 ms step is a tenth of a short prompt's TTFT (measured on a quiet box: 6.1%)
