@@ -13,8 +13,9 @@ intended time of that issue is the moment the slot came free.
 
 Each request records its intended send time, the actual one (``StreamRecord.t_send_ns``), every chunk,
 usage, status and error; errors (HTTP 429/500, cut streams, server errors) become records, never
-exceptions. ``stop()`` ends issuing; in-flight requests then drain for up to ``drain_timeout_s`` and the
-rest are cancelled and recorded as such.
+exceptions. Streams are read on the client's hot path (a stamp and the bytes per read) and parsed after
+the stages, or when a multi-turn conversation or an event hook needs the answer. ``stop()`` ends
+issuing; in-flight requests then drain for up to ``drain_timeout_s`` and the rest are cancelled and recorded as such.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class LoadSession:
                     break
                 outcomes.append(await self._run_stage(stage))
         self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
+        for record in self.records:  # the streams are parsed here, after the timed part
+            _settle(record)
         return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes, rtt_ms)
 
     async def _round_trips(self, count: int = _RTT_PROBES) -> list[float]:
@@ -237,7 +240,7 @@ class LoadSession:
             current: RequestSpec | None = spec
             while current is not None:
                 record = await self._send(current, intended_ns, stage, outcome)
-                if current.next_turn is None or record.status != "ok" or self._stopping:
+                if current.next_turn is None or self._stopping or _settle(record) != "ok":
                     return
                 following = current.next_turn(current, record.stream)
                 intended_ns = time.perf_counter_ns() + int(current.think_time_s * 1e9)
@@ -260,8 +263,9 @@ class LoadSession:
         self._emit(EventKind.ISSUED, time.perf_counter_ns(), record.request_id, intended_ns=intended_ns)
         try:
             await send_request(
-                self._http, self.settings.base_url, spec, self.settings.api, record.stream, self._headers
-            )
+                self._http, self.settings.base_url, spec, self.settings.api, record.stream, self._headers,
+                lazy=True,
+            )  # fmt: skip
             record.status = "ok"
         except asyncio.CancelledError:
             record.status = "cancelled"
@@ -273,6 +277,7 @@ class LoadSession:
         finally:
             self._active -= 1
             if self.events.active:
+                _settle(record)
                 self._emit_outcome(record)
         return record
 
@@ -299,6 +304,13 @@ class LoadSession:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         return len(pending)
+
+
+def _settle(record: RequestRecord) -> str:
+    """Parse a lazily kept stream; an error found in it (malformed line, error event) sets the status."""
+    if record.status == "ok" and (failure := record.stream.failure) is not None:
+        record.status = classify(failure)
+    return record.status
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
