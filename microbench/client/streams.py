@@ -41,10 +41,9 @@ __all__ = [
     "stream_request",
 ]
 
-_DONE_LINE = b"data: [DONE]"
-# a read whose last 16 bytes hold "data: [DONE]" ends the stream ("data: [DONE]\r\n\r\n" is 16 bytes);
-# a JSON string holding that text is followed by at least '"}]}\n\n' and cannot match there
-_DONE_TAIL = 16
+# a read that ends with the [DONE] event ends the stream (a JSON chunk ends in '}', never in '[DONE]');
+# one that does not (a server that ends its lines otherwise) ends it when the body ends
+_DONE_ENDINGS = (b"[DONE]\n\n", b"[DONE]\r\n\r\n")
 
 
 class StreamError(RuntimeError):
@@ -341,9 +340,8 @@ async def stream_request(
             else:
                 async for data in resp.content.iter_any():
                     reads.append((stamp(), data))  # the hot path: a stamp and the bytes
-                    if data.find(_DONE_LINE, len(data) - _DONE_TAIL) >= 0:
-                        if lazy:  # parsed when first read; a newline completes a last line that lacks one
-                            reads.append((reads[-1][0], b"\n"))
+                    if data.endswith(_DONE_ENDINGS):
+                        if lazy:  # parsed when first read
                             return record
                         break
             record.settle()
