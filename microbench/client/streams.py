@@ -41,9 +41,7 @@ __all__ = [
     "stream_request",
 ]
 
-# a read that ends with the [DONE] event ends the stream (a JSON chunk ends in '}', never in '[DONE]');
-# one that does not (a server that ends its lines otherwise) ends it when the body ends
-_DONE_ENDINGS = (b"[DONE]\n\n", b"[DONE]\r\n\r\n")
+_END = b""  # kept after the last read: the body ended here (a read is never empty)
 
 
 class StreamError(RuntimeError):
@@ -202,6 +200,9 @@ class StreamRecord:
         for t_ns, data in reads:
             if self._t_done_ns is not None or self._failure is not None:
                 return  # nothing after [DONE] or a failure is part of the stream
+            if not data:  # the body ended (``_END``): its last line may lack a newline
+                self._at_end(t_ns)
+                return
             if b"\n" not in data:
                 parts.append(data)  # a piece of a long line: joined once, when the line ends
                 continue
@@ -216,13 +217,13 @@ class StreamRecord:
                 if len(line) > 1 and self._parse_line(line, t_ns, on_chunk):  # skip blank lines
                     return
 
-    def end(self, t_ns: int) -> None:
-        """The body ended at ``t_ns``: parse what is left, the last line may lack a newline."""
-        self.settle()
+    def _at_end(self, t_ns: int) -> None:
         line = b"".join(self._parts)
         self._parts.clear()
-        if line and self._t_done_ns is None and self._failure is None:
-            self._parse_line(line, t_ns, None)
+        if line and self._parse_line(line, t_ns, None):
+            return
+        self.error = self.error or f"stream ended without [DONE] after {len(self._chunk_t_ns)} chunks"
+        self._failure = StreamCut(self.error, self)
 
     def _parse_line(self, line: bytes, t_ns: int, on_chunk: Callable[[StreamRecord], None] | None) -> bool:
         """Record one SSE line; True once ``[DONE]`` arrived or the stream failed."""
@@ -309,9 +310,8 @@ async def stream_request(
     - ``on_chunk`` given: each read is parsed as it arrives and ``on_chunk(record)`` runs after each
       content chunk (a protocol that watches the stream: steady state, injection timing);
     - default: the reads are parsed when the body ends, and a malformed line or an error event raises;
-    - ``lazy``: nothing is parsed; a read ending in ``data: [DONE]`` ends the stream and the record is
-      parsed when first read — the caller then checks ``record.failure`` (the load generator, whose
-      loop must stamp the next read and keep its schedule).
+    - ``lazy``: nothing is parsed; the record is parsed when first read, and the caller checks
+      ``record.failure`` (the load generator, whose loop must stamp the next read and keep its schedule).
 
     ``t_send_ns`` is stamped before the connection is opened (or taken from the pool) and the body
     serialised. Cancelling the awaiting task closes the connection (the server aborts the request) and
@@ -338,14 +338,14 @@ async def stream_request(
                     if record._t_done_ns is not None or record._failure is not None:
                         break
             else:
+                # the hot path: a stamp and the bytes, to the body's end (a connection read to its end
+                # goes back to the pool; one left at [DONE] is closed)
                 async for data in resp.content.iter_any():
-                    reads.append((stamp(), data))  # the hot path: a stamp and the bytes
-                    if data.endswith(_DONE_ENDINGS):
-                        if lazy:  # parsed when first read
-                            return record
-                        break
-            record.settle()
-            record.end(stamp())
+                    reads.append((stamp(), data))
+            reads.append((stamp(), _END))
+            if lazy:
+                return record
+            record.settle(on_chunk)
             if record._failure is not None:
                 raise record._failure
     except StreamError as exc:
@@ -357,7 +357,4 @@ async def stream_request(
         if record.status is None and isinstance(exc, aiohttp.ClientConnectorError):
             raise ConnectFailed(record.error, record) from exc  # refused or unreachable: nothing was sent
         raise StreamCut(record.error, record) from exc
-    if record._t_done_ns is None:
-        record.error = f"stream ended without [DONE] after {len(record.chunk_t_ns)} chunks"
-        raise StreamCut(record.error, record)
     return record

@@ -125,10 +125,16 @@ async def test_a_lazy_stream_s_error_event_is_its_failure(server: str) -> None:
     assert rec.chunk_tokens == [1] and rec.t_done_ns is None
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ("live", "end"))
 async def test_a_stream_without_done_is_cut(server: str, mode: str) -> None:
     with pytest.raises(StreamCut, match="without \\[DONE\\] after 2 chunks"):
         await _run(server + "/no_done", mode)
+
+
+async def test_a_lazy_stream_without_done_has_a_cut_as_its_failure(server: str) -> None:
+    rec, _ = await _run(server + "/no_done", "lazy")
+    assert isinstance(rec.failure, StreamCut) and "without [DONE] after 2 chunks" in (rec.error or "")
+    assert rec.chunk_tokens == [1, 1]
 
 
 def test_a_record_built_by_hand_keeps_its_fields() -> None:
