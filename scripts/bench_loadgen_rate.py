@@ -7,8 +7,9 @@ outputs), so the figure is the load generator's own. For each rate of ``--rates`
 worker's p99, and the achieved send rate. One worker runs pinned to core 0 (the other core is the
 sim's); N > 1 workers may use every core. Beside them, as a yardstick in the same run (worker count 0
 in the table), the same schedule kept by a bare loop that sends nothing: the lateness the box's own
-scheduling causes (on a shared, loaded box it sets the floor of every p99). The knee of a worker count is the highest rate at which the
-median p99 stays ≤ ``--knee-ms`` (1 ms) and the sends keep ≥ 90 % of the rate.
+scheduling causes (on a shared, loaded box it sets the floor of every p99). The knee of a worker count
+is the highest rate at which the median p99 stays ≤ ``--knee-ms`` (1 ms) and the sends keep ≥ 90 % of
+the rate.
 
     .venv/bin/python scripts/bench_loadgen_rate.py [--rates 1000 2000 4000 6000] [--workers 1 2] [--out F]
 """
