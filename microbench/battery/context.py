@@ -26,6 +26,7 @@ from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import write_trace
+from microbench.loadgen.workers import run_sessions
 from microbench.measure.capacity import CapacityPlan, CapacitySearch, capacity_ledger, measure_capacity
 from microbench.measure.runs import Run, run_of
 from microbench.measure.saturation import SATURATION_RULE
@@ -62,6 +63,7 @@ class BatteryContext:
     on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
     emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
     progress_every_s: float = 60.0
+    workers: int = 1  # load-generation processes (microbench.loadgen.workers); 1: this one
     prompts: PromptFactory = field(default_factory=PromptFactory)
     text: TextRenderer | None = None  # text prompts (the chat API) through the model's tokenizer
     api_kind: Literal["completions", "chat"] = "completions"
@@ -106,13 +108,16 @@ class BatteryContext:
             drain_timeout_s=self.drain_timeout_s,
             api_key_env=self.engine.api_key_env,
         )
-        async with LoadSession(settings) as session:
-            ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
-            try:
-                result = await session.run(stages)
-            finally:
-                if ticker is not None:
-                    ticker.cancel()
+        if self.workers > 1:  # the workers' records come back at the end: no progress lines meanwhile
+            result = await run_sessions(settings, stages, self.workers)
+        else:
+            async with LoadSession(settings) as session:
+                ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
+                try:
+                    result = await session.run(stages)
+                finally:
+                    if ticker is not None:
+                        ticker.cancel()
         self._runs += 1
         if self.out_dir is not None:
             folder = self.out_dir / "traces" / label
