@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -141,3 +142,17 @@ def test_a_record_built_by_hand_keeps_its_fields() -> None:
     rec = StreamRecord(t_send_ns=5, chunk_t_ns=[7, 9], chunk_tokens=[1, 2], t_done_ns=9)
     rec.add_chunk(11, 3)
     assert rec.completion_tokens == 6 and rec.first_token_ns == 7 and rec.failure is None
+
+
+async def test_the_send_stamp_precedes_opening_the_connection(server: str) -> None:
+    opened: list[int] = []
+
+    async def on_create(*_: object) -> None:
+        opened.append(time.perf_counter_ns())
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(on_create)
+    rec = StreamRecord()
+    async with aiohttp.ClientSession(trace_configs=[trace]) as http:
+        await stream_request(http, server + "/split", {"prompt": [1]}, rec)
+    assert len(opened) == 1 and 0 < rec.t_send_ns < opened[0] < rec.t_headers_ns < rec.chunk_t_ns[0]
