@@ -7,7 +7,10 @@ k sends those whose count is k modulo n, at their absolute target times — ever
 ``perf_counter_ns`` instant (CLOCK_MONOTONIC, the same clock in every process) that the workers agree on
 at a barrier, so the merged sends follow the one schedule. No item is sent twice and each prompt stays
 unique: the workers' counts never meet. A closed loop's slots are split between the workers (its items
-still alternate: a worker with one slot fewer sets the pace of a request-limited closed stage).
+still alternate: a worker with one slot fewer sets the pace of a request-limited closed stage). A stage
+ended by a request count or by an open loop's time is the same in every worker; a closed loop ended by
+time is not (each worker pulled what its slots freed), so an open-loop stage after one keeps prompts
+unique but may send pairs at one target time instead of the whole schedule (the trace shows it).
 
 The workers' records come back (parsed, pickled) and are merged into one ``SessionResult``: records in
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
