@@ -15,7 +15,7 @@ from microbench.workloads.prompts import PromptFactory
 
 pytestmark = pytest.mark.integration
 
-OUTPUT = 400
+OUTPUT = 1000
 
 
 async def _per_token_us(http: aiohttp.ClientSession, url: str, prompt: list[int], lazy: bool) -> float:
@@ -32,9 +32,9 @@ async def test_a_100k_token_prompt_streams_at_the_per_token_cost_of_a_1k_one(laz
     async with SimServer(config) as sim, aiohttp.ClientSession() as http:
         url = sim.base_url + "/v1/completions"
         costs: dict[int, list[float]] = {1_000: [], 100_000: []}
-        for _ in range(3):  # interleaved: the box's drift hits both alike
+        for _ in range(5):  # interleaved: the box's drift hits both alike
             for n in costs:
                 costs[n].append(await _per_token_us(http, url, factory.cold(n), lazy))
     short, long = (float(np.median(c)) for c in costs.values())
     print(f"per-token µs, 1K prompt {short:.1f}, 100K prompt {long:.1f}: ratio {long / short:.2f}")
-    assert long / short < 2.0  # same cost within this shared box's noise (a collapse is ~10x)
+    assert long / short < 3.0  # the same cost within a shared box's noise; the reported collapse is 11x
