@@ -67,6 +67,10 @@ class JobFolder:
             manifest = manifest.model_copy(update={"job": self.JOB})
         write_model(self.manifest_path, manifest)
 
+    def role_log(self, role: str) -> Path:
+        """The log of the folder's engine in ``role`` (producer, consumer, alone: the engine-pair jobs)."""
+        return self.root / f"engine-{role}.log"
+
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """One writer per run folder: a second run (or ``--resume``) of the same folder is refused."""
         return hold_folder(self.root)
