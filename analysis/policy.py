@@ -186,6 +186,14 @@ class OffloadPolicy:
             raise OutOfRangeError(f"chunk {chunk} is outside the measured chunk sizes {chunks}")
         return min(chunks, key=lambda c: (abs(math.log(c / chunk)), c))
 
+    def measured_range(self, chunk: int) -> tuple[int, tuple[float, float], tuple[float, float]]:
+        """The chunk that answers for ``chunk`` and its measured D and P ranges (a caller that clamps
+        queries onto the table, as the router does, reads its edges here)."""
+        used = self._chunk(chunk)
+        sub = self.cells[self.cells["chunk_size"] == used]
+        d, p = sub["decode_batch_size"], sub["new_prefill_tokens"]
+        return used, (float(d.min()), float(d.max())), (float(p.min()), float(p.max()))
+
     def interference_ms(self, decode_batch: float, prefill_tokens: float, chunk: int) -> tuple[float, int]:
         """Interference cost interpolated linearly in D and log P on the nearest chunk, and that chunk."""
         used = self._chunk(chunk)
