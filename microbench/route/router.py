@@ -60,6 +60,8 @@ class OffloadRouter(PDProxy):
         self.decisions: dict[str, RouteDecision] = {}
         self.decide_ns: dict[str, int] = {}  # time spent deciding, per request
         self.decode_running = 0
+        if table is not None:  # the table builds its lookup grids on first use: not on a request's time
+            decide("table", table, 1, 1, chunk)
 
     def reset(self, policy: PolicyName) -> None:
         """Start a new replay under ``policy``: the logs of the last one are dropped."""
