@@ -134,3 +134,15 @@ def test_summary_and_effects_count_valid_replays_only_and_name_the_baseline() ->
     (e,) = effects
     assert e.baseline == "colocated" and e.ratio == pytest.approx(5.2 / 12.0)
     assert e.verdict == "B better" and e.better == "table" and e.ci_high < 1
+
+
+def test_bad_input_is_exit_2_with_the_fix_named(tmp_path, capsys) -> None:
+    from microbench.route.cli import main
+
+    assert main(["--policies", "table", "--out", str(tmp_path / "a")]) == 2
+    assert "python -m analysis.policy build" in capsys.readouterr().err
+    assert main(["--table", str(tmp_path / "none.json"), "--out", str(tmp_path / "b")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--resume"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing written
