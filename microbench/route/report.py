@@ -20,6 +20,7 @@ from benchcore.atomic import atomic_write_bytes, write_model
 from benchcore.pages import png_data_uri, render_page
 from benchcore.schema import StrictModel
 from microbench.results.layout import RouteFolder
+from microbench.route.boundary import BoundaryRow, boundary_rows
 from microbench.route.config import RouteConfig
 from microbench.route.derive import (
     HIGHER_IS_BETTER,
@@ -64,6 +65,7 @@ class RouteReport(StrictModel):
     replays: list[ReplayFigures]
     summary: list[PolicySummary]
     effects: list[Effect]
+    boundary: list[BoundaryRow] = Field(default_factory=list, description="per cold P: predicted vs measured")
     method: str
     verdict_lines: list[str]
     notes: list[str] = Field(default_factory=list)
@@ -93,9 +95,8 @@ def _verdicts(effects: list[Effect], summary: list[PolicySummary], policies: lis
 
 def build_report(folder: RouteFolder, cfg: RouteConfig) -> RouteReport:
     """The report of what the folder stores (pure in the folder's contents)."""
-    figures = [
-        replay_figures(rec, frame, cfg.slo_ttft_ms, cfg.slo_tpot_ms) for rec, frame in folder.replays()
-    ]
+    stored = folder.replays()
+    figures = [replay_figures(rec, frame, cfg.slo_ttft_ms, cfg.slo_tpot_ms) for rec, frame in stored]
     policies: list[str] = list(cfg.policies)
     summary = policy_summary(figures, policies)
     effects = ab_effects(figures) if "table" in policies and len(policies) > 1 else []
@@ -129,6 +130,7 @@ def build_report(folder: RouteFolder, cfg: RouteConfig) -> RouteReport:
         replays=figures,
         summary=summary,
         effects=effects,
+        boundary=boundary_rows([(rec.policy, rec.valid, frame) for rec, frame in stored]),
         method=METHOD,
         verdict_lines=_verdicts(effects, summary, policies),
         notes=notes,
@@ -168,12 +170,26 @@ def _effect_table(r: RouteReport) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
+def _boundary_table(r: RouteReport) -> tuple[list[str], list[list[str]]]:
+    columns = ["P", "table offloads", "D seen", "table interference ms", "table transfer ms",
+               "measured decode delay ms (local)", "measured hand-off ms (offloaded)",
+               "experiment says"]  # fmt: skip
+    rows = [
+        [str(b.prompt_tokens), _fmt(b.table_offload_share), _fmt(b.table_decode_running, 1),
+         _fmt(b.table_interference_ms, 1), _fmt(b.table_transfer_ms, 1), _fmt(b.measured_decode_delay_ms, 1),
+         _fmt(b.measured_handoff_ms, 1), b.experiment_says]
+        for b in r.boundary
+    ]  # fmt: skip
+    return columns, rows
+
+
 def markdown(r: RouteReport) -> str:
     """The report as Markdown."""
     out = [f"# Route experiment {r.run_id}", "", r.question, ""]
     out += [f"- {line}" for line in r.verdict_lines] + [""]
     for title, (columns, rows) in (
         ("Per policy", _summary_table(r)),
+        ("The table's boundary beside the experiment's", _boundary_table(r)),
         ("Table against fixed", _effect_table(r)),
     ):
         out += [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -249,10 +265,12 @@ def write_report(folder: RouteFolder, cfg: RouteConfig) -> RouteReport:
     atomic_write_bytes(folder.root / "report.md", markdown(report).encode())
     sc, sr = _summary_table(report)
     ec, er = _effect_table(report)
+    bc, br = _boundary_table(report)
     html = render_page(
         "microbench.route", "route_report.html", title=f"Route experiment {report.run_id}", banner=None,
         r=report,
-        summary_columns=sc, summary_rows=sr, effect_columns=ec, effect_rows=er,
+        summary_columns=sc, summary_rows=sr, effect_columns=ec, effect_rows=er, boundary_columns=bc,
+        boundary_rows=br,
         timeline=png_data_uri(png) if png is not None else None,
     )  # fmt: skip
     atomic_write_bytes(folder.root / "report.html", html.encode())

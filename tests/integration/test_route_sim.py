@@ -113,6 +113,9 @@ def test_the_table_beats_both_fixed_policies_when_its_boundary_falls_inside_the_
     assert (cold["offload"] == (cold["prompt_tokens"] == LARGE)).all()
     assert (cold["decode_running"] >= 4).all() and (cold["chunk"] == CHUNK).all()
     assert cold["interference_ms"].notna().all() and cold["transfer_ms"].notna().all()
+    # the experiment's own boundary (measured decode delay against measured hand-off) agrees with the table
+    says = {b.prompt_tokens: (b.table_offload_share, b.experiment_says) for b in report.boundary}
+    assert says == {SMALL: (0.0, "local"), LARGE: (1.0, "offload")}
 
 
 def test_on_small_prompts_only_the_table_keeps_them_local_and_matches_colocated(setup: Path) -> None:

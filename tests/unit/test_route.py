@@ -146,3 +146,31 @@ def test_bad_input_is_exit_2_with_the_fix_named(tmp_path, capsys) -> None:
     assert main(["--resume"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing written
+
+
+def test_a_decode_gap_inside_two_prefill_windows_is_shared_by_their_prompt_tokens() -> None:
+    from microbench.route.boundary import boundary_rows, local_decode_delay_ms
+
+    ms = 1_000_000
+    frame = pd.DataFrame(
+        [  # one decode stream with gaps 10, 10, 50, 10 ms (median 10: one excess of 40 ms ending at 80 ms)
+            {"client_id": DECODE, "status": "ok", "chunk_ns": [0, 10 * ms, 20 * ms, 70 * ms, 80 * ms],
+             "send_ns": 0, "first_chunk_ns": 0, "prompt_tokens": 64},
+            {"client_id": COLD, "status": "ok", "chunk_ns": [75 * ms], "send_ns": 25 * ms,
+             "first_chunk_ns": 75 * ms, "prompt_tokens": 100},
+            {"client_id": COLD, "status": "ok", "chunk_ns": [90 * ms], "send_ns": 30 * ms,
+             "first_chunk_ns": 90 * ms, "prompt_tokens": 300},
+        ]
+    )  # fmt: skip
+    delay = local_decode_delay_ms(frame)
+    # the 50 ms gap ends at 70 ms, inside both windows: its 40 ms excess splits 100:300; the last gap is
+    # not in excess
+    assert delay.loc[1] == pytest.approx(10.0) and delay.loc[2] == pytest.approx(30.0)
+    handoff = frame.assign(consumer_send_ns=0, consumer_first_token_ns=[0, 5 * ms, 50 * ms])
+    rows = {
+        r.prompt_tokens: r
+        for r in boundary_rows([("colocated", True, frame), ("disaggregated", True, handoff)])
+    }
+    assert rows[100].experiment_says == "offload"  # 10 ms of delay against a 5 ms hand-off
+    assert rows[300].experiment_says == "local"  # 30 ms of delay against a 50 ms hand-off
+    assert rows[100].table_offload_share is None  # no table replay: nothing predicted
