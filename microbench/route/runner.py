@@ -163,12 +163,12 @@ class RouteRunner:
         async with LoadSession(settings) as session:
             result = await session.run([Stage(name=policy, plan=iter(plan), max_requests=len(plan))])
         elapsed = time.perf_counter() - t0
-        loads = [
-            EngineLoad(role=role, busy_pct=load.total_pct, top_threads_pct=load.top_threads_pct)
-            for role, e in engines.items()
-            if e.pid is not None and role in threads
-            for load in [idle_cpu_between(role, threads[role], group_threads(e.pid), elapsed)]
-        ]
+        loads = []
+        for role, before_threads in threads.items():  # each engine's CPU over the replay: the contention
+            pid = engines[role].pid
+            assert pid is not None
+            load = idle_cpu_between(role, before_threads, group_threads(pid), elapsed)
+            loads.append(EngineLoad(role=role, busy_pct=load.total_pct, top_threads_pct=load.top_threads_pct))
         after = await self._scrape(engines)
         frame = requests_frame(trace_frame(result), router, result.t0_ns)
         record = self._record(policy, rep, pos, result.started_unix_ns, elapsed, frame, before, after, loads)
