@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,9 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                     if name == "found" and found is None:
                         console.print("[yellow]sweep found: skipped, the search found no passing setting")
                         continue
+                    t0 = time.perf_counter()
                     asyncio.run(runner.sweep(name, config.sweep_spec(name, found)))
+                    console.print(f"sweep {name}: {time.perf_counter() - t0:.0f} s")
         except EngineError as exc:
             console.print(f"[red]error: {exc}", soft_wrap=True)
             console.print(
