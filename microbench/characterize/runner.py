@@ -30,7 +30,6 @@ from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.measure.runs import Run, run_of
 from microbench.results.layout import CharacterizeFolder
-from microbench.results.records import read_record
 
 __all__ = ["CharacterizeRunner"]
 
@@ -64,14 +63,14 @@ class CharacterizeRunner:
     def _known_probes(self) -> dict[str, ProbeRecord]:
         out = {}
         for path in sorted((self.folder.root / "search" / "probes").glob("*.json")):
-            record = read_record(path, ProbeRecord)
+            record = ProbeRecord.model_validate_json(path.read_text())
             out[record.candidate.label] = record
         return out
 
     async def search(self) -> BudgetSearch:
         plan = self.config.search_plan()
         if self.folder.search_path.is_file():
-            stored = read_record(self.folder.search_path, BudgetSearch)
+            stored = BudgetSearch.model_validate_json(self.folder.search_path.read_text())
             if stored.plan == plan:
                 self.console.print(f"search: stored result kept ({plan.dimension} = {stored.found})")
                 self.search_result = stored
@@ -107,7 +106,7 @@ class CharacterizeRunner:
         for users in self.config.sweep.users:
             path = self.folder.level_path(name, users)
             if path.is_file():
-                out[users] = read_record(path, UserLevel)
+                out[users] = UserLevel.model_validate_json(path.read_text())
         return out
 
     def config_name(self, name: str, spec: EngineSpec) -> str:
