@@ -16,6 +16,7 @@ from pathlib import Path
 
 from analysis.characterize.curves import SloError, capacities, curve_figure, latency_throughput, parse_slo
 from analysis.characterize.dataset import PERCENTILES, DatasetError, read_dataset
+from analysis.characterize.page import page_html
 from analysis.characterize.recommend import NothingMeets, parse_costs, recommend
 from benchcore.atomic import atomic_write_bytes
 from benchcore.cli import BadInput, run_cli
@@ -56,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slo", help=SLO_HELP + " (capacities only with one)")
     c.add_argument("--percentile", choices=PERCENTILES, default="p90")
     c.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="folder for curves.csv/png, capacity.json"
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder for curves.csv/png, capacity.json, report.html",
     )
     return p
 
@@ -95,13 +100,16 @@ def _curves(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.out / "curves.csv", curve.to_csv(index=False).encode())
         fig = curve_figure(table, args.percentile)
         fig.savefig(args.out / "curves.png", dpi=120)
+        caps = capacities(table, slo, args.percentile) if slo is not None else []
         if slo is not None:
-            caps = [c.model_dump(mode="json") for c in capacities(table, slo, args.percentile)]
-            atomic_write_bytes(args.out / "capacity.json", json.dumps(caps, indent=2).encode())
+            dump = [c.model_dump(mode="json") for c in caps]
+            atomic_write_bytes(args.out / "capacity.json", json.dumps(dump, indent=2).encode())
             for c in caps:
-                more = "+" if c["censored"] else ""
-                print(f"{c['config']}: capacity {c['users']}{more} users ({args.percentile}, {args.slo})")
-    print(f"wrote {args.out}/curves.csv, curves.png" + (", capacity.json" if slo else ""))
+                more = "+" if c.censored else ""
+                print(f"{c.config}: capacity {c.users}{more} users ({args.percentile}, {args.slo})")
+        page = page_html(table, caps, args.slo or "no SLO given", args.percentile)
+        atomic_write_bytes(args.out / "report.html", page.encode())
+    print(f"wrote {args.out}/curves.csv, curves.png, report.html" + (", capacity.json" if slo else ""))
     return 0
 
 

@@ -155,3 +155,5 @@ def test_cli_bad_input_exits_2_with_a_message(tmp_path: Path, capsys: pytest.Cap
     assert "best a" in capsys.readouterr().out
     assert analysis_main(["curves", str(path), "--slo", "itl=15", "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "isotonic regression" in page and "LOO MAPE" in page and "<img" in page
