@@ -15,7 +15,8 @@ __all__ = ["METHOD", "page_html"]
 METHOD = (
     "Capacity: the most users whose latencies, fitted by isotonic regression in users (scipy, weighted "
     "by measured requests, interpolated linearly between measured levels), all meet the SLO; read only "
-    "inside the measured users range ('+': the SLO held at the largest measured level, the capacity may be higher)."
+    "inside the measured users range ('+': the SLO held at the largest measured level, "
+    "the capacity may be higher)."
 )
 
 
