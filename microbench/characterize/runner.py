@@ -20,7 +20,7 @@ from analysis.characterize.dataset import DatasetRow, append_rows
 from benchcore.atomic import write_model
 from benchcore.redact import redact_argv
 from engine_harness.engines import EngineSpec
-from engine_harness.launch import EngineProcess
+from engine_harness.launch import EngineError, EngineProcess
 from microbench.characterize.budget import BudgetSearch, Candidate, ProbeRecord, search_budget
 from microbench.characterize.config import CharacterizeConfig
 from microbench.characterize.requests import request_source
@@ -136,7 +136,13 @@ class CharacterizeRunner:
                 level = next(s for s in stages if s.name == "level")
                 self.console.print(f"  {label}: {level.in_flight_limit} users for {level.duration_s:.0f} s …")
                 async with LoadSession(settings) as session:
-                    return run_of(await session.run(stages))
+                    result = run_of(await session.run(stages))
+                if not await engine.responsive(10.0):  # a level against a dead engine measures nothing
+                    raise EngineError(
+                        f"the engine died during {label} (its log: {engine.log_path}); the levels before it "
+                        "are stored"
+                    )
+                return result
 
             async def on_level(level: UserLevel, result: Run | None) -> None:
                 if result is not None:

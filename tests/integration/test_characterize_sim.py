@@ -134,3 +134,27 @@ def test_cli_reports_a_setting_that_never_passes(tmp_path: Path, capsys: pytest.
     )
     assert code == 1
     assert "no setting passed, even the minimum (decode-at-max-context" in capsys.readouterr().err
+
+
+def test_an_engine_dying_mid_sweep_keeps_the_levels_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r"
+    code = _cli(
+        out,
+        "--no-search",
+        "--engine-args",
+        "--die-after-requests 12",
+        "--users",
+        "1,2,4,8",
+        "--level-duration",
+        "1s",
+        "--max-level-duration",
+        "1s",
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the engine died during default/u" in err and "--resume" in err
+    stored = sorted(p.name for p in (out / "levels" / "default").glob("u*.json"))
+    rows = pd.read_parquet(out / "rows.parquet")
+    assert stored and len(rows) == len(stored) and (rows["succeeded"] == rows["requests"]).all()
