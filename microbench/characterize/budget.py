@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 Dimension = Literal["budget", "seqs"]
+LATE_SEND_RETRIES = 2  # a batch whose requests reached the engine too late to judge is run again
 
 
 class Candidate(StrictModel):
@@ -130,6 +131,7 @@ def _outcome(record: StreamRecord, t0_ns: int) -> RequestOutcome:
     return RequestOutcome(
         ok=ok,
         error=record.error or (None if ok else "no token arrived"),
+        accepted_s=(record.t_headers_ns - t0_ns) / 1e9 if record.t_headers_ns else None,
         first_token_s=(stamps[0] - t0_ns) / 1e9 if stamps else None,
         done_s=(record.t_done_ns - t0_ns) / 1e9 if record.t_done_ns else None,
         gaps_s=[(b - a) / 1e9 for a, b in itertools.pairwise(stamps)],
@@ -183,8 +185,13 @@ async def run_batches(
     ) as session:
         client = EngineClient(session, target.base_url, model, target.metrics, None, target.auth_headers)
         for batch in corner_batches(candidate.budget, candidate.max_seqs, limits):
-            out.append(await _run_batch(client, batch, prompts, limits, timeout_s))
-            if not out[-1].passed:
+            for attempt in range(1, LATE_SEND_RETRIES + 2):
+                outcome = await _run_batch(client, batch, prompts, limits, timeout_s)
+                outcome.attempts = attempt
+                if not outcome.late_sends:
+                    break
+            out.append(outcome)
+            if not outcome.passed:
                 break
     return out
 

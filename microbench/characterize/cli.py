@@ -10,7 +10,7 @@ Examples::
 
     python -m microbench.characterize --config sweeps/characterize/sim-memory.yaml
     python -m microbench.characterize --engine sim --search budget --range 256:65536 --max-num-seqs 4 \\
-        --context 1024 --engine-args '--memory-tokens 40000' --no-sweep
+        --context 1024 --engine-args '--memory-tokens 40000 --max-model-len 1024' --no-sweep
     python -m microbench.characterize --config sweeps/characterize/cpu-small-kv.yaml \\
         --dataset results/characterization.parquet
     python -m microbench.characterize --resume --out results/<run-id>
@@ -70,7 +70,7 @@ def _users(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m microbench.characterize",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=__doc__,
         epilog="Exit codes: 0 done, 1 no setting passed or an engine failed while measuring, 2 bad input "
         "(an engine that refuses every setting tried included), 130/143 stopped.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -12,7 +12,9 @@ longest request the service admits (``context`` L: prompt + output tokens). Its 
 
 A batch passes when every request succeeded, the engine is still alive, it preempted at most
 ``preemption_limit`` sequences, the decode batch ran as one batch (every sequence had its first token
-before any finished: a batch the KV cache cannot hold is queued, not run), and the latency SLOs, where
+before any finished: a batch the KV cache cannot hold is queued, not run; a sequence whose request reached
+the engine — its response headers — only after another finished makes the batch inconclusive, and it is
+run again), and the latency SLOs, where
 given, hold (TTFT of the max-length prompt, ITL P99 of the decode batch). Every verdict says why.
 """
 
@@ -86,6 +88,7 @@ class RequestOutcome(StrictModel):
 
     ok: bool
     error: str | None = None
+    accepted_s: float | None = Field(default=None, description="response headers: the engine has it")
     first_token_s: float | None = None
     done_s: float | None = None
     gaps_s: list[float] = Field(default_factory=list, description="inter-token gaps")
@@ -102,17 +105,27 @@ class BatchOutcome(StrictModel):
     preemptions: float | None = Field(..., description="engine counter delta (None: not reported)")
     alive: bool
     concurrent: bool = Field(..., description="every sequence had its first token before any finished")
+    late_sends: bool = Field(
+        default=False,
+        description="not concurrent only because some requests reached the engine after "
+        "others had finished (the client sent them late): inconclusive, the batch is run again",
+    )
     ttft_max_ms: float | None = None
     itl_p99_ms: float | None = None
     wall_s: float
+    attempts: int = Field(default=1, ge=1, description="runs of the batch (inconclusive ones run again)")
     passed: bool = False
     why: str = ""
 
 
-def _concurrent(outcomes: Sequence[RequestOutcome]) -> bool:
-    firsts = [o.first_token_s for o in outcomes if o.first_token_s is not None]
+def _concurrency(outcomes: Sequence[RequestOutcome]) -> tuple[bool, bool]:
+    """(every first token before any finish, the only late ones reached the engine after that finish)."""
     dones = [o.done_s for o in outcomes if o.done_s is not None]
-    return not firsts or not dones or max(firsts) <= min(dones)
+    late = [o for o in outcomes if o.first_token_s is not None and dones and o.first_token_s > min(dones)]
+    if not late:
+        return True, False
+    queued = [o for o in late if o.accepted_s is None or o.accepted_s <= min(dones)]
+    return False, not queued
 
 
 def judge(
@@ -128,7 +141,9 @@ def judge(
     failed = [o for o in outcomes if not o.ok]
     ttfts = [o.first_token_s for o in outcomes if o.first_token_s is not None]
     gaps = [g for o in outcomes for g in o.gaps_s]
-    concurrent = _concurrent(outcomes) if batch.name == "decode-at-max-context" else True
+    concurrent, late_sends = (
+        _concurrency(outcomes) if batch.name == "decode-at-max-context" else (True, False)
+    )
     out = BatchOutcome(
         name=batch.name,
         sequences=batch.size,
@@ -138,6 +153,7 @@ def judge(
         preemptions=preemptions,
         alive=alive,
         concurrent=concurrent,
+        late_sends=late_sends,
         ttft_max_ms=max(ttfts) * 1e3 if ttfts else None,
         itl_p99_ms=float(np.percentile(gaps, 99)) * 1e3 if gaps else None,
         wall_s=wall_s,
@@ -152,7 +168,9 @@ def judge(
         reasons.append(
             f"{preemptions:.0f} preemptions > limit {limits.preemption_limit}: the KV cache cannot hold it"
         )
-    if not concurrent:
+    if late_sends:
+        reasons.append("inconclusive: some requests reached the engine only after others had finished")
+    elif not concurrent:
         reasons.append(
             f"the {batch.size} sequences did not run as one batch (some finished before others started): "
             "the KV cache cannot hold them at this context"

@@ -137,3 +137,14 @@ def test_search_finds_a_known_boundary_and_records_every_probe(monkeypatch: pyte
     known = {p.candidate.label: p for p in result.probes}
     again = asyncio.run(search_budget(plan, counting, "m", known=known))  # type: ignore[arg-type]
     assert again.found == 12345 and starts == []
+
+
+def test_a_batch_sent_late_is_inconclusive_not_a_failure() -> None:
+    decode = corner_batches(4096, 2, LIMITS)[1]
+    early = RequestOutcome(ok=True, accepted_s=0.0, first_token_s=0.1, done_s=0.5, gaps_s=[0.01])
+    sent_late = RequestOutcome(ok=True, accepted_s=0.6, first_token_s=0.7, done_s=0.9, gaps_s=[0.01])
+    queued = RequestOutcome(ok=True, accepted_s=0.01, first_token_s=0.7, done_s=0.9, gaps_s=[0.01])
+    late = judge(decode, [early, sent_late], preemptions=0, alive=True, wall_s=1, limits=LIMITS)
+    assert late.late_sends and not late.passed and "inconclusive" in late.why
+    blocked = judge(decode, [early, queued], preemptions=0, alive=True, wall_s=1, limits=LIMITS)
+    assert not blocked.late_sends and not blocked.concurrent and "did not run as one batch" in blocked.why
