@@ -197,10 +197,13 @@ async def run_batches(
 
 
 def _start_error(exc: EngineStartError) -> str:
+    """The engine's reason: the first error line of its log that is not a warning (vLLM warns about the
+    file-descriptor limit with an ``OSError`` in the line), else the message's first line."""
     text = str(exc)
-    errors = text.split("errors in the log:\n", 1)
-    head = errors[1].split("\n", 1)[0].strip() if len(errors) == 2 else text.split("\n", 1)[0]
-    return head[:400]
+    errors = text.partition("errors in the log:\n")[2]
+    lines = [ln.strip() for ln in errors.split("\n") if ln.startswith("  ")]
+    reasons = [ln for ln in lines if "WARNING" not in ln]
+    return (reasons[0] if reasons else text.split("\n", 1)[0])[:400]
 
 
 async def search_budget(

@@ -148,3 +148,18 @@ def test_a_batch_sent_late_is_inconclusive_not_a_failure() -> None:
     assert late.late_sends and not late.passed and "inconclusive" in late.why
     blocked = judge(decode, [early, queued], preemptions=0, alive=True, wall_s=1, limits=LIMITS)
     assert not blocked.late_sends and not blocked.concurrent and "did not run as one batch" in blocked.why
+
+
+def test_a_refused_start_is_named_by_its_error_not_a_warning() -> None:
+    message = (
+        "vllm engine exited with code 1 during start-up; last lines of x.log:\nerrors in the log:\n"
+        "  (APIServer pid=1) WARNING [system_utils.py:255] Found ulimit of 20000 … `OSError: [Errno 24] …`\n"
+        "  ValueError: invalid literal for int() with base 10: ''\n"
+        "  RuntimeError: Engine core initialization failed\n"
+        "tail …"
+    )
+    assert (
+        budget._start_error(EngineStartError(message))
+        == "ValueError: invalid literal for int() with base 10: ''"
+    )
+    assert budget._start_error(EngineStartError("nothing answered")) == "nothing answered"
