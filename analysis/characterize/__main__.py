@@ -30,7 +30,7 @@ SLO_HELP = "limits in ms: ttft=…, itl=…, e2e=… (nttft=… in ms per input 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.characterize",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=__doc__,
         epilog="Exit codes: 0 done, 2 bad input (a message names the problem and the fix).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -7,7 +7,7 @@ dataset. Defaults â†’ YAML (``--config``, e.g. ``sweeps/characterize/*.yaml``) â
     search: {dimension: seqs, fixed: 2048, minimum: 1, maximum: 16, initial: 4, context: 2048}
     sweep: {users: [1, 2, 4, 8, 16, 32], configs: [default, found]}
     workload: synthetic-uniform
-    dataset: results/characterization.parquet
+    dataset: results/characterization.parquet   # optional: also append the rows to this shared table
 
 ``sweep.configs`` names the configurations swept: ``default`` is the engine as defined, ``found`` the engine
 with the search's setting, any other name a mapping of engine settings under ``sweep.settings``.
@@ -108,7 +108,11 @@ class CharacterizeConfig(StrictModel):
     )
     joint_lengths: Path | None = Field(default=None, description="CSV/Parquet of (input, output) pairs")
     seed: int = Field(default=0, ge=0)
-    dataset: Path = Field(default=Path("results/characterization.parquet"))
+    dataset: Path | None = Field(
+        default=None,
+        description="a shared table to append the rows to as well (only when asked: it lies "
+        "outside the run folder)",
+    )
     device: str | None = Field(
         default=None, description="device name in the dataset (default: GPU or CPU model)"
     )

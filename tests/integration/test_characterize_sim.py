@@ -137,8 +137,9 @@ def test_cli_reports_a_setting_that_never_passes(tmp_path: Path, capsys: pytest.
 
 
 def test_an_engine_dying_mid_sweep_keeps_the_levels_before(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing may be written outside --out (no shared dataset unless asked)
     out = tmp_path / "r"
     code = _cli(
         out,
@@ -158,3 +159,4 @@ def test_an_engine_dying_mid_sweep_keeps_the_levels_before(
     stored = sorted(p.name for p in (out / "levels" / "default").glob("u*.json"))
     rows = pd.read_parquet(out / "rows.parquet")
     assert stored and len(rows) == len(stored) and (rows["succeeded"] == rows["requests"]).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
