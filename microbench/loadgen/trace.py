@@ -9,7 +9,8 @@ header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` c
 
 The header carries the workload spec and seed, the prompt settings (token space, salt), the engine, and
 the load generator's health per stage: requested vs achieved rate, schedule-delay p50/p99/max, the most
-requests in flight, and a saturation warning when the generator fell behind (median schedule delay above
+requests in flight, the engine's ``/metrics`` time series when one was sampled (``metrics.csv``,
+``metrics_series``), and a saturation warning when the generator fell behind (median schedule delay above
 10 ms, p99 above 100 ms: a tail of late sends the median hides, or an open loop whose sends spanned more
 than 1/0.9 of the time its schedule asked for).
 """
@@ -41,6 +42,7 @@ __all__ = [
     "TRACE_COLUMNS",
     "StageHealth",
     "TraceHeader",
+    "read_metrics",
     "read_trace",
     "stage_health",
     "trace_frame",
@@ -105,6 +107,9 @@ class TraceHeader(StrictModel):
     loadgen: dict[str, Any] = Field(default_factory=dict, description="host and versions")
     hardware: dict[str, Any] = Field(default_factory=dict, description="the load generator's host: CPU, GPUs")
     network: dict[str, Any] = Field(default_factory=dict, description="round-trip time to the engine")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description="the engine's /metrics series (metrics.csv): interval, quantities"
+    )
     stages: list[StageHealth]
     saturated: bool
     warnings: list[str] = Field(default_factory=list)
@@ -261,8 +266,12 @@ def write_trace(
     seed: int | None = None,
     prompts: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
+    metrics: tuple[pd.DataFrame | None, dict[str, Any]] | None = None,
 ) -> TraceHeader:
-    """Write ``header.json``, ``trace.parquet`` and ``trace.csv`` into ``out_dir``; returns the header."""
+    """Write ``header.json``, ``trace.parquet`` and ``trace.csv`` into ``out_dir``; returns the header.
+
+    ``metrics``: the engine's /metrics series (``metrics_series.series_frame``) and what the header says of
+    it (``series_header``); the series goes to ``metrics.csv``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     frame = trace_frame(result)
@@ -284,6 +293,7 @@ def write_trace(
         },
         hardware=hardware_info(NvmlSource.gpu_names()),
         network=_network(result.rtt_ms),
+        metrics={} if metrics is None else metrics[1],
         stages=health,
         saturated=any(h.saturated for h in health),
         warnings=[h.warning for h in health if h.warning],
@@ -293,6 +303,9 @@ def write_trace(
     for column in LIST_COLUMNS:
         text[column] = [" ".join(map(str, v)) for v in text[column]]
     _atomic_write(out / "trace.csv", lambda p: text.to_csv(p, index=False))
+    series = None if metrics is None else metrics[0]
+    if series is not None and not series.empty:
+        _atomic_write(out / "metrics.csv", lambda p: series.to_csv(p, index=False))
     _atomic_write(out / "header.json", lambda p: Path(p).write_text(header.model_dump_json(indent=2) + "\n"))
     return header
 
@@ -307,3 +320,11 @@ def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
         )
     header = TraceHeader.model_validate(raw)
     return header, pd.read_parquet(out / "trace.parquet")
+
+
+def read_metrics(out_dir: str | Path) -> pd.DataFrame | None:
+    """The /metrics time series stored beside a trace (``t_ns``, ``quantity``, ``value``), or None."""
+    path = Path(out_dir) / "metrics.csv"
+    if not path.exists():
+        return None
+    return pd.read_csv(path, dtype={"t_ns": "int64", "quantity": str, "value": float})
