@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--block-size", type=int)
     a("--kv-blocks", type=int, dest="num_kv_blocks", help="KV blocks in the pool")
     a("--max-model-len", type=int)
+    a("--memory-tokens", type=int, help="memory after the weights, in KV tokens (activations + KV pool)")
+    a("--activation-tokens", type=float, help="activation memory per batched token, in KV tokens")
     a("--no-prefix-caching", action="store_const", const=False, dest="enable_prefix_caching")
     a("--enable-prompt-tokens-details", action="store_const", const=True)
     a("--alpha-ms", type=float, help="step model: fixed cost per step (ms)")
@@ -163,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if (problem := config.memory_problem()) is not None:  # as vLLM: the start fails, exit status 1
+        print(f"engine start-up failed: {problem}", file=sys.stderr, flush=True)
+        return 1
     return asyncio.run(_serve(config))
 
 

@@ -79,7 +79,7 @@ class SimEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             block_size=config.block_size,
-            num_kv_blocks=config.num_kv_blocks,
+            num_kv_blocks=config.kv_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
         )
         self.step_log: deque[StepRecord] = deque(maxlen=config.step_log_max)

@@ -105,6 +105,14 @@ class SimConfig(StrictModel):
     max_num_seqs: int = Field(default=256, ge=1, le=1 << 16, description="most requests running at once")
     block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
     num_kv_blocks: int = Field(default=65536, ge=1, le=1 << 24, description="KV blocks in the pool")
+    memory_tokens: int | None = Field(
+        default=None, ge=1, le=1 << 30, description="device memory left after the weights, in KV tokens: the "
+        "start-up profile run reserves activation_tokens per batched token, the KV pool gets the rest "
+        "(replacing num_kv_blocks), and a start that leaves it less than max_model_len fails as vLLM's does"
+    )  # fmt: skip
+    activation_tokens: float = Field(
+        default=1.0, ge=0, le=1e4, description="activation memory per batched token, in KV tokens"
+    )
     enable_prefix_caching: bool = True
     max_model_len: int = Field(default=65536, ge=2, le=1 << 24, description="longest prompt + completion")
     frontend_ns_per_token: float = Field(
@@ -157,9 +165,47 @@ class SimConfig(StrictModel):
     )
 
     @property
+    def kv_blocks(self) -> int:
+        """KV blocks in the pool: ``num_kv_blocks``, or with ``memory_tokens`` what the activations of a
+        ``max_num_batched_tokens`` step leave of it (vLLM sizes its KV cache after such a profile run)."""
+        if self.memory_tokens is None:
+            return self.num_kv_blocks
+        free = self.memory_tokens - self.activation_tokens * self.max_num_batched_tokens
+        return max(0, int(free // self.block_size))
+
+    @property
     def context_limit(self) -> int:
         """Longest prompt + completion a request may ask for: ``max_model_len``, capped by the KV pool."""
-        return min(self.max_model_len, self.num_kv_blocks * self.block_size)
+        return min(self.max_model_len, self.kv_blocks * self.block_size)
+
+    def memory_problem(self) -> str | None:
+        """Why this engine cannot start under its ``memory_tokens`` (None: it can), worded as vLLM words
+        the same failures: the profile run's out-of-memory, no room for the cache, a cache shorter than
+        ``max_model_len``."""
+        if self.memory_tokens is None:
+            return None
+        activations = self.activation_tokens * self.max_num_batched_tokens
+        if activations > self.memory_tokens:
+            return (
+                f"torch.OutOfMemoryError: out of memory in the profile run: a step of "
+                f"{self.max_num_batched_tokens} batched tokens needs {activations:.0f} token slots of "
+                f"activations, the device has {self.memory_tokens} (sim memory_tokens)"
+            )
+        kv_tokens = self.kv_blocks * self.block_size
+        if kv_tokens == 0:
+            return (
+                "ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            )
+        if kv_tokens < self.max_model_len:
+            return (
+                f"ValueError: To serve at least one request with the models's max seq len "
+                f"({self.max_model_len}), {self.max_model_len} tokens of KV cache are needed, which is "
+                f"larger than the available KV cache memory ({kv_tokens} tokens). Based on the available "
+                f"memory, the estimated maximum model length is {kv_tokens}. Try increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+            )
+        return None
 
 
 def merge_settings(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

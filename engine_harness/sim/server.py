@@ -95,6 +95,8 @@ class SimServer:
         await self.stop()
 
     async def start(self) -> None:
+        if (problem := self.config.memory_problem()) is not None:  # a subprocess sim exits 1 with it
+            raise RuntimeError(f"engine start-up failed: {problem}")
         await self.engine.start()
         self._runner = web.AppRunner(
             self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0

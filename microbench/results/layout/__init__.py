@@ -29,6 +29,10 @@ reports (``report.json``, ``report.md``, ``report.html``, ``figures/``).
 The route experiment (``RouteFolder``): ``replays/<policy>_r<rep>.json`` and ``.parquet`` per replay, the
 report, both engines' logs.
 
+The characterization (``CharacterizeFolder``): ``search/probes/<B…-S…>.json`` (every candidate probed, with
+why), ``search/search.json``, ``levels/<config>/u<N>.json`` (each users level), ``raw/<config>/u<N>.parquet``
+(its trace), ``rows.parquet`` (its dataset rows), ``engines/*.log``.
+
 The ablation (``AblateFolder``): ``arms/<name>/``, one sweep run folder per arm (``RunFolder``, its own
 manifest naming the arm's engine), and ``compare-<B>-vs-<A>/`` (``analysis.compare``'s outputs).
 """
@@ -47,6 +51,7 @@ __all__ = [
     "JOBS",
     "AblateFolder",
     "BatteryFolder",
+    "CharacterizeFolder",
     "JobFolder",
     "RouteFolder",
     "RunFolder",
@@ -79,6 +84,32 @@ class AblateFolder(JobFolder):
         return self.root / f"compare-{name_b}-vs-{name_a}"
 
 
+class CharacterizeFolder(JobFolder):
+    """The characterization's run folder (``microbench.characterize``)."""
+
+    JOB = "characterize"
+
+    def probe_path(self, label: str) -> Path:
+        return self.root / "search" / "probes" / f"{label}.json"
+
+    @property
+    def search_path(self) -> Path:
+        return self.root / "search" / "search.json"
+
+    def level_path(self, config: str, users: int) -> Path:
+        return self.root / "levels" / config / f"u{users}.json"
+
+    def raw_level(self, config: str, users: int) -> str:
+        return f"raw/{config}/u{users}.parquet"
+
+    @property
+    def rows_path(self) -> Path:
+        return self.root / "rows.parquet"
+
+    def engine_log(self, name: str) -> Path:
+        return self.root / "engines" / f"{name}.log"
+
+
 def _job_of(root: Path, manifest: Manifest) -> str:
     """The job a folder's manifest names; a manifest from before ``Manifest.job`` was a sweep's or a
     transfer's, told apart by their records (``runs/<mode>/P<p>_r<rep>.json`` is a transfer's)."""
@@ -99,6 +130,7 @@ def job_folder(root: Path) -> JobFolder:
         "battery": BatteryFolder,
         "ablate": AblateFolder,
         "route": RouteFolder,
+        "characterize": CharacterizeFolder,
     }
     if job not in folders:
         raise ValueError(

@@ -19,7 +19,7 @@ from microbench.results.records import Manifest, read_record
 
 __all__ = ["JOBS", "JobFolder", "RunFolderBusy", "hold_folder", "new_manifest"]
 
-JOBS = ("sweep", "transfer", "battery", "ablate", "route")
+JOBS = ("sweep", "transfer", "battery", "ablate", "route", "characterize")
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -1,0 +1,7 @@
+"""``python -m microbench.characterize`` (see ``cli``)."""
+
+import sys
+
+from microbench.characterize.cli import main
+
+sys.exit(main())
