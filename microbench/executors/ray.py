@@ -40,12 +40,14 @@ from microbench.results.records import ShardRun
 __all__ = ["RayExecutor", "cluster_shape"]
 
 
-def _remote_shard(plan: ShardPlan, seed: list[tuple[str, bytes]], options: TaskOptions) -> Iterator[object]:
+def _remote_shard(
+    plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
+) -> Iterator[object]:
     """On the worker: the shard's messages, with the node it landed on."""
     node = ray.get_runtime_context().get_node_id()
     hardware = hardware_name(hardware_info(NvmlSource.gpu_names()))  # this node's, as records name it
     plan = dataclasses.replace(plan, hardware=hardware)
-    yield from stream_shard(plan, seed, dataclasses.replace(options, node_id=node))
+    yield from stream_shard(plan, run_id, seed, dataclasses.replace(options, node_id=node))
 
 
 def cluster_shape(nodes: list[dict[str, Any]]) -> tuple[float, int]:
@@ -97,7 +99,9 @@ class RayExecutor:
         try:
             resources, options = self._resources()
             remote = ray.remote(_remote_shard).options(num_returns="streaming", max_retries=0, **resources)
-            lost = await asyncio.gather(*(self._shard(remote, plan, options, sink, context) for plan in todo))
+            with context.timing.phase("shards on Ray (each one's own account above)"):
+                shards = (self._shard(remote, plan, options, sink, context) for plan in todo)
+                lost = await asyncio.gather(*shards)
         finally:
             if started:
                 ray.shutdown()
@@ -113,7 +117,7 @@ class RayExecutor:
         """Run one shard to its end; what went wrong with it (None: it finished)."""
         relay = Relay(sink, context.events)
         before = points_done(plan, sink)
-        stream = remote.remote(plan, seed_files(sink.folder, plan.chunk), options)
+        stream = remote.remote(plan, sink.run_id, seed_files(sink.folder, plan.chunk), options)
         run: ShardRun | None = None
         t0 = time.perf_counter()
         outcome, why = "done", None

@@ -162,11 +162,11 @@ class RelaySink:
         self.inner.warmed(chunk, probes_ms, verified, step_mode)
         self.emit(SinkCall("warmed", (chunk, probes_ms, verified, step_mode)))
 
-    def end_files(self, chunk: int) -> list[tuple[str, bytes]]:
-        """The engine log and telemetry of ``chunk``, shipped once the engine has stopped."""
+    def end_files(self) -> list[tuple[str, bytes]]:
+        """The engine's log and the telemetry files (samples, sampler errors), once the engine has stopped."""
         root = self.inner.folder.root
-        paths = [self.engine_log(chunk), self.telemetry_path(chunk)]
-        return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in paths if p.is_file()]
+        paths = [*root.glob("engine-*"), *(root / "telemetry").rglob("*")]
+        return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in sorted(paths) if p.is_file()]
 
 
 class RelayEvents(ShardEvents):

@@ -80,7 +80,7 @@ class _Loop:
             error = (
                 f"{type(exc).__name__}: {exc}" if not isinstance(exc, asyncio.CancelledError) else "stopped"
             )
-        self.out.put(Finished(self.sink.end_files(self.plan.chunk), dict(self.timing.spent), error))
+        self.out.put(Finished(self.sink.end_files(), dict(self.timing.spent), error))
         self.out.put(_END)
 
     async def _measure(self) -> None:
@@ -107,8 +107,10 @@ class _Loop:
         self.thread.join(timeout=60)
 
 
-def stream_shard(plan: ShardPlan, seed: list[tuple[str, bytes]], options: TaskOptions) -> Iterator[object]:
-    """Measure ``plan`` here, yielding relay messages: ``Started``, then the shard's, then ``Finished``."""
+def stream_shard(
+    plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
+) -> Iterator[object]:
+    """Measure ``plan`` of run ``run_id`` here, yielding relay messages: ``Started``, the shard's, the end."""
     claim = CoreClaim(options.cores, options.core_locks) if options.cores else None
     scratch = Path(tempfile.mkdtemp(prefix=f"microbench-shard-{plan.chunk}-"))
     try:
@@ -118,7 +120,7 @@ def stream_shard(plan: ShardPlan, seed: list[tuple[str, bytes]], options: TaskOp
             plan = pinned(plan, cores)
         yield Started(host_name(), os.getpid(), options.node_id, visible_gpus(), cores)
         out: queue.Queue[object] = queue.Queue()
-        sink = RelaySink(RunFolder(scratch), out.put, seed)
+        sink = RelaySink(RunFolder(scratch / run_id), out.put, seed)  # records name the run, not the scratch
         runner = _Loop(plan, sink, out, options)
         runner.thread.start()
         try:
