@@ -27,7 +27,7 @@ from microbench.measure.sink import FolderSink
 __all__ = ["EXECUTORS", "Executor", "add_executor_flags", "executor_from_args"]
 
 EXECUTORS = ("local", "ray")
-RAY_HINT = "pip install '.[ray]' (or SETUP_RAY=1 bash scripts/setup.sh)"
+RAY_HINT = "pip install '.[ray]' (scripts/setup.sh installs it unless SETUP_RAY=0)"
 
 
 class Executor(Protocol):
@@ -51,7 +51,8 @@ def add_executor_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--ray-address",
         metavar="ADDR",
-        help="join this Ray cluster (e.g. ray://head:10001 or auto); default: start a local Ray instance",
+        help="join this running Ray cluster (auto, or the head's HOST:6379; run the sweep on one of its "
+        "nodes); default: start a local Ray instance for the run",
     )
     group.add_argument(
         "--shard-cpus",
