@@ -23,7 +23,9 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from benchcore.cli import BadInput
 from benchcore.provenance import hardware_info
+from engine_harness.engines import engine_kind
 from engine_harness.telemetry import NvmlSource
 from microbench.executors.local import points_done
 from microbench.executors.placement import close_shard, device_text, record_shard, utc_now
@@ -85,9 +87,9 @@ class RayExecutor:
             return {"num_gpus": 1, "num_cpus": 1}, TaskOptions(**self.options)
         cores = self.shard_cpus or node_cpus
         if cores > node_cpus or cores < 1:
-            raise SweepAborted(
+            raise BadInput(
                 f"--shard-cpus {cores}: no node of the Ray cluster has that many CPUs (the largest has "
-                f"{node_cpus}); a shard must own its cores, so ask for at most {node_cpus}"
+                f"{node_cpus}); a shard must own its cores, so ask for at most {node_cpus} and --resume"
             )
         return {"num_cpus": cores}, TaskOptions(cores=cores, **self.options)
 
@@ -95,6 +97,11 @@ class RayExecutor:
         todo = [plan for plan in plans if points_done(plan, sink) < len(plan.points())]
         if not todo:
             return
+        if shared := sorted({p.spec.kind for p in todo if not engine_kind(p.spec.kind).launched}):
+            raise BadInput(
+                f"--executor ray starts an engine per shard; a {', '.join(shared)} engine is one engine that "
+                "every shard would share (they would measure each other): use --executor local"
+            )
         started = self._connect()
         try:
             resources, options = self._resources()

@@ -178,3 +178,33 @@ def test_the_default_path_never_imports_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _node(cpus: float, gpus: float = 0, alive: bool = True) -> dict[str, Any]:
+    return {"Alive": alive, "Resources": {"CPU": cpus} | ({"GPU": gpus} if gpus else {})}
+
+
+def test_a_shard_asks_for_a_gpu_where_there_are_gpus_else_a_whole_nodes_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ray_executor = pytest.importorskip("microbench.executors.ray")
+    nodes = [_node(16, 8), _node(64, 0, alive=False)]
+    monkeypatch.setattr(ray_executor.ray, "nodes", lambda: nodes)
+    resources, options = ray_executor.RayExecutor()._resources()
+    assert resources == {"num_gpus": 1, "num_cpus": 1} and options.cores is None  # Ray's GPU is the shard's
+    nodes[:] = [_node(8), _node(4)]
+    resources, options = ray_executor.RayExecutor()._resources()
+    assert resources == {"num_cpus": 8} and options.cores == 8  # default: one shard per (largest) node
+    resources, options = ray_executor.RayExecutor(shard_cpus=2)._resources()
+    assert resources == {"num_cpus": 2} and options.cores == 2
+    with pytest.raises(BadInput, match="--shard-cpus 9: no node"):
+        ray_executor.RayExecutor(shard_cpus=9)._resources()
+
+
+async def test_the_ray_executor_refuses_an_engine_every_shard_would_share(tmp_path: Path) -> None:
+    ray_executor = pytest.importorskip("microbench.executors.ray")
+    plan = ShardPlan(
+        **{**_plan("vllm").__dict__, "spec": EngineSpec(kind="external", url="http://127.0.0.1:1")}
+    )
+    with pytest.raises(BadInput, match="use --executor local"):
+        await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), None)  # type: ignore[arg-type]
