@@ -4,6 +4,7 @@ the manifest's shard entries, and the flags' bad combinations (issue #39)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -203,8 +204,6 @@ def test_a_shard_asks_for_a_gpu_where_there_are_gpus_else_a_whole_nodes_cores(
 
 async def test_the_ray_executor_refuses_an_engine_every_shard_would_share(tmp_path: Path) -> None:
     ray_executor = pytest.importorskip("microbench.executors.ray")
-    plan = ShardPlan(
-        **{**_plan("vllm").__dict__, "spec": EngineSpec(kind="external", url="http://127.0.0.1:1")}
-    )
+    plan = dataclasses.replace(_plan("vllm"), spec=EngineSpec(kind="external", url="http://127.0.0.1:1"))
     with pytest.raises(BadInput, match="use --executor local"):
         await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), None)  # type: ignore[arg-type]
