@@ -52,6 +52,19 @@ def _remote_shard(
     yield from stream_shard(plan, run_id, seed, dataclasses.replace(options, node_id=node))
 
 
+def _drain(stream: Any, relay: Relay) -> None:
+    """Write what the shard has already sent and this process has not read yet (a stop came between)."""
+    next_ready = getattr(stream, "_next_sync", None)  # Ray's generator, without waiting for more
+    while next_ready is not None:
+        try:
+            ref = next_ready(timeout_s=0)
+            if ref.is_nil():
+                return
+            relay.apply(ray.get(ref, timeout=5))
+        except (StopIteration, ray.exceptions.RayError, OSError, ValueError):
+            return
+
+
 def cluster_shape(nodes: list[dict[str, Any]]) -> tuple[float, int]:
     """(GPUs in the cluster, CPUs of its largest node) from ``ray.nodes()``, alive nodes only."""
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
@@ -143,6 +156,7 @@ class RayExecutor:
                         outcome, why = f"failed: {message.error}", f"chunk {plan.chunk}: {message.error}"
         except (KeyboardInterrupt, asyncio.CancelledError):
             outcome = "stopped"
+            _drain(stream, relay)  # before the cancel, which turns what is still unread into errors
             ray.cancel(stream)
             raise
         except ray.exceptions.RayError as exc:  # the task, its worker or its node was lost
