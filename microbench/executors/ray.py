@@ -88,9 +88,8 @@ class RayExecutor:
                 address=self.address, include_dashboard=False, log_to_driver=True, configure_logging=False
             )
             return False
-        ray.init(
-            num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=True, configure_logging=False
-        )
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=True, configure_logging=False)
         return True
 
     def _resources(self) -> tuple[dict[str, Any], TaskOptions]:
@@ -177,7 +176,7 @@ class RayExecutor:
             host=message.host,
             node_id=message.node_id,
             pid=message.pid,
-            device=device_text(plan.hardware, message.gpus, message.cores),
+            device=device_text(message.hardware, message.gpus, message.cores),
             gpus=message.gpus,
             cores=message.cores,
             cores_exclusive=bool(message.gpus) or options.cores is not None,

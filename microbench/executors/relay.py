@@ -51,6 +51,7 @@ class Started:
     node_id: str | None
     gpus: list[str]
     cores: list[int]
+    hardware: str  # the node's, as records name it (``RunConfig.gpu``)
 
 
 @dataclass(frozen=True)

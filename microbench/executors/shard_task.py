@@ -30,7 +30,14 @@ from rich.console import Console
 from engine_harness.engines import engine_kind
 from microbench.client import aio
 from microbench.client.aio import LagMonitor
-from microbench.executors.placement import CORE_LOCKS, CoreClaim, core_text, host_name, visible_gpus
+from microbench.executors.placement import (
+    CORE_LOCKS,
+    CoreClaim,
+    PlacementError,
+    core_text,
+    host_name,
+    visible_gpus,
+)
 from microbench.executors.relay import Finished, RelayEvents, RelaySink, Started
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardContext, measure_shard
@@ -118,7 +125,12 @@ def stream_shard(
         if claim is not None:
             os.sched_setaffinity(0, cores)  # the engine started below inherits it
             plan = pinned(plan, cores)
-        yield Started(host_name(), os.getpid(), options.node_id, visible_gpus(), cores)
+        gpus = visible_gpus()
+        if claim is None and not gpus:
+            raise PlacementError(
+                f"a GPU shard on {host_name()} was given no GPU (CUDA_VISIBLE_DEVICES is empty)"
+            )
+        yield Started(host_name(), os.getpid(), options.node_id, gpus, cores, plan.hardware)
         out: queue.Queue[object] = queue.Queue()
         sink = RelaySink(RunFolder(scratch / run_id), out.put, seed)  # records name the run, not the scratch
         runner = _Loop(plan, sink, out, options)

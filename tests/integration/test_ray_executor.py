@@ -128,12 +128,21 @@ def test_a_killed_shard_task_loses_nothing_and_resume_measures_only_its_missing_
     assert 3 <= len(before) < 12
     lost = [s for s in _manifest(run)["shards"] if s["chunk"] == 1024]
     assert [s["outcome"].split(":")[0] for s in lost] == ["failed"]
+    observed_before = _files(run, "observed")
+    assert all(read_record(run / rel, Observation) for rel in observed_before)  # every one whole
 
-    assert main(["--resume", "--out", str(run), *RAY]) == 0
+    code = main(["--resume", "--out", str(run), *RAY])
+    records = [read_record(p, RunRecord) for p in runs.rglob("*.json")]
+    assert code == (0 if all(r.validity.valid for r in records) else 1)
     after = {p.name: read_record(p, RunRecord).t_inject_ns for p in (runs / "1024").glob("*.json")}
     assert len(after) == 12 and all(after[name] == t for name, t in before.items())  # kept, not redone
-    observed = [read_record(p, Observation) for p in (run / "observed").rglob("*.json")]
-    assert len(observed) == 24  # one attempt per point: nothing measured twice, nothing lost
+    new = _files(run, "observed") - observed_before
+    assert observed_before <= _files(run, "observed")  # nothing lost
+    # nothing measured twice: every attempt the resume made is of a point of the lost shard it lacked
+    assert {Path(rel).stem.rsplit("_a", 1)[0] for rel in new} == {
+        Path(n).stem for n in set(after) - set(before)
+    }
+    assert all(rel.startswith("observed/1024/") for rel in new)
     shards = [(s["chunk"], s["outcome"], s["points"]) for s in _manifest(run)["shards"]]
     assert sorted(s for s in shards if s[1] == "done") == [
         (512, "done", 12),
