@@ -23,6 +23,7 @@ from benchcore.cli import BadInput
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
+from microbench.measure.timing import Timing
 
 __all__ = ["EXECUTORS", "Executor", "add_executor_flags", "executor_from_args"]
 
@@ -36,6 +37,10 @@ class Executor(Protocol):
     name: str
 
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None: ...
+
+    def account(self, timing: Timing) -> str:
+        """Where the run's wall time went, in one line (``timing``: the context's of ``run``)."""
+        ...
 
 
 def add_executor_flags(group: argparse._ArgumentGroup) -> None:

@@ -22,6 +22,7 @@ from microbench.executors.placement import (
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardContext, measure_shard
 from microbench.measure.sink import FolderSink
+from microbench.measure.timing import Timing
 from microbench.results.records import ShardRun
 
 __all__ = ["LocalExecutor", "points_done"]
@@ -34,6 +35,9 @@ def points_done(plan: ShardPlan, sink: FolderSink) -> int:
 
 class LocalExecutor:
     name = "local"
+
+    def account(self, timing: Timing) -> str:
+        return timing.report()  # one shard at a time: the run's phases are the shards' phases
 
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
         for plan in plans:

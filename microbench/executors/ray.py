@@ -78,6 +78,7 @@ class RayExecutor:
         self.address = address
         self.shard_cpus = shard_cpus
         self.options = options  # TaskOptions fields (core_locks, start_timeout_s)
+        self.shards = 0  # submitted by the last run
 
     def _connect(self) -> bool:
         """Join ``address`` or start a local instance; True when this process started it."""
@@ -91,6 +92,17 @@ class RayExecutor:
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
         ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=True, configure_logging=False)
         return True
+
+    def account(self, timing: Timing) -> str:
+        """The run's wall time around its shards; each shard's own account was printed as it ended (shards
+        overlap in time, so their phases do not add up to the run's)."""
+        wall = time.perf_counter() - timing.t0
+        start, shards, stop = (timing.spent.get(k, 0.0) for k in ("Ray start", "shards", "Ray stop"))
+        other = max(wall - start - shards - stop, 0.0)
+        return (
+            f"wall {wall:.1f} s = Ray start {start:.1f} s + {self.shards} shard(s) on Ray {shards:.1f} s "
+            f"(each one's account above) + Ray stop {stop:.1f} s + other {other:.1f} s"
+        )
 
     def _resources(self) -> tuple[dict[str, Any], TaskOptions]:
         """What each shard's task asks Ray for, and how it places itself: refused when it cannot be alone."""
@@ -114,16 +126,19 @@ class RayExecutor:
                 f"--executor ray starts an engine per shard; a {', '.join(shared)} engine is one engine that "
                 "every shard would share (they would measure each other): use --executor local"
             )
-        started = self._connect()
+        with context.timing.phase("Ray start"):
+            started = self._connect()
         try:
             resources, options = self._resources()
             remote = ray.remote(_remote_shard).options(num_returns="streaming", max_retries=0, **resources)
-            with context.timing.phase("shards on Ray (each one's own account above)"):
+            self.shards = len(todo)
+            with context.timing.phase("shards"):
                 shards = (self._shard(remote, plan, options, sink, context) for plan in todo)
                 lost = await asyncio.gather(*shards)
         finally:
             if started:
-                ray.shutdown()
+                with context.timing.phase("Ray stop"):
+                    ray.shutdown()
         if failed := [why for why in lost if why]:
             raise SweepAborted(
                 f"{len(failed)} of {len(todo)} shard(s) did not finish: {'; '.join(failed)}; every point "

@@ -117,7 +117,7 @@ class SweepRunner:
 
     def finish(self) -> None:
         """Write the table and print the summary from whatever is on disk."""
-        self.console.print(self.timing.report())
+        self.console.print(self.executor.account(self.timing))
         if self.invalid_attempts:
             self.console.print(
                 f"{self.invalid_attempts} invalid attempt(s) kept under "
