@@ -42,7 +42,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--start-s", type=float, default=60.0, help="one engine start (CPU engine: ≈60 s)")
-    parser.add_argument("--overhead-s", type=float, default=10.0, help="Ray's cost per run (measured)")
+    parser.add_argument(
+        "--overhead-s",
+        type=float,
+        default=10.0,
+        help="Ray's start, stop and submission (docs/ray.md: 6-11 s)",
+    )
     args = parser.parse_args()
     runs: dict[str, list[tuple[tuple[int, int], float]]] = defaultdict(list)
     with FIXTURE.open() as f:
