@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import queue
 import shutil
@@ -27,14 +26,12 @@ from pathlib import Path
 import aiohttp
 from rich.console import Console
 
-from engine_harness.engines import engine_kind
 from microbench.client import aio
 from microbench.client.aio import LagMonitor
 from microbench.executors.placement import (
     CORE_LOCKS,
     CoreClaim,
     PlacementError,
-    core_text,
     host_name,
     visible_gpus,
 )
@@ -44,7 +41,7 @@ from microbench.measure.shard import ShardContext, measure_shard
 from microbench.measure.timing import Timing
 from microbench.results.layout import RunFolder
 
-__all__ = ["TaskOptions", "pinned", "stream_shard"]
+__all__ = ["TaskOptions", "stream_shard"]
 
 _END = object()
 
@@ -57,16 +54,6 @@ class TaskOptions:
     core_locks: Path = CORE_LOCKS
     start_timeout_s: float | None = None
     node_id: str | None = None
-
-
-def pinned(plan: ShardPlan, cores: list[int]) -> ShardPlan:
-    """``plan`` with its engine's threads bound to ``cores`` where the engine kind binds threads (vLLM on
-    CPU: ``VLLM_CPU_OMP_THREADS_BIND``) and none was set; every kind inherits the process's affinity."""
-    spec = plan.spec
-    if not engine_kind(spec.kind).cpu_thread_binding or spec.cpu_threads_bind is not None:
-        return plan
-    bound = spec.model_copy(update={"cpu_threads_bind": core_text(cores)})
-    return dataclasses.replace(plan, spec=bound)
 
 
 class _Loop:
@@ -123,8 +110,9 @@ def stream_shard(
     try:
         cores = claim.acquire() if claim is not None else sorted(os.sched_getaffinity(0))
         if claim is not None:
-            os.sched_setaffinity(0, cores)  # the engine started below inherits it
-            plan = pinned(plan, cores)
+            # the engine started below inherits the mask; vLLM's own thread binding ("auto") places its
+            # threads within it (it reads sched_getaffinity), as it does for a local run on the whole box
+            os.sched_setaffinity(0, cores)
         gpus = visible_gpus()
         if claim is None and not gpus:
             raise PlacementError(

@@ -18,7 +18,6 @@ from microbench.executors import add_executor_flags, executor_from_args
 from microbench.executors import relay as relay_module
 from microbench.executors.placement import CoreClaim, PlacementError, core_text, record_shard, visible_gpus
 from microbench.executors.relay import Files, Relay, SinkCall, seed_files
-from microbench.executors.shard_task import pinned
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardEvents
 from microbench.measure.sink import FolderSink
@@ -80,11 +79,6 @@ def test_two_shards_never_hold_the_same_core_and_a_third_is_refused(tmp_path: Pa
 def test_a_shard_asking_for_more_cores_than_it_may_use_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlacementError, match="--shard-cpus"):
         CoreClaim(len(os.sched_getaffinity(0)) + 1, tmp_path).acquire()
-
-
-def test_a_pinned_vllm_engine_binds_its_threads_to_the_claimed_cores_and_the_sim_inherits() -> None:
-    assert pinned(_plan("vllm"), [2, 3]).spec.cpu_threads_bind == "2-3"
-    assert pinned(_plan("sim"), [2, 3]).spec == _plan("sim").spec  # no thread binding: affinity only
 
 
 class _Events(ShardEvents):
