@@ -86,7 +86,8 @@ def test_the_locks_hold_the_engines_and_torch_builds_the_scripts_install() -> No
 def test_the_ray_extra_is_pinned_in_both_suite_locks_and_set_up_installs_it() -> None:
     # --executor ray (issue #39): the extra's pin, the locks the suite's set-up uses, and setup.sh's extras
     # must agree, or CI installs another Ray than the one its tests ran with (or none, and they skip).
-    extra = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("ray ="))
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    extra = next(line for line in lines if line.startswith("ray ="))
     version = extra.split("==")[1].split('"')[0]
     assert _pins("cpu")["ray"] == _pins("gpu")["ray"] == version
     setup = (ROOT / "scripts" / "setup.sh").read_text()
