@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 from rich.console import Console
 
 from microbench.client import aio
@@ -44,6 +45,7 @@ from microbench.results.layout import RunFolder
 __all__ = ["TaskOptions", "stream_shard"]
 
 _END = object()
+SCRATCH_PREFIX = "microbench-shard-"  # + <worker pid>-<chunk>-<random>, in the node's temporary folder
 
 
 @dataclass(frozen=True)
@@ -101,12 +103,21 @@ class _Loop:
         self.thread.join(timeout=60)
 
 
+def _remove_orphans() -> None:
+    """Delete scratch folders of shards whose worker died without cleaning up (killed: SIGKILL, OOM)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*-*"):
+        pid = folder.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def stream_shard(
     plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
 ) -> Iterator[object]:
     """Measure ``plan`` of run ``run_id`` here, yielding relay messages: ``Started``, the shard's, the end."""
     claim = CoreClaim(options.cores, options.core_locks) if options.cores else None
-    scratch = Path(tempfile.mkdtemp(prefix=f"microbench-shard-{plan.chunk}-"))
+    _remove_orphans()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{plan.chunk}-"))
     try:
         cores = claim.acquire() if claim is not None else sorted(os.sched_getaffinity(0))
         if claim is not None:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from benchcore.cli import BadInput
@@ -201,3 +202,20 @@ async def test_the_ray_executor_refuses_an_engine_every_shard_would_share(tmp_pa
     plan = dataclasses.replace(_plan("vllm"), spec=EngineSpec(kind="external", url="http://127.0.0.1:1"))
     with pytest.raises(BadInput, match="use --executor local"):
         await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), None)  # type: ignore[arg-type]
+
+
+def test_a_dead_workers_scratch_folder_is_removed_and_a_live_ones_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from microbench.executors import shard_task
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = max(psutil.pids()) + 100_000  # no such process
+    live = tmp_path / f"microbench-shard-{os.getpid()}-512-abc"
+    gone = tmp_path / f"microbench-shard-{dead}-512-abc"
+    for folder in (live, gone):
+        (folder / "runs").mkdir(parents=True)
+    shard_task._remove_orphans()
+    assert live.is_dir() and not gone.exists()
