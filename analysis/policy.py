@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis.breakeven import (
@@ -154,6 +155,23 @@ class OffloadPolicy:
         self.link = LinkProfile.model_validate(metadata["link"])
         self.model = ModelKV(**{k: v for k, v in metadata["model"].items() if k != "kv_bytes_per_token"})
         self.mode: TransferMode = metadata["mode"]
+        self._grids: dict[int, tuple[list[float], list[float], pd.DataFrame]] = {}
+        self._bare: dict[int, tuple[list[float], list[float]]] = {}
+        self._chunks = sorted(int(c) for c in self.cells["chunk_size"].unique())
+
+    def _grid(self, used: int) -> tuple[list[float], list[float], pd.DataFrame]:
+        """The interference grid (D × P) of a measured chunk, built once: a live router asks per request,
+        and building it (a pivot) takes milliseconds where the lookup takes microseconds."""
+        if used not in self._grids:
+            sub = self.cells[self.cells["chunk_size"] == used]
+            grid = sub.pivot_table(
+                index="decode_batch_size",
+                columns="new_prefill_tokens",
+                values="interference_ms",
+                dropna=False,
+            )
+            self._grids[used] = ([float(d) for d in grid.index], [float(p) for p in grid.columns], grid)
+        return self._grids[used]
 
     def save(self, path: Path) -> tuple[Path, Path]:
         """Write ``<path>.csv`` and ``<path>.json`` (the JSON holds metadata and every cell)."""
@@ -181,19 +199,22 @@ class OffloadPolicy:
         return cls(cells, payload["metadata"])
 
     def _chunk(self, chunk: int) -> int:
-        chunks = sorted(int(c) for c in self.cells["chunk_size"].unique())
+        chunks = self._chunks
         if not chunks[0] <= chunk <= chunks[-1]:
             raise OutOfRangeError(f"chunk {chunk} is outside the measured chunk sizes {chunks}")
         return min(chunks, key=lambda c: (abs(math.log(c / chunk)), c))
 
+    def measured_range(self, chunk: int) -> tuple[int, tuple[float, float], tuple[float, float]]:
+        """The chunk that answers for ``chunk`` and its measured D and P ranges (a caller that clamps
+        queries onto the table, as the router does, reads its edges here)."""
+        used = self._chunk(chunk)
+        ds, ps, _ = self._grid(used)
+        return used, (ds[0], ds[-1]), (ps[0], ps[-1])
+
     def interference_ms(self, decode_batch: float, prefill_tokens: float, chunk: int) -> tuple[float, int]:
         """Interference cost interpolated linearly in D and log P on the nearest chunk, and that chunk."""
         used = self._chunk(chunk)
-        sub = self.cells[self.cells["chunk_size"] == used]
-        grid = sub.pivot_table(
-            index="decode_batch_size", columns="new_prefill_tokens", values="interference_ms", dropna=False
-        )
-        ds, ps = [float(d) for d in grid.index], [float(p) for p in grid.columns]
+        ds, ps, grid = self._grid(used)
         if not ds[0] <= decode_batch <= ds[-1]:
             raise OutOfRangeError(f"D={decode_batch} is outside the measured D range [{ds[0]:g}, {ds[-1]:g}]")
         if not ps[0] <= prefill_tokens <= ps[-1]:
@@ -222,16 +243,18 @@ class OffloadPolicy:
         """The link's transfer time at exactly ``prefill_tokens`` (bare prefill interpolated in log P)."""
         compute = None
         if self.mode == "layerwise":
-            bare = self.cells[(self.cells["chunk_size"] == chunk) & (self.cells["decode_batch_size"] == 0)]
-            bare = bare.dropna(subset=["prefill_compute_ms"]).sort_values("new_prefill_tokens")
-            if len(bare) >= 2:
+            if chunk not in self._bare:  # built once per chunk: a live router asks per request
+                bare = self.cells[
+                    (self.cells["chunk_size"] == chunk) & (self.cells["decode_batch_size"] == 0)
+                ]
+                bare = bare.dropna(subset=["prefill_compute_ms"]).sort_values("new_prefill_tokens")
                 xs = [math.log(p) for p in bare["new_prefill_tokens"]]
-                compute = float(
-                    pd.Series(bare["prefill_compute_ms"].to_numpy(), index=xs)
-                    .reindex(sorted({*xs, math.log(prefill_tokens)}))
-                    .interpolate("index")
-                    .loc[math.log(prefill_tokens)]
-                )
+                self._bare[chunk] = (xs, [float(y) for y in bare["prefill_compute_ms"]])
+            xs, ys = self._bare[chunk]
+            if len(xs) >= 2:
+                x = math.log(prefill_tokens)
+                # linear in log P inside the measured range, the last value above it, unknown below it
+                compute = float(np.interp(x, xs, ys)) if x >= xs[0] else math.nan
         nbytes = prefill_tokens * self.model.kv_bytes_per_token
         return self.link.transfer_ms(nbytes, self.model.layers, self.mode, compute)
 
@@ -239,8 +262,8 @@ class OffloadPolicy:
         """Offload or not at ``(D, P, chunk)``; raises ``OutOfRangeError`` outside the measured range."""
         interference, used = self.interference_ms(decode_batch, prefill_tokens, chunk)
         transfer = self.transfer_ms(prefill_tokens, used)
-        on_grid = ((self.cells["chunk_size"] == used) & (self.cells["decode_batch_size"] == decode_batch)
-                   & (self.cells["new_prefill_tokens"] == prefill_tokens)).any()  # fmt: skip
+        ds, ps, _ = self._grid(used)
+        on_grid = decode_batch in ds and prefill_tokens in ps
         return Decision(
             decode_batch_size=decode_batch,
             new_prefill_tokens=prefill_tokens,

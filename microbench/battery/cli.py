@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume", action="store_true", help="continue the stopped run in --out (or the newest)"
     )
+    run.add_argument(
+        "--workers", type=int, default=1,
+        help="load-generation processes sharing each run's schedule (past one core's rate; default 1)",
+    )  # fmt: skip
     add_out(run, "results/battery-<time>")
     add_compare_parser(sub)
     return parser
@@ -237,6 +241,8 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
     for flag, value in (("--ttft-slo", s["ttft_slo_ms"]), ("--tpot-slo", s["tpot_slo_ms"])):
         if value is not None and value <= 0:
             raise BadInput(f"{flag} must be > 0 (got {value:g} ms)")
+    if args.workers < 1:
+        raise BadInput(f"--workers must be ≥ 1 (got {args.workers})")
     if s["gpus"] < 0:
         raise BadInput(f"--gpus must be ≥ 0 (got {s['gpus']})")
     engine_overrides(args)  # e.g. an --api-key-env naming an unset variable
@@ -314,6 +320,7 @@ async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
             sut_boundary=s["sut_boundary"],
             guardrails=s["guardrails"],
             sharegpt_path=s["sharegpt"],
+            workers=args.workers,
         )
         if args.plan_only:
             await warm_up(ctx, cold_start=s["cold_start"])

@@ -28,6 +28,7 @@ from microbench.loadgen.metrics_series import DEFAULT_INTERVAL_S, MetricsSampler
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import write_trace
+from microbench.loadgen.workers import run_sessions
 from microbench.measure.capacity import CapacityPlan, CapacitySearch, capacity_ledger, measure_capacity
 from microbench.measure.runs import Run, run_of
 from microbench.measure.saturation import SATURATION_RULE
@@ -65,6 +66,7 @@ class BatteryContext:
     emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
     progress_every_s: float = 60.0
     metrics_interval_s: float = DEFAULT_INTERVAL_S  # the engine's /metrics sampled this often during runs
+    workers: int = 1  # load-generation processes (microbench.loadgen.workers); 1: this one
     prompts: PromptFactory = field(default_factory=PromptFactory)
     text: TextRenderer | None = None  # text prompts (the chat API) through the model's tokenizer
     api_kind: Literal["completions", "chat"] = "completions"
@@ -118,13 +120,17 @@ class BatteryContext:
             api_key_env=self.engine.api_key_env,
         )
         sampler = MetricsSampler(self.engine.base_url, self.engine.metrics, self.metrics_interval_s)
-        async with LoadSession(settings) as session, sampler:
-            ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
-            try:
-                result = await session.run(stages)
-            finally:
-                if ticker is not None:
-                    ticker.cancel()
+        async with sampler:
+            if self.workers > 1:  # the workers' records come back at the end: no progress lines meanwhile
+                result = await run_sessions(settings, stages, self.workers)
+            else:
+                async with LoadSession(settings) as session:
+                    ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
+                    try:
+                        result = await session.run(stages)
+                    finally:
+                        if ticker is not None:
+                            ticker.cancel()
         series = series_frame(sampler.samples, result.t0_ns)
         self._runs += 1
         if self.out_dir is not None:

@@ -8,7 +8,8 @@ A spec that times its own arrivals (``aggregate_rate``, a client's non-Poisson `
 aggregate rate (``--rate`` values sweep that rate), for ``--duration`` (default: its last window's end).
 A flag that would override those fields (``--concurrency``, ``--scheduler``, ``--cv``, ``--trace-file``)
 is refused, naming them. ``--api chat`` sends text prompts of exact token counts (``--tokenizer``);
-``--salt`` with the header's salt repeats a run's prompts exactly.
+``--salt`` with the header's salt repeats a run's prompts exactly. ``--workers N`` sends from N processes
+(``microbench.loadgen.workers``): one schedule, merged trace, each worker's schedule delay in the summary.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from microbench.client.prompts import TokenSpace
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.events import JsonlEventWriter
 from microbench.loadgen.metrics_series import MetricsSampler, series_frame, series_header
-from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
+from microbench.loadgen.workers import run_sessions, worker_delays
 from microbench.results.layout import hold_folder
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import prompt_source
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-timeout", type=duration, default=60.0, help="in-flight drain limit (default 60s)"
     )
     run.add_argument("--events", action="store_true", help="also write events.jsonl")
+    run.add_argument(
+        "--workers", type=int, default=1,
+        help="load-generation processes, each its own event loop and connections, sharing one seeded "
+        "schedule (past one core's rate; 1: this process)",
+    )  # fmt: skip
     add_out(run, "results/load-<UTC time>")
     return parser
 
@@ -99,6 +105,10 @@ def _check(args: argparse.Namespace) -> None:
             raise BadInput(f"{flag} must be ≥ {1 if flag == '--requests' else 0} (got {value})")
     if args.cv is not None and not args.cv > 0:
         raise BadInput(f"--cv must be > 0 (got {args.cv})")
+    if args.workers < 1:
+        raise BadInput(f"--workers must be ≥ 1 (got {args.workers})")
+    if args.workers > 1 and args.events:
+        raise BadInput("--events needs one process: drop --events or use --workers 1")
 
 
 def _spec(args: argparse.Namespace) -> tuple[WorkloadSpec, TokenSpace | None]:
@@ -200,8 +210,8 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
     writer = JsonlEventWriter(args.out / "events.jsonl") if args.events else None
     sampler = MetricsSampler(args.url)  # the engine's /metrics beside the trace (names: what it serves)
     try:
-        async with LoadSession(settings, hooks=[writer] if writer else []) as session, sampler:
-            result = await session.run(stages)
+        async with sampler:
+            result = await run_sessions(settings, stages, args.workers, hooks=[writer] if writer else [])
     finally:
         if writer:
             writer.close()
@@ -217,7 +227,10 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         engine={"base_url": args.url, "model": model, "api": args.api, "max_model_len": args.max_model_len},
         metrics=(series, series_header(sampler, series)),
     )  # fmt: skip
-    return header.model_dump(include={"stages", "saturated", "warnings"})
+    summary = header.model_dump(include={"stages", "saturated", "warnings"})
+    if args.workers > 1:  # which worker kept its schedule: the merged delays hide a lagging one
+        summary["worker_schedule_delay"] = worker_delays(result)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,12 +73,18 @@ async def send_request(
     api: ApiSettings,
     record: StreamRecord,
     headers: Mapping[str, str] | None = None,
+    *,
+    lazy: bool = False,
 ) -> StreamRecord:
-    """Send ``spec`` (streaming or not, as it says) and return its filled record; errors are typed."""
+    """Send ``spec`` (streaming or not, as it says) and return its filled record; errors are typed.
+
+    ``lazy``: a stream's chunks are parsed when the record is first read, and an error found then is
+    ``record.failure`` rather than raised (``stream_request``'s hot path).
+    """
     url = base_url.rstrip("/") + api.path
     payload = build_payload(spec, api)
     if spec.streaming:
-        return await stream_request(session, url, payload, record=record, headers=headers)
+        return await stream_request(session, url, payload, record=record, headers=headers, lazy=lazy)
     return await post_request(session, url, payload, record, headers=headers)
 
 

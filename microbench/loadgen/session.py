@@ -13,15 +13,17 @@ intended time of that issue is the moment the slot came free.
 
 Each request records its intended send time, the actual one (``StreamRecord.t_send_ns``), every chunk,
 usage, status and error; errors (HTTP 429/500, cut streams, server errors) become records, never
-exceptions. ``stop()`` ends issuing; in-flight requests then drain for up to ``drain_timeout_s`` and the
-rest are cancelled and recorded as such.
+exceptions. Streams are read on the client's hot path (a stamp and the bytes per read) and parsed after
+the stages, or when a multi-turn conversation or an event hook needs the answer. ``stop()`` ends
+issuing; in-flight requests then drain for up to ``drain_timeout_s`` and the rest are cancelled and
+recorded as such.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -43,8 +45,20 @@ _RTT_PROBES = 5  # GET /health round trips before the stages: the network's shar
 class LoadSession:
     """``async with LoadSession(settings) as s: result = await s.run(stages)``."""
 
-    def __init__(self, settings: SessionSettings, hooks: Iterable[EventHook] = ()) -> None:
+    def __init__(
+        self,
+        settings: SessionSettings,
+        hooks: Iterable[EventHook] = (),
+        share: tuple[int, int] = (0, 1),
+        stage_start: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
+        """``share`` = (k, n): this session is worker k of n (``microbench.loadgen.workers``): of the
+        items the stages' plans yield, counted across stages, it sends those whose count is k modulo n
+        (and k's part of a closed loop's slots); ``stage_start()`` gives every stage's common start."""
         self.settings = settings
+        self.share = share
+        self._stage_start = stage_start
+        self._pulled = 0  # plan items pulled so far, every worker's included
         self.events = EventBus(list(hooks))
         self.records: list[RequestRecord] = []
         self._http: aiohttp.ClientSession | None = None
@@ -102,6 +116,8 @@ class LoadSession:
                     break
                 outcomes.append(await self._run_stage(stage))
         self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
+        for record in self.records:  # the streams are parsed here, after the timed part
+            _settle(record)
         return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes, rtt_ms)
 
     async def _round_trips(self, count: int = _RTT_PROBES) -> list[float]:
@@ -133,7 +149,7 @@ class LoadSession:
             stage.duration_s,
         )
         self._outcome = outcome
-        outcome.start_ns = time.perf_counter_ns()
+        outcome.start_ns = await self._stage_start() if self._stage_start else time.perf_counter_ns()
         self._emit(EventKind.STAGE_STARTED, outcome.start_ns, warmup=stage.warmup)
         deadline = None if stage.duration_s is None else outcome.start_ns + int(stage.duration_s * 1e9)
         if stage.in_flight_limit is None:
@@ -148,15 +164,26 @@ class LoadSession:
         self._emit(EventKind.DRAINED, outcome.end_ns, cancelled=outcome.drain_cancelled)
         return outcome
 
+    def _plan(self, stage: Stage) -> Iterator[tuple[int, RequestSpec, bool]]:
+        """The stage's plan up to its request limit, each item marked whether this worker sends it."""
+        k, n = self.share
+        for seen, (offset_ns, spec) in enumerate(stage.plan):
+            if stage.max_requests is not None and seen >= stage.max_requests:
+                return
+            self._pulled += 1
+            yield offset_ns, spec, (self._pulled - 1) % n == k
+
     async def _open_loop(self, stage: Stage, outcome: StageOutcome, deadline: int | None) -> None:
-        for offset_ns, spec in stage.plan:
-            if self._stopping or (stage.max_requests is not None and outcome.issued >= stage.max_requests):
+        for offset_ns, spec, mine in self._plan(stage):
+            if self._stopping:
                 return
             target = outcome.start_ns + offset_ns
             if deadline is not None and target >= deadline:
                 # the issuing window is the nominal one: its empty tail (no arrival drawn) belongs to it
                 await self._sleep_until(deadline)
                 return
+            if not mine:
+                continue
             if not await self._sleep_until(target):
                 return
             self._launch(spec, target, stage, outcome, deadline, None)
@@ -166,7 +193,11 @@ class LoadSession:
     ) -> None:
         slots: asyncio.Queue[int | None] = asyncio.Queue()
         self._slots = slots
-        for _ in range(limit):
+        k, n = self.share
+        mine = limit // n + (k < limit % n)
+        if not mine:
+            return  # more workers than slots: this one sends nothing
+        for _ in range(mine):
             slots.put_nowait(outcome.start_ns)
         loop = asyncio.get_running_loop()
         timer = None
@@ -177,9 +208,9 @@ class LoadSession:
             slots.put_nowait(time.perf_counter_ns())
 
         try:
-            for offset_ns, spec in stage.plan:
-                if stage.max_requests is not None and outcome.issued >= stage.max_requests:
-                    return
+            for offset_ns, spec, mine in self._plan(stage):
+                if not mine:
+                    continue
                 freed_ns = await slots.get()
                 if freed_ns is None or self._stopping:
                     return
@@ -237,7 +268,7 @@ class LoadSession:
             current: RequestSpec | None = spec
             while current is not None:
                 record = await self._send(current, intended_ns, stage, outcome)
-                if current.next_turn is None or record.status != "ok" or self._stopping:
+                if current.next_turn is None or self._stopping or _settle(record) != "ok":
                     return
                 following = current.next_turn(current, record.stream)
                 intended_ns = time.perf_counter_ns() + int(current.think_time_s * 1e9)
@@ -260,8 +291,9 @@ class LoadSession:
         self._emit(EventKind.ISSUED, time.perf_counter_ns(), record.request_id, intended_ns=intended_ns)
         try:
             await send_request(
-                self._http, self.settings.base_url, spec, self.settings.api, record.stream, self._headers
-            )
+                self._http, self.settings.base_url, spec, self.settings.api, record.stream, self._headers,
+                lazy=True,
+            )  # fmt: skip
             record.status = "ok"
         except asyncio.CancelledError:
             record.status = "cancelled"
@@ -273,6 +305,7 @@ class LoadSession:
         finally:
             self._active -= 1
             if self.events.active:
+                _settle(record)
                 self._emit_outcome(record)
         return record
 
@@ -299,6 +332,13 @@ class LoadSession:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         return len(pending)
+
+
+def _settle(record: RequestRecord) -> str:
+    """Parse a lazily kept stream; an error found in it (malformed line, error event) sets the status."""
+    if record.status == "ok" and (failure := record.stream.failure) is not None:
+        record.status = classify(failure)
+    return record.status
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

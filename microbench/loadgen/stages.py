@@ -117,6 +117,7 @@ class RequestRecord:
     intended_ns: int
     stream: StreamRecord
     status: str = "pending"
+    worker: int = 0  # the load-generation process that sent it (``microbench.loadgen.workers``)
 
 
 @dataclass

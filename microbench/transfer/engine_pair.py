@@ -1,98 +1,39 @@
-"""The engines of a transfer run: the producer/consumer pair joined by the connector, and the lone producer.
-
-Each is started, pinned (every thread of each engine's process group to that engine's cores: the
-``VLLM_CPU_OMP_THREADS_BIND`` of its spec pins only the compute threads) and stopped on every exit
-path. ``check_runnable`` refuses, before any engine starts, a GPU-only preset on a box without one and
-a connector whose Python package is missing, with the install command for this platform.
-"""
+"""The engines of a transfer run, from its config: the shared pair and lone engine of the measurement floor
+(``microbench.measure.engine_pair``) with the producer's and consumer's specs of a ``TransferConfig``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import sys
-import time
 from collections.abc import AsyncIterator
 
 from rich.console import Console
 
-from engine_harness.engines import engine_kind
-from engine_harness.kv_connectors import (
-    ConnectorPreset,
-    install_hint,
-    load_connector,
-    missing_packages,
-    role_spec,
-    torch_cuda_version,
-)
+from engine_harness.kv_connectors import ConnectorPreset
 from engine_harness.launch import EngineProcess
-from engine_harness.process_group import parse_cores, pin_group
+from microbench.measure import engine_pair as shared
 from microbench.results.layout import TransferFolder
 from microbench.transfer.config import TransferConfig
 
 __all__ = ["TransferAborted", "alone_engine", "check_runnable", "engine_pair"]
 
-
-class TransferAborted(RuntimeError):
-    """The run cannot go on: an engine died, or the set-up is impossible here."""
+TransferAborted = shared.PairAborted
 
 
 def check_runnable(cfg: TransferConfig, preset: ConnectorPreset) -> None:
     """Refuse a GPU-only preset on this box and a connector whose package is missing, with the fix."""
-    if not engine_kind(cfg.producer_spec().kind).kv_connectors:
-        return
-    if not preset.run_here:
-        from engine_harness.telemetry import NvmlSource
-
-        if not NvmlSource.gpu_names():
-            raise TransferAborted(
-                f"connector {preset.name!r} is a GPU preset (run_here: false) and this machine has "
-                "no GPU; use --connector nixl-cpu (or example-storage) here"
-            )
-    missing = missing_packages(preset)
-    if missing:
-        raise TransferAborted(
-            f"connector {preset.name!r} needs the Python package(s) {missing}, not installed; install: "
-            + install_hint(missing, torch_cuda_version())
-        )
+    shared.check_runnable(cfg.producer_spec().kind, preset)
 
 
 @contextlib.asynccontextmanager
 async def engine_pair(
     folder: TransferFolder, cfg: TransferConfig, preset: ConnectorPreset, console: Console
 ) -> AsyncIterator[tuple[EngineProcess, EngineProcess]]:
-    """Producer and consumer started together; both stopped on every exit path. Their version and argv
-    go into the run's manifest."""
-    storage = str(folder.root / "kv-storage")
-    producer = EngineProcess(
-        role_spec(cfg.producer_spec(), preset, "producer", storage),
-        folder.role_log("producer"),
-        startup_timeout_s=cfg.startup_timeout_s,
-    )
-    consumer = EngineProcess(
-        role_spec(cfg.consumer_spec(), preset, "consumer", storage),
-        folder.role_log("consumer"),
-        startup_timeout_s=cfg.startup_timeout_s,
-    )
-    try:
-        t0 = time.perf_counter_ns()
-        results = await asyncio.gather(producer.start(), consumer.start(), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
-        console.print(
-            f"producer {producer.base_url} + consumer {consumer.base_url} up in "
-            f"{(time.perf_counter_ns() - t0) / 1e9:.1f} s "
-            f"({producer.spec.kind} {producer.version or ''}, connector {preset.name})"
-        )
-        _pin(cfg, {"producer": producer, "consumer": consumer}, console)
-        manifest = folder.read_manifest()
-        manifest.engine_version = producer.version
-        manifest.engine_argv = {"producer": producer.argv, "consumer": consumer.argv}
-        folder.write_manifest(manifest)
-        yield producer, consumer
-    finally:
-        await asyncio.gather(producer.stop(), consumer.stop())
+    """Producer and consumer of ``cfg`` started together; both stopped on every exit path."""
+    async with shared.engine_pair(
+        folder, cfg.producer_spec(), cfg.consumer_spec(), preset, console,
+        startup_timeout_s=cfg.startup_timeout_s, pin=cfg.pin_engine_threads,
+    ) as pair:  # fmt: skip
+        yield pair
 
 
 @contextlib.asynccontextmanager
@@ -100,22 +41,8 @@ async def alone_engine(
     folder: TransferFolder, cfg: TransferConfig, console: Console
 ) -> AsyncIterator[EngineProcess]:
     """The producer's engine started alone: same settings and cores, no connector, no peer."""
-    spec = role_spec(cfg.producer_spec(), load_connector("none"), "producer", "")
-    engine = EngineProcess(spec, folder.role_log("alone"), startup_timeout_s=cfg.startup_timeout_s)
-    try:
-        await engine.start()
-        console.print(f"lone engine {engine.base_url} up in {engine.startup_s or 0:.1f} s (no connector)")
-        _pin(cfg, {"alone": engine}, console)
+    async with shared.alone_engine(
+        folder, cfg.producer_spec(), console, startup_timeout_s=cfg.startup_timeout_s,
+        pin=cfg.pin_engine_threads,
+    ) as engine:  # fmt: skip
         yield engine
-    finally:
-        await engine.stop()
-
-
-def _pin(cfg: TransferConfig, engines: dict[str, EngineProcess], console: Console) -> None:
-    if not cfg.pin_engine_threads or sys.platform != "linux":
-        return
-    for role, engine in engines.items():
-        bind = engine.spec.cpu_threads_bind
-        if engine.pid is not None and bind and bind != "auto":
-            n = pin_group(engine.pid, parse_cores(bind))
-            console.print(f"pinned {n} threads of the {role}'s processes to core(s) {bind}")

@@ -280,3 +280,18 @@ async def test_a_long_load_run_prints_progress_while_it_goes(tmp_path: Path) -> 
     assert len(lines) >= 2, lines  # 30 requests at 20/s: about 1.5 s, a line every 0.25 s
     assert all(line.startswith("  ttft: ") and "/30 requests" in line and " in" in line for line in lines)
     assert "left" in lines[-1]
+
+
+async def test_a_load_run_goes_through_worker_processes(tmp_path: Path) -> None:
+    async with SimServer(SIM) as sim:
+        ctx = _ctx(sim, tmp_path, workers=2)
+        stage = Stage.scheduled(
+            "level",
+            parse_scheduler({"kind": "uniform", "rate": 40.0}),
+            ctx.fixed_requests(64, 4),
+            max_requests=20,
+        )
+        run = await ctx.run("ttft", [stage])
+    assert len(run.latencies) == 20
+    trace = (tmp_path / "traces" / "ttft" / "trace.csv").read_text().splitlines()
+    assert len(trace) == 21  # one merged trace: a header and the 20 requests of both workers

@@ -134,9 +134,9 @@ def test_the_header_s_salt_repeats_every_prompt_and_length(
     sent: list[tuple[str, Any, int]] = []
     real = session_module.send_request
 
-    async def recording(http: Any, url: str, spec: Any, *rest: Any) -> Any:
+    async def recording(http: Any, url: str, spec: Any, *rest: Any, **kw: Any) -> Any:
         sent.append((spec.client_id, spec.prompt, spec.max_tokens))
-        return await real(http, url, spec, *rest)
+        return await real(http, url, spec, *rest, **kw)
 
     monkeypatch.setattr(session_module, "send_request", recording)
     flags = ("--concurrency", "1", "--requests", "8", "--scheduler", "concurrency")

@@ -5,16 +5,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from microbench.client.streams import (
-    DONE,
-    HTTPStatusError,
-    StreamChunk,
-    StreamCut,
-    _chunk_text,
-    parse_chunk,
-    parse_sse_line,
-    stream_request,
-)
+from microbench.client.sse import DONE, StreamChunk, chunk_text, parse_chunk, parse_sse_line
+from microbench.client.streams import HTTPStatusError, StreamCut, stream_request
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -39,10 +31,10 @@ def test_parse_chunk_reads_only_the_fields_the_client_needs() -> None:
     assert chunk.usage == {"prompt_tokens": 5, "completion_tokens": 3}
     role = parse_chunk(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}')
     assert isinstance(role, StreamChunk) and role.choices is not None
-    assert _chunk_text(role.choices[0]) is None  # the role announcement carries no token
+    assert chunk_text(role.choices[0]) is None  # the role announcement carries no token
     empty = parse_chunk(b'data: {"choices":[{"delta":{"content":""}}]}')
     assert isinstance(empty, StreamChunk) and empty.choices is not None
-    assert _chunk_text(empty.choices[0]) == ""  # a real token that decodes to no text
+    assert chunk_text(empty.choices[0]) == ""  # a real token that decodes to no text
     assert parse_chunk(b"data: [DONE]") is DONE and parse_chunk(b": ping") is None
     for bad in (b"data: [1, 2]", b'data: {"usage": "many"}', b"data: {not json"):
         with pytest.raises(ValueError, match="not a completion chunk"):

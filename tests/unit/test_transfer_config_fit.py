@@ -241,7 +241,7 @@ def test_a_missing_connector_package_is_refused_before_any_engine_with_this_plat
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from engine_harness.kv_connectors import ConnectorPreset
-    from microbench.transfer import engine_pair
+    from microbench.measure import engine_pair
     from microbench.transfer.engine_pair import TransferAborted, check_runnable
 
     monkeypatch.setattr(engine_pair, "torch_cuda_version", lambda: "13.0")

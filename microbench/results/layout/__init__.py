@@ -26,6 +26,9 @@ idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table
 The battery (``BatteryFolder``): ``state/`` (finished tests, the capacity ledger), ``traces/``, the
 reports (``report.json``, ``report.md``, ``report.html``, ``figures/``).
 
+The route experiment (``RouteFolder``): ``replays/<policy>_r<rep>.json`` and ``.parquet`` per replay, the
+report, both engines' logs.
+
 The ablation (``AblateFolder``): ``arms/<name>/``, one sweep run folder per arm (``RunFolder``, its own
 manifest naming the arm's engine), and ``compare-<B>-vs-<A>/`` (``analysis.compare``'s outputs).
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from microbench.results.layout.jobs import JOBS, JobFolder, RunFolderBusy, hold_folder, new_manifest
+from microbench.results.layout.route import RouteFolder, replay_stem
 from microbench.results.layout.sweep import RunFolder, attempt_stem
 from microbench.results.layout.transfer import TransferFolder, point_stem
 from microbench.results.records import Manifest
@@ -44,6 +48,7 @@ __all__ = [
     "AblateFolder",
     "BatteryFolder",
     "JobFolder",
+    "RouteFolder",
     "RunFolder",
     "RunFolderBusy",
     "TransferFolder",
@@ -52,6 +57,7 @@ __all__ = [
     "job_folder",
     "new_manifest",
     "point_stem",
+    "replay_stem",
 ]
 
 
@@ -92,6 +98,7 @@ def job_folder(root: Path) -> JobFolder:
         "transfer": TransferFolder,
         "battery": BatteryFolder,
         "ablate": AblateFolder,
+        "route": RouteFolder,
     }
     if job not in folders:
         raise ValueError(

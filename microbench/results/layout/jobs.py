@@ -19,7 +19,7 @@ from microbench.results.records import Manifest, read_record
 
 __all__ = ["JOBS", "JobFolder", "RunFolderBusy", "hold_folder", "new_manifest"]
 
-JOBS = ("sweep", "transfer", "battery", "ablate")
+JOBS = ("sweep", "transfer", "battery", "ablate", "route")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -66,6 +66,10 @@ class JobFolder:
         if manifest.job is None:
             manifest = manifest.model_copy(update={"job": self.JOB})
         write_model(self.manifest_path, manifest)
+
+    def role_log(self, role: str) -> Path:
+        """The log of the folder's engine in ``role`` (producer, consumer, alone: the engine-pair jobs)."""
+        return self.root / f"engine-{role}.log"
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """One writer per run folder: a second run (or ``--resume``) of the same folder is refused."""

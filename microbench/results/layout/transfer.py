@@ -57,9 +57,6 @@ class TransferFolder(JobFolder):
         path = self.root / "idle_cpu.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
-    def role_log(self, role: str) -> Path:
-        return self.root / f"engine-{role}.log"
-
     def write_transfer(self, record: TransferRecord, attempt: int, final: bool) -> None:
         """Invalid attempts are kept under invalid/; the valid one (or the last attempt) goes to runs/."""
         stem = point_stem(record.prefill_tokens, record.repetition)

@@ -1,0 +1,7 @@
+"""``python -m microbench.route``."""
+
+import sys
+
+from microbench.route.cli import main
+
+sys.exit(main())

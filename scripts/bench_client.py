@@ -1,0 +1,321 @@
+"""The SSE client against a bare stamping client and ``vllm bench serve``'s, as ratios in one run.
+
+A local server (a subprocess pinned to the last core, aiohttp on uvloop) streams vLLM-shaped completion
+chunks and records ``perf_counter_ns`` right before each write (one clock for both processes: Linux's
+CLOCK_MONOTONIC). The clients run in this process, pinned to core 0, interleaved and in alternating
+order, ``--reps`` times each:
+
+- ``minimal``: aiohttp + uvloop, per read one stamp and a count of ``data:`` events, no JSON (the yardstick);
+- ``ours_lazy``: ``stream_request(lazy=True)``, as the load generator runs it (parsed after the streams;
+  the deferred parse is measured apart, ``parse_us_per_chunk``, and added in ``ours_lazy+parse``);
+- ``ours_end``: ``stream_request`` default (parsed when each body ends);
+- ``ours_live``: ``stream_request`` with ``on_chunk`` (parsed per read, as the sweep's decode streams);
+- ``vllm``: ``vllm.benchmarks.lib.endpoint_request_func.async_request_openai_completions`` on asyncio's
+  loop and ``vllm bench serve``'s connector, as that tool runs it.
+
+Ingest: ``--streams`` × ``--tokens`` chunks written as fast as the server can; chunks/s (wall: bounded
+by the server too) and chunks per client CPU second (``time.process_time`` of this process: the rate one
+core can ingest; its inverse, µs/chunk, is in the JSON). Fidelity: ``--paced-streams`` × ``--paced-tokens``,
+one chunk per stream every ``--step-ms``; per chunk lag = client stamp − server write stamp, |ITL error| =
+|client gap − server gap|; p50/p99 over all chunks. Every figure is a median over reps, printed beside the
+median over reps of its ratio to ``minimal`` in the same rep: absolute numbers move with the box (and
+with the other processes on the client's core), ratios within a rep much less.
+
+    .venv/bin/python scripts/bench_client.py [--reps 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from engine_harness.launch import free_port
+from microbench.client import aio
+from microbench.client.streams import StreamRecord, stream_request
+
+Stamps = list[list[int]]  # per stream, one client stamp per content chunk
+CHUNK = (
+    b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
+    b'"text":"x","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}\n\n'
+)
+TAIL = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\ndata: [DONE]\n\n'
+
+
+# ---- the server: stamps each write -------------------------------------------------------------------
+
+
+def serve(port: int, step_ms: float) -> None:
+    stamps: dict[str, list[int]] = {}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n, mine = int(body["max_tokens"]), stamps.setdefault(str(body["prompt"]), [])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            if step_ms > 0:
+                await asyncio.sleep(max(t0 + int((i + 1) * step_ms * 1e6) - time.perf_counter_ns(), 0) / 1e9)
+            mine.append(time.perf_counter_ns())
+            await resp.write(CHUNK)
+        await resp.write(TAIL % n)
+        return resp
+
+    async def take_stamps(_: web.Request) -> web.Response:
+        out = dict(stamps)
+        stamps.clear()
+        return web.json_response(out)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/stamps", take_stamps)
+    app.router.add_get("/health", lambda _: web.Response(text="ok"))  # type: ignore[arg-type,return-value]
+    web.run_app(app, host="127.0.0.1", port=port, print=None, loop=aio_loop())
+
+
+def aio_loop() -> asyncio.AbstractEventLoop:
+    import uvloop
+
+    return uvloop.new_event_loop()
+
+
+# ---- the clients -------------------------------------------------------------------------------------
+
+
+async def minimal(url: str, ids: list[str], tokens: int) -> Stamps:
+    async def one(http: aiohttp.ClientSession, pid: str) -> list[int]:
+        t_reads, n_reads = [], []
+        async with http.post(url, json={"model": "m", "prompt": pid, "max_tokens": tokens}) as resp:
+            async for data in resp.content.iter_any():
+                t_reads.append(time.perf_counter_ns())
+                n_reads.append(data.count(b"data:"))
+        return [t for t, n in zip(t_reads, n_reads, strict=True) for _ in range(n)][:tokens]
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        return list(await asyncio.gather(*(one(http, p) for p in ids)))
+
+
+def ours(mode: str) -> Callable[[str, list[str], int], Awaitable[Stamps]]:
+    async def run(url: str, ids: list[str], tokens: int) -> Stamps:
+        recs = [StreamRecord() for _ in ids]
+        watch = (lambda r: None) if mode == "live" else None
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            await asyncio.gather(*(
+                stream_request(http, url, {"model": "m", "prompt": p, "max_tokens": tokens}, r,
+                               on_chunk=watch, lazy=mode == "lazy")
+                for p, r in zip(ids, recs, strict=True)
+            ))  # fmt: skip
+        run.records = recs  # type: ignore[attr-defined]  (the deferred parse is timed by the caller)
+        return [r._chunk_t_ns for r in recs] if mode == "lazy" else [r.chunk_t_ns for r in recs]
+
+    return run
+
+
+async def vllm(url: str, ids: list[str], tokens: int) -> Stamps:
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+
+    inputs = [
+        RequestFuncInput(prompt=p, api_url=url, prompt_len=1, output_len=tokens, model="m") for p in ids
+    ]
+    connector = aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
+    )
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=6 * 3600)
+    ) as http:
+        outs = await asyncio.gather(*(async_request_openai_completions(i, http) for i in inputs))
+    stamps = []
+    for o in outs:
+        assert o.success, o.error
+        t = o.start_time + o.ttft + np.concatenate([[0.0], np.cumsum(o.itl)])
+        stamps.append([int(x * 1e9) for x in t])
+    return stamps
+
+
+CLIENTS: dict[str, tuple[Callable[..., Any], Callable[..., Awaitable[Stamps]]]] = {
+    "minimal": (aio.run, minimal),
+    "ours_lazy": (aio.run, ours("lazy")),
+    "ours_end": (aio.run, ours("end")),
+    "ours_live": (aio.run, ours("live")),
+    "vllm": (asyncio.run, vllm),
+}
+
+
+# ---- measuring ---------------------------------------------------------------------------------------
+
+
+def _get_json(url: str) -> Any:
+    async def go() -> Any:
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            return await resp.json()
+
+    return asyncio.run(go())
+
+
+def _start_server(step_ms: float, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(step_ms)]
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            _get_json(base + "/stamps")
+            return proc, base
+        except (aiohttp.ClientError, OSError):
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the stamping server did not start")
+
+
+def one_rep(name: str, base: str, streams: int, tokens: int, rep: int) -> dict[str, Any]:
+    runner, client = CLIENTS[name]
+    ids = [f"{name}-{rep}-{i}" for i in range(streams)]
+    cpu0, t0 = time.process_time_ns(), time.perf_counter_ns()
+    stamps = runner(client(base + "/v1/completions", ids, tokens))
+    cpu, wall = time.process_time_ns() - cpu0, time.perf_counter_ns() - t0
+    out: dict[str, Any] = {"chunks": streams * tokens, "wall_ns": wall, "cpu_ns": cpu}
+    records = getattr(client, "records", None)
+    if name == "ours_lazy" and records is not None:
+        p0 = time.process_time_ns()
+        for r in records:
+            r.settle()
+        out["parse_ns"] = time.process_time_ns() - p0
+        stamps = [r.chunk_t_ns for r in records]
+    server = _get_json(base + "/stamps")
+    lag, itl = [], []
+    for pid, mine in zip(ids, stamps, strict=True):
+        c, s = np.asarray(mine, dtype=np.int64), np.asarray(server[pid], dtype=np.int64)
+        assert len(c) == len(s) == tokens, (name, len(c), len(s))
+        lag.append(c - s)
+        itl.append(np.abs(np.diff(c) - np.diff(s)))
+    lag_ms, itl_ms = np.concatenate(lag) / 1e6, np.concatenate(itl) / 1e6
+    out |= {f"lag_p{q}_ms": float(np.percentile(lag_ms, q)) for q in (50, 99)}
+    out |= {f"itl_err_p{q}_ms": float(np.percentile(itl_ms, q)) for q in (50, 99)}
+    return out
+
+
+def interleaved(base: str, streams: int, tokens: int, reps: int) -> dict[str, list[dict[str, Any]]]:
+    names = list(CLIENTS)
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for rep in range(reps):
+        for name in names[:: 1 if rep % 2 == 0 else -1]:
+            runs[name].append(one_rep(name, base, streams, tokens, rep))
+    return runs
+
+
+FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], float]]] = {
+    "chunks_per_s": ("ingest", lambda r: r["chunks"] / r["wall_ns"] * 1e9),
+    "chunks_per_cpu_s": ("ingest", lambda r: r["chunks"] / r["cpu_ns"] * 1e9),
+    "cpu_us_per_chunk": ("ingest", lambda r: r["cpu_ns"] / r["chunks"] / 1e3),
+    **{
+        k: ("fidelity", lambda r, k=k: r[k])
+        for k in ("lag_p50_ms", "lag_p99_ms", "itl_err_p50_ms", "itl_err_p99_ms")
+    },
+}
+
+
+def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per client and figure: the median over reps, and the median over reps of its ratio to ``minimal``
+    in the same rep (a rep the box slowed for every client keeps its ratios)."""
+    table: dict[str, dict[str, float]] = {}
+    ratios: dict[str, dict[str, float]] = {}
+    for name in runs["ingest"]:
+        table[name], ratios[name] = {}, {}
+        for key, (kind, f) in FIGURES.items():
+            mine = np.array([f(r) for r in runs[kind][name]])
+            base = np.array([f(r) for r in runs[kind]["minimal"]])
+            table[name][key] = float(np.median(mine))
+            ratios[name][key] = float(np.median(mine / base))
+    parse = np.array([r["parse_ns"] / r["chunks"] / 1e3 for r in runs["ingest"]["ours_lazy"]])
+    table["ours_lazy"]["parse_us_per_chunk"] = float(np.median(parse))
+    cpu = np.array([FIGURES["cpu_us_per_chunk"][1](r) for r in runs["ingest"]["ours_lazy"]]) + parse
+    base = np.array([FIGURES["cpu_us_per_chunk"][1](r) for r in runs["ingest"]["minimal"]])
+    table["ours_lazy+parse"] = {
+        "cpu_us_per_chunk": float(np.median(cpu)),
+        "chunks_per_cpu_s": float(np.median(1e6 / cpu)),
+    }
+    ratios["ours_lazy+parse"] = {
+        "cpu_us_per_chunk": float(np.median(cpu / base)),
+        "chunks_per_cpu_s": float(np.median(base / cpu)),
+    }
+    return {"figures": table, "ratios_to_minimal": ratios}
+
+
+def _print(report: dict[str, Any]) -> None:
+    cols = (
+        "chunks_per_s",
+        "chunks_per_cpu_s",
+        "lag_p50_ms",
+        "lag_p99_ms",
+        "itl_err_p50_ms",
+        "itl_err_p99_ms",
+    )
+    print(f"{report['machine']}; load average before/after {report['load_before']} / {report['load_after']}")
+    print(f"{'client':16}" + "".join(f"{c:>22}" for c in cols))
+    for name, row in report["figures"].items():
+        ratio = report["ratios_to_minimal"][name]
+        cells = [f"{row[c]:.4g} ({ratio[c]:.2f}x)" if c in row else "-" for c in cols]
+        print(f"{name:16}" + "".join(f"{c:>22}" for c in cells))
+    print(f"ours_lazy deferred parse: {report['figures']['ours_lazy']['parse_us_per_chunk']:.3g} µs/chunk")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per client (medians)")
+    parser.add_argument("--streams", type=int, default=32, help="ingest: concurrent streams")
+    parser.add_argument("--tokens", type=int, default=2000, help="ingest: chunks per stream")
+    parser.add_argument("--paced-streams", type=int, default=64, help="fidelity: concurrent streams")
+    parser.add_argument("--paced-tokens", type=int, default=200, help="fidelity: chunks per stream")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="fidelity: one chunk per stream every …")
+    parser.add_argument("--out", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.step_ms)
+        return
+    if args.reps < 1 or min(args.streams, args.tokens, args.paced_streams, args.paced_tokens) < 2:
+        parser.error("--reps must be ≥ 1 and the stream counts and lengths ≥ 2")
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[0]})
+    import vllm.benchmarks.lib.endpoint_request_func  # noqa: F401  (a slow import: not inside a run)
+
+    load_before = os.getloadavg()
+    fast, fast_url = _start_server(0.0, cores[-1])
+    paced, paced_url = _start_server(args.step_ms, cores[-1])
+    try:
+        for name in CLIENTS:  # warm every path once (imports, first connections)
+            one_rep(name, fast_url, 2, 20, -1)
+        ingest = interleaved(fast_url, args.streams, args.tokens, args.reps)
+        fidelity = interleaved(paced_url, args.paced_streams, args.paced_tokens, args.reps)
+    finally:
+        for proc in (fast, paced):
+            proc.terminate()
+            proc.wait()
+    report = {
+        "machine": f"{os.cpu_count()} cores, client on core {cores[0]}, server on core {cores[-1]}",
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        **summarise({"ingest": ingest, "fidelity": fidelity}),
+        "runs": {"ingest": ingest, "fidelity": fidelity},
+    }
+    _print(report)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
