@@ -67,7 +67,7 @@ SETUP_UNLOCKED=1 PYTHON="$PYTHON" bash scripts/setup-sglang.sh cpu
 freeze .venv-sglang/bin/python new/sglang-cpu.txt
 
 echo "newest: gpu and sglang-gpu — resolved by pip for this platform, not installed"
-resolve new/gpu.txt -e ".[gpu,analysis,dev]" "nixl-cu13==1.5.1" "nixl==1.5.1"
+resolve new/gpu.txt -e ".[gpu,analysis,dev,ray]" "nixl-cu13==1.5.1" "nixl==1.5.1"
 resolve new/sglang-gpu.txt "sglang==0.5.23" nvidia-ml-py
 
 # The tiers run on the newest versions and judge the new locks too (tests/unit/test_setup_lib.py reads them).

@@ -12,6 +12,7 @@
 #                                                   # the CPU recipe without one); .venv keeps its engine
 #   SETUP_ENGINE=sglang-cpu bash scripts/setup.sh   # the CPU recipe of SGLang, whatever the box
 #   PYTHON=python3.12 bash scripts/setup.sh
+#   SETUP_RAY=0 bash scripts/setup.sh      # without Ray (the ray extra: --executor ray, docs/ray.md)
 #
 # SGLang always gets its own environment, .venv-sglang (scripts/setup-sglang.sh): its torch pin conflicts
 # with vLLM's (CPU build: torch 2.13; CUDA vLLM 0.33: torch 2.14.0; SGLang 0.5.23: torch 2.14.1), so one
@@ -52,12 +53,15 @@ fi
 # which would add a second copy for another CUDA major. CUDA vLLM 0.33 is a CUDA 13 build: nixl-cu13;
 # the CPU build gets nixl-cu12, checked on a CPU box (~70 MB).
 case "$engine" in
-    cpu) extras="cpu,analysis,dev"; probe="vllm"; nixl="nixl-cu12"; lock=cpu ;;
-    gpu) extras="gpu,analysis,dev"; probe="vllm"; nixl="nixl-cu13"; lock=gpu ;;
-    none) extras="analysis,dev"; probe=""; nixl=""; lock=cpu ;;  # pure-Python packages: the CPU lock's
+    cpu) extras="cpu,analysis,dev,ray"; probe="vllm"; nixl="nixl-cu12"; lock=cpu ;;
+    gpu) extras="gpu,analysis,dev,ray"; probe="vllm"; nixl="nixl-cu13"; lock=gpu ;;
+    none) extras="analysis,dev,ray"; probe=""; nixl=""; lock=cpu ;;  # pure-Python packages: the CPU lock's
     *) echo "setup: SETUP_ENGINE must be auto, cpu, gpu, sglang, sglang-cpu or none (got '$engine')" >&2
        exit 1 ;;
 esac
+# Ray (--executor ray, ≈285 MB) comes with every set-up, so CI runs its tests; SETUP_RAY=0 leaves it out
+# (the suite never imports it unless --executor ray is asked for).
+if [ "${SETUP_RAY:-1}" = 0 ]; then extras=${extras%,ray}; fi
 use_lock "$lock"
 
 finish() {

@@ -36,6 +36,7 @@ __all__ = [
     "ProtocolRules",
     "RunConfig",
     "RunRecord",
+    "ShardRun",
     "Validity",
     "point_name",
     "read_record",
@@ -269,6 +270,26 @@ class BaselineRecord(StrictModel):
     raw_file: str
 
 
+class ShardRun(StrictModel):
+    """Where and how one shard of a run (one chunk size) ran, once per execution (a resumed shard adds
+    another): the executor writes it when the shard starts and again when it ends (DESIGN §7)."""
+
+    chunk: int
+    executor: Literal["local", "ray"]
+    host: str
+    node_id: str | None = Field(None, description="the Ray node it ran on")
+    pid: int | None = Field(None, description="the process that ran the shard (a Ray worker)")
+    device: str = Field(description="what measured: GPU ids and names, or the CPU cores it owned")
+    gpus: list[str] = Field(default_factory=list, description="CUDA_VISIBLE_DEVICES of the shard")
+    cores: list[int] = Field(default_factory=list, description="the cores the shard and its engine ran on")
+    cores_exclusive: bool = Field(description="no other shard of the run could run on these cores/GPUs")
+    engine_version: str | None = None
+    started_utc: str
+    wall_s: float | None = Field(None, description="from the shard's start to its end (None: running)")
+    points: int = Field(0, description="points of the shard that became final in this execution")
+    outcome: str = Field("running", description="running, done, stopped, or failed: <why>")
+
+
 class Manifest(StrictModel):
     """Everything needed to know what a run was and to reproduce it."""
 
@@ -301,6 +322,9 @@ class Manifest(StrictModel):
     git_commit: str | None
     seed: int
     notes: list[str] = Field(default_factory=list)
+    shards: list[ShardRun] = Field(
+        default_factory=list, description="every execution of every shard: host, device, placement, wall time"
+    )
 
 
 def point_name(decode_batch: int, prefill_tokens: int, repetition: int) -> str:

@@ -15,6 +15,7 @@ Examples::
     python -m microbench.sweep --engine external --url http://127.0.0.1:8000 --model my-model --chunk 8192
     python -m microbench.sweep --resume                              # continue the newest run in results/
     python -m microbench.sweep --resume --out results/my-run         # continue that run
+    python -m microbench.sweep --config sweeps/seed-full.yaml --executor ray --ray-address auto  # GPU/chunk
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
+from microbench.executors import add_executor_flags, executor_from_args
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.measure.grid import SweepConfig, SweepConfigError, load_sweep
 from microbench.results.layout import RunFolder, new_manifest
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument(
         "--enforce-eager", action="store_true", default=None, help="disable CUDA graphs (seed 002's ablation)"
     )
+    add_executor_flags(p.add_argument_group("executor (DESIGN §7, docs/ray.md)"))
     out = p.add_argument_group("output")
     add_out(out, "results/<UTC time>-<sweep name>")
     out.add_argument(
@@ -224,6 +227,7 @@ def _problem(exc: Exception) -> str:
 
 
 def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
+    executor = executor_from_args(args)
     folder, sweep, resumed = _resolve_run(args)
     state["out"] = folder.root
     resume = f"python -m microbench.sweep --resume --out {folder.root}"
@@ -235,7 +239,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 raise BadInput(
                     f"cannot write the run folder {folder.root}: {exc}; choose another --out"
                 ) from None
-        runner = SweepRunner(folder, sweep, args.start_timeout)
+        runner = SweepRunner(folder, sweep, args.start_timeout, executor)
         try:
             aio.run(runner.run())
         except (KeyboardInterrupt, Stopped):

@@ -1,7 +1,8 @@
-"""Runs a ``SweepConfig`` into a ``RunFolder``: one interference shard per chunk size, in order.
+"""Runs a ``SweepConfig`` into a ``RunFolder``: one interference shard per chunk size, run by an executor.
 
-The runner owns the order of the shards, the progress display and its ETA, and the account of the wall
-time; the measurement is ``microbench.measure.shard`` (engine, decode batches, injections, faults), which
+The runner owns the shards, the progress display and its ETA, and the account of the wall time; the
+executor (``microbench.executors``: local in turn, or Ray) runs them; the measurement is
+``microbench.measure.shard`` (engine, decode batches, injections, faults), which
 stores every attempt through a ``FolderSink`` the moment it is final, so a crash, Ctrl-C or a full disk
 loses at most the point in flight.
 """
@@ -15,9 +16,11 @@ from rich.progress import Progress, TaskID
 
 from benchcore.console import console
 from microbench.client.aio import LagMonitor
+from microbench.executors import Executor
+from microbench.executors.local import LocalExecutor
 from microbench.measure.grid import SweepConfig, hardware_name, shard_plans
 from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext, ShardEvents, measure_shard
+from microbench.measure.shard import ShardContext, ShardEvents
 from microbench.measure.sink import FolderSink, Stored
 from microbench.measure.timing import Timing
 from microbench.results.layout import RunFolder
@@ -61,8 +64,15 @@ class _Display(ShardEvents):
 
 
 class SweepRunner:
-    def __init__(self, folder: RunFolder, sweep: SweepConfig, start_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        folder: RunFolder,
+        sweep: SweepConfig,
+        start_timeout_s: float | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         self.folder = folder
+        self.executor: Executor = executor or LocalExecutor()
         self.sweep = sweep
         self.sink = FolderSink(folder)
         self.console = console()
@@ -95,8 +105,7 @@ class SweepRunner:
                     context = ShardContext(
                         session, self.console, self.timing, display, lag, start_timeout_s=self.start_timeout_s
                     )
-                    for plan in self.plans:
-                        await measure_shard(plan, self.sink, context)
+                    await self.executor.run(self.plans, self.sink, context)
             finally:
                 self.invalid_attempts = display.invalid_attempts
                 await lag.stop()
@@ -108,7 +117,7 @@ class SweepRunner:
 
     def finish(self) -> None:
         """Write the table and print the summary from whatever is on disk."""
-        self.console.print(self.timing.report())
+        self.console.print(self.executor.account(self.timing))
         if self.invalid_attempts:
             self.console.print(
                 f"{self.invalid_attempts} invalid attempt(s) kept under "

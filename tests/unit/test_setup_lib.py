@@ -81,3 +81,14 @@ def test_the_locks_hold_the_engines_and_torch_builds_the_scripts_install() -> No
     assert sglang_cpu["torch"] == sglang_gpu["torch"] == "2.14.1"
     for pins in (cpu, gpu, sglang_cpu, sglang_gpu):
         assert "pd-interference-bench" not in pins and all(" @ " not in v for v in pins.values())
+
+
+def test_the_ray_extra_is_pinned_in_both_suite_locks_and_set_up_installs_it() -> None:
+    # --executor ray (issue #39): the extra's pin, the locks the suite's set-up uses, and setup.sh's extras
+    # must agree, or CI installs another Ray than the one its tests ran with (or none, and they skip).
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    extra = next(line for line in lines if line.startswith("ray ="))
+    version = extra.split("==")[1].split('"')[0]
+    assert _pins("cpu")["ray"] == _pins("gpu")["ray"] == version
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert setup.count(',ray"; probe=') == 3  # cpu, gpu, none

@@ -1,0 +1,160 @@
+"""Placement honesty (DESIGN §7): which device a shard measured on, and cores it owns on a CPU-only node.
+
+Ray's ``num_gpus=1`` gives a task its own GPU (Ray sets ``CUDA_VISIBLE_DEVICES``); ``num_cpus`` is only a
+count for Ray's scheduler, not pinning (a task sees every core). So a CPU shard claims its cores itself:
+one ``flock``'d file per core under a node-wide folder (``CoreClaim``), released by the kernel when the
+process dies, and pins itself with ``os.sched_setaffinity`` before it starts its engine, which inherits
+the mask. vLLM on CPU binds its threads within that mask (its "auto" binding reads the process's
+affinity); forcing ``VLLM_CPU_OMP_THREADS_BIND`` to every claimed core instead put its compute threads on
+the core "auto" leaves to the server and the client, and tripled the decode baseline on the smoke grid.
+A node that cannot give a shard cores nobody else holds refuses the shard (``PlacementError``). Every
+execution of a shard is recorded in the manifest (``ShardRun``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+from microbench.results.layout import RunFolder
+from microbench.results.records import ShardRun
+
+__all__ = [
+    "CORE_LOCKS",
+    "CoreClaim",
+    "PlacementError",
+    "close_shard",
+    "core_text",
+    "device_text",
+    "host_name",
+    "record_shard",
+    "utc_now",
+    "visible_gpus",
+]
+
+CORE_LOCKS = Path("/tmp/microbench-cores")  # node-wide: every shard on this node, whichever run it is
+
+
+class PlacementError(RuntimeError):
+    """A shard cannot be isolated on its node (no free cores, no GPU of its own): refused, not measured."""
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
+    """The GPU ids a process may use (``CUDA_VISIBLE_DEVICES``; empty: none set, or none)."""
+    value = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "")
+    return [g for g in (part.strip() for part in value.split(",")) if g and g != "-1"]
+
+
+def core_text(cores: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` → ``"0-2,5"`` (the ``VLLM_CPU_OMP_THREADS_BIND`` syntax, ``parse_cores``' input)."""
+    out: list[str] = []
+    run: list[int] = []
+    for core in sorted(set(cores)):
+        if run and core != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(core)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def device_text(hardware: str, gpus: list[str], cores: list[int]) -> str:
+    """What a shard measured on, in words: ``GPU 3 (NVIDIA H100)`` or ``CPU cores 0-1 (CPU: AMD …)``."""
+    if gpus:
+        return f"GPU {','.join(gpus)} ({hardware})"
+    return f"CPU cores {core_text(cores)} ({hardware})"
+
+
+class CoreClaim:
+    """``n`` cores of this process's affinity that no other shard on the node holds, held until ``release``.
+
+    Each core is a file ``<folder>/core-<n>.lock`` under an exclusive, non-blocking ``flock``: two shards on
+    one node (of one run or of two) never hold the same core, and a shard that dies releases its cores.
+    """
+
+    def __init__(self, n: int, folder: Path = CORE_LOCKS) -> None:
+        self.n = n
+        self.folder = folder
+        self.cores: list[int] = []
+        self._files: list[IO[bytes]] = []
+
+    def acquire(self) -> list[int]:
+        mine = sorted(os.sched_getaffinity(0))
+        if self.n > len(mine):
+            raise PlacementError(
+                f"a shard needs {self.n} cores of its own, but this process may run on {len(mine)} "
+                f"({core_text(mine)}) on {host_name()}; ask for fewer with --shard-cpus"
+            )
+        self.folder.mkdir(parents=True, exist_ok=True)
+        held = []
+        for core in mine:
+            if len(self.cores) == self.n:
+                break
+            f = (self.folder / f"core-{core}.lock").open("a+b")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                held.append(core)
+                continue
+            self._files.append(f)
+            self.cores.append(core)
+        if len(self.cores) < self.n:
+            self.release()
+            raise PlacementError(
+                f"{host_name()} cannot isolate a shard: it needs {self.n} free cores, but cores "
+                f"{core_text(held)} of {core_text(mine)} are held by other shards (locks under "
+                f"{self.folder}); shards on shared cores would measure each other, so this one is refused"
+            )
+        return list(self.cores)
+
+    def release(self) -> None:
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+        self._files.clear()
+        self.cores = []
+
+    def __enter__(self) -> list[int]:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def record_shard(folder: RunFolder, run: ShardRun) -> None:
+    """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same chunk, start, pid)."""
+    manifest = folder.read_manifest()
+    key = (run.chunk, run.started_utc, run.pid, run.host)
+    manifest.shards = [s for s in manifest.shards if (s.chunk, s.started_utc, s.pid, s.host) != key] + [run]
+    folder.write_manifest(manifest)
+
+
+def close_shard(
+    folder: RunFolder, run: ShardRun, t0: float, points: int, outcome: str, engine_version: str | None
+) -> None:
+    """Store how ``run`` ended (wall time since ``t0``, points made final, outcome); best effort: a disk
+    too full for the manifest must not hide the shard's own error, and every point is stored already."""
+    run.wall_s = round(time.perf_counter() - t0, 3)
+    run.points = points
+    run.outcome = outcome
+    run.engine_version = engine_version
+    with contextlib.suppress(OSError):
+        record_shard(folder, run)

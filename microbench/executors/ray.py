@@ -1,0 +1,201 @@
+"""The ``ray`` executor: each shard a Ray task on its own GPU (CPU-only: its own cores), streamed back.
+
+Each shard with points left is one task (``num_returns="streaming"``: a generator task) asking for one
+GPU where the cluster has GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``; two shards never share one), else
+``--shard-cpus`` CPUs (default: a whole node), which the task claims and pins itself to
+(``placement.CoreClaim``). The task starts its engine on its node and yields every file its shard stores
+(``shard_task``); this process writes each into the run folder as it arrives (``relay.Relay``), so a
+Ctrl-C, a dead node or a lost task loses at most the point in flight, and ``--resume`` re-submits only
+the shards, and within them the points, that are missing. A lost shard does not stop the others; the run
+ends with an error naming it. ``--ray-address`` joins a running cluster; without it a local Ray instance
+starts for the run and stops after it. Ray is imported here only (the optional ``[ray]`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from benchcore.cli import BadInput
+from benchcore.provenance import hardware_info
+from engine_harness.engines import engine_kind
+from engine_harness.telemetry import NvmlSource
+from microbench.executors.local import points_done
+from microbench.executors.placement import close_shard, device_text, record_shard, utc_now
+from microbench.executors.relay import Finished, Relay, Started, seed_files
+from microbench.executors.shard_task import TaskOptions, stream_shard
+from microbench.measure.engine_lifecycle import SweepAborted
+from microbench.measure.grid import hardware_name
+from microbench.measure.plan import ShardPlan
+from microbench.measure.shard import ShardContext
+from microbench.measure.sink import FolderSink
+from microbench.measure.timing import Timing
+from microbench.results.records import ShardRun
+
+__all__ = ["RayExecutor", "cluster_shape"]
+
+
+def _remote_shard(
+    plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
+) -> Iterator[object]:
+    """On the worker: the shard's messages, with the node it landed on."""
+    node = ray.get_runtime_context().get_node_id()
+    hardware = hardware_name(hardware_info(NvmlSource.gpu_names()))  # this node's, as records name it
+    plan = dataclasses.replace(plan, hardware=hardware)
+    yield from stream_shard(plan, run_id, seed, dataclasses.replace(options, node_id=node))
+
+
+def _drain(stream: Any, relay: Relay) -> None:
+    """Write what the shard has already sent and this process has not read yet (a stop came between)."""
+    next_ready = getattr(stream, "_next_sync", None)  # Ray's generator, without waiting for more
+    while next_ready is not None:
+        try:
+            ref = next_ready(timeout_s=0)
+            if ref.is_nil():
+                return
+            relay.apply(ray.get(ref, timeout=5))
+        except (StopIteration, ray.exceptions.RayError, OSError, ValueError):
+            return
+
+
+def cluster_shape(nodes: list[dict[str, Any]]) -> tuple[float, int]:
+    """(GPUs in the cluster, CPUs of its largest node) from ``ray.nodes()``, alive nodes only."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    return sum(r.get("GPU", 0) for r in alive), int(max((r.get("CPU", 0) for r in alive), default=0))
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, address: str | None = None, shard_cpus: int | None = None, **options: Any) -> None:
+        self.address = address
+        self.shard_cpus = shard_cpus
+        self.options = options  # TaskOptions fields (core_locks, start_timeout_s)
+        self.shards = 0  # submitted by the last run
+
+    def _connect(self) -> bool:
+        """Join ``address`` or start a local instance; True when this process started it."""
+        if ray.is_initialized():
+            return False
+        if self.address:
+            ray.init(
+                address=self.address, include_dashboard=False, log_to_driver=True, configure_logging=False
+            )
+            return False
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        return True
+
+    def account(self, timing: Timing) -> str:
+        """The run's wall time around its shards; each shard's own account was printed as it ended (shards
+        overlap in time, so their phases do not add up to the run's)."""
+        wall = time.perf_counter() - timing.t0
+        start, shards, stop = (timing.spent.get(k, 0.0) for k in ("Ray start", "shards", "Ray stop"))
+        other = max(wall - start - shards - stop, 0.0)
+        return (
+            f"wall {wall:.1f} s = Ray start {start:.1f} s + {self.shards} shard(s) on Ray {shards:.1f} s "
+            f"(each one's account above) + Ray stop {stop:.1f} s + other {other:.1f} s"
+        )
+
+    def _resources(self) -> tuple[dict[str, Any], TaskOptions]:
+        """What each shard's task asks Ray for, and how it places itself: refused when it cannot be alone."""
+        gpus, node_cpus = cluster_shape(ray.nodes())
+        if gpus >= 1:
+            return {"num_gpus": 1, "num_cpus": 1}, TaskOptions(**self.options)
+        cores = self.shard_cpus or node_cpus
+        if cores > node_cpus or cores < 1:
+            raise BadInput(
+                f"--shard-cpus {cores}: no node of the Ray cluster has that many CPUs (the largest has "
+                f"{node_cpus}); a shard must own its cores, so ask for at most {node_cpus} and --resume"
+            )
+        return {"num_cpus": cores}, TaskOptions(cores=cores, **self.options)
+
+    async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
+        todo = [plan for plan in plans if points_done(plan, sink) < len(plan.points())]
+        if not todo:
+            return
+        if shared := sorted({p.spec.kind for p in todo if not engine_kind(p.spec.kind).launched}):
+            raise BadInput(
+                f"--executor ray starts an engine per shard; a {', '.join(shared)} engine is one engine that "
+                "every shard would share (they would measure each other): use --executor local"
+            )
+        with context.timing.phase("Ray start"):
+            started = self._connect()
+        try:
+            resources, options = self._resources()
+            remote = ray.remote(_remote_shard).options(num_returns="streaming", max_retries=0, **resources)
+            self.shards = len(todo)
+            with context.timing.phase("shards"):
+                shards = (self._shard(remote, plan, options, sink, context) for plan in todo)
+                lost = await asyncio.gather(*shards)
+        finally:
+            if started:
+                with context.timing.phase("Ray stop"):
+                    ray.shutdown()
+        if failed := [why for why in lost if why]:
+            raise SweepAborted(
+                f"{len(failed)} of {len(todo)} shard(s) did not finish: {'; '.join(failed)}; every point "
+                "they stored is kept, and --resume measures only the missing ones"
+            )
+
+    async def _shard(
+        self, remote: Any, plan: ShardPlan, options: TaskOptions, sink: FolderSink, context: ShardContext
+    ) -> str | None:
+        """Run one shard to its end; what went wrong with it (None: it finished)."""
+        relay = Relay(sink, context.events)
+        before = points_done(plan, sink)
+        stream = remote.remote(plan, sink.run_id, seed_files(sink.folder, plan.chunk), options)
+        run: ShardRun | None = None
+        t0 = time.perf_counter()
+        outcome, why = "done", None
+        try:
+            async for ref in stream:
+                message = await ref
+                if isinstance(message, Started):
+                    run = self._started(plan, message, options, sink)
+                    t0 = time.perf_counter()
+                relay.apply(message)
+                if isinstance(message, Finished):
+                    # shards overlap in time: each one's account is its own, not summed into the run's
+                    spent = Timing(t0=t0, spent=message.spent)
+                    context.console.print(f"chunk {plan.chunk}: {spent.report()}", soft_wrap=True)
+                    if message.error:
+                        outcome, why = f"failed: {message.error}", f"chunk {plan.chunk}: {message.error}"
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            outcome = "stopped"
+            _drain(stream, relay)  # before the cancel, which turns what is still unread into errors
+            ray.cancel(stream)
+            raise
+        except ray.exceptions.RayError as exc:  # the task, its worker or its node was lost
+            text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            outcome, why = f"failed: {type(exc).__name__}: {text}", f"chunk {plan.chunk}: {text}"
+            context.console.print(f"[red]chunk {plan.chunk}: its Ray task ended: {text}", soft_wrap=True)
+        finally:
+            if run is not None:
+                points = points_done(plan, sink) - before
+                close_shard(sink.folder, run, t0, points, outcome, relay.engine_version)
+        return why
+
+    @staticmethod
+    def _started(plan: ShardPlan, message: Started, options: TaskOptions, sink: FolderSink) -> ShardRun:
+        run = ShardRun(
+            chunk=plan.chunk,
+            executor="ray",
+            host=message.host,
+            node_id=message.node_id,
+            pid=message.pid,
+            device=device_text(message.hardware, message.gpus, message.cores),
+            gpus=message.gpus,
+            cores=message.cores,
+            cores_exclusive=bool(message.gpus) or options.cores is not None,
+            started_utc=utc_now(),
+        )
+        record_shard(sink.folder, run)
+        return run

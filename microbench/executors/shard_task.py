@@ -1,0 +1,145 @@
+"""The body of a remote shard, as a generator of relay messages (``relay``); Ray-free, so it is testable.
+
+``stream_shard`` claims the shard's place on its node (its own cores on a CPU-only node, pinned; a GPU
+shard has the GPU Ray gave it), then runs ``measure_shard`` on an event loop in a thread of its own with
+a ``RelaySink`` over a scratch run folder, and yields every message that sink and the shard's events emit
+as it is emitted: the driver writes each stored point before the next is measured. When the consumer
+stops (Ray cancelled the task, the driver went away), the shard's loop is cancelled, which stops its
+engine. The scratch folder is deleted at the end; nothing of the worker's own files (e.g. Ray's token
+under the home folder) is ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import psutil
+from rich.console import Console
+
+from microbench.client import aio
+from microbench.client.aio import LagMonitor
+from microbench.executors.placement import (
+    CORE_LOCKS,
+    CoreClaim,
+    PlacementError,
+    host_name,
+    visible_gpus,
+)
+from microbench.executors.relay import Finished, RelayEvents, RelaySink, Started
+from microbench.measure.plan import ShardPlan
+from microbench.measure.shard import ShardContext, measure_shard
+from microbench.measure.timing import Timing
+from microbench.results.layout import RunFolder
+
+__all__ = ["TaskOptions", "stream_shard"]
+
+_END = object()
+SCRATCH_PREFIX = "microbench-shard-"  # + <worker pid>-<chunk>-<random>, in the node's temporary folder
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a remote shard places itself: ``cores`` to own on a CPU-only node (None: a GPU shard)."""
+
+    cores: int | None = None
+    core_locks: Path = CORE_LOCKS
+    start_timeout_s: float | None = None
+    node_id: str | None = None
+
+
+class _Loop:
+    """The shard's event loop in a thread; ``stop`` cancels it from the generator's thread."""
+
+    def __init__(self, plan: ShardPlan, sink: RelaySink, out: queue.Queue[object], options: TaskOptions):
+        self.plan, self.sink, self.out, self.options = plan, sink, out, options
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.timing = Timing()
+        self.thread = threading.Thread(target=self._main, name=f"shard-{plan.chunk}", daemon=True)
+
+    def _main(self) -> None:
+        error = None
+        try:
+            aio.run(self._measure())
+        except BaseException as exc:  # reported to the driver as the shard's outcome
+            error = (
+                f"{type(exc).__name__}: {exc}" if not isinstance(exc, asyncio.CancelledError) else "stopped"
+            )
+        self.out.put(Finished(self.sink.end_files(), dict(self.timing.spent), error))
+        self.out.put(_END)
+
+    async def _measure(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        console = Console(file=sys.stdout, width=160, force_terminal=False, soft_wrap=True)
+        lag = LagMonitor()
+        lag.start()
+        try:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                context = ShardContext(
+                    session, console, self.timing, RelayEvents(self.out.put), lag,
+                    start_timeout_s=self.options.start_timeout_s,
+                )  # fmt: skip
+                await measure_shard(self.plan, self.sink, context)
+        finally:
+            await lag.stop()
+
+    def stop(self) -> None:
+        if self.loop is not None and self.task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(timeout=60)
+
+
+def _remove_orphans() -> None:
+    """Delete scratch folders of shards whose worker died without cleaning up (killed: SIGKILL, OOM)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*-*"):
+        pid = folder.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def stream_shard(
+    plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
+) -> Iterator[object]:
+    """Measure ``plan`` of run ``run_id`` here, yielding relay messages: ``Started``, the shard's, the end."""
+    claim = CoreClaim(options.cores, options.core_locks) if options.cores else None
+    _remove_orphans()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{plan.chunk}-"))
+    try:
+        cores = claim.acquire() if claim is not None else sorted(os.sched_getaffinity(0))
+        if claim is not None:
+            # the engine started below inherits the mask; vLLM's own thread binding ("auto") places its
+            # threads within it (it reads sched_getaffinity), as it does for a local run on the whole box
+            os.sched_setaffinity(0, cores)
+        gpus = visible_gpus()
+        if claim is None and not gpus:
+            raise PlacementError(
+                f"a GPU shard on {host_name()} was given no GPU (CUDA_VISIBLE_DEVICES is empty)"
+            )
+        yield Started(host_name(), os.getpid(), options.node_id, gpus, cores, plan.hardware)
+        out: queue.Queue[object] = queue.Queue()
+        sink = RelaySink(RunFolder(scratch / run_id), out.put, seed)  # records name the run, not the scratch
+        runner = _Loop(plan, sink, out, options)
+        runner.thread.start()
+        try:
+            while (message := out.get()) is not _END:
+                yield message
+        finally:
+            runner.stop()
+    finally:
+        if claim is not None:
+            claim.release()
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""``--executor ray`` on a local Ray instance against the sim engine (issue #39): a sweep split into two
+shards that run at once on cores of their own equals the sequential run; a shard whose Ray task is
+killed mid-run loses nothing it stored, and ``--resume`` measures only what it had left."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from microbench.results.records import Observation, RunRecord, read_record
+from microbench.sweep.cli import main
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.integration
+
+STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
+RAY = ["--executor", "ray", "--shard-cpus", "1"]  # two shards at once on this 2-core box, a core each
+
+
+def _sweep_file(tmp_path: Path, prefills: list[int]) -> Path:
+    sweep = {
+        "chunks": [512, 1024],
+        "decode_batch_sizes": [0, 4],
+        "prefill_tokens": prefills,
+        "repetitions": 2,
+        "decode_context": 256,
+        "engine": {"kind": "sim", "extra_args": STEP_ARGS},
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def _files(run: Path, sub: str) -> set[str]:
+    return {p.relative_to(run).as_posix() for p in (run / sub).rglob("*") if p.is_file()}
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing may be written outside --out
+    sweep = _sweep_file(tmp_path, [256, 2048])
+    seq, par = tmp_path / "out" / "seq", tmp_path / "out" / "ray"
+    assert main(["--config", str(sweep), "--out", str(seq)]) == 0
+    assert main(["--config", str(sweep), "--out", str(par), *RAY]) == 0
+    for sub in ("runs", "telemetry"):  # decode batches and retries may differ between two runs
+        assert _files(par, sub) == _files(seq, sub), sub
+    assert len(_files(par, "runs")) == 16
+    for path in (par / "runs").rglob("*.json"):  # every record's inputs came along with it
+        record = read_record(path, RunRecord)
+        assert record.validity.valid and record.run_id == "ray"
+        obs = par / "observed" / path.parent.name / f"{path.stem}_a{record.validity.attempt}.json"
+        observed = read_record(obs, Observation)
+        for rel in (observed.raw_file, observed.metrics_file, observed.baseline_file):
+            assert rel is None or (par / rel).is_file(), rel
+    assert {p.name for p in par.glob("engine-*.log")} == {"engine-512.log", "engine-1024.log"}
+    a, b = pd.read_csv(seq / "interference_table.csv"), pd.read_csv(par / "interference_table.csv")
+    assert list(a.columns) == list(b.columns) and (a.dtypes == b.dtypes).all()
+    keys = ["chunk_size", "decode_batch_size", "new_prefill_tokens", "repetitions"]
+    assert a[keys].equals(b[keys])
+    m_seq, m_par = _manifest(seq), _manifest(par)
+    assert m_par["engine_argv"].keys() == m_seq["engine_argv"].keys() == {"512", "1024"}
+    assert m_par["warmup"].keys() == {"512", "1024"} and m_par["engine_version"] == m_seq["engine_version"]
+    shards = {s["chunk"]: s for s in m_par["shards"]}
+    assert shards.keys() == {512, 1024}
+    for s in shards.values():
+        assert s["executor"] == "ray" and s["outcome"] == "done" and s["points"] == 8
+        assert s["cores_exclusive"] and len(s["cores"]) == 1 and s["engine_version"].startswith("sim")
+        assert s["node_id"] and s["wall_s"] > 0 and s["device"].startswith("CPU cores")
+    spans = [(dt.datetime.fromisoformat(s["started_utc"]).timestamp(), s["wall_s"]) for s in shards.values()]
+    (t0, w0), (t1, w1) = spans
+    if t0 <= t1 + w1 and t1 <= t0 + w0:  # they ran at once (the usual case): never on one core
+        assert shards[512]["cores"] != shards[1024]["cores"]
+    assert all(s["executor"] == "local" and s["outcome"] == "done" for s in m_seq["shards"])
+    token = Path.home() / ".ray" / "auth_token"  # Ray's token never reaches a run folder
+    if token.is_file() and (secret := token.read_bytes().strip()):
+        assert not [p for p in par.rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert set(os.listdir(tmp_path)) == {"sweep.yaml", "out"}  # nothing written beside --out
+
+
+def _worker_of(run: Path, chunk: int, points: int, proc: subprocess.Popen[str]) -> int:
+    """The pid of the Ray worker measuring ``chunk`` once ``points`` of its records are in the run folder."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before the kill"
+        try:
+            shards = [
+                s for s in _manifest(run)["shards"] if s["chunk"] == chunk and s["outcome"] == "running"
+            ]
+        except (OSError, ValueError):
+            shards = []
+        if shards and len(list((run / "runs" / str(chunk)).glob("*.json"))) >= points:
+            return int(shards[0]["pid"])
+        time.sleep(0.05)
+
+
+def test_a_killed_shard_task_loses_nothing_and_resume_measures_only_its_missing_points(
+    tmp_path: Path,
+) -> None:
+    sweep = _sweep_file(tmp_path, [256, 1024, 2048])  # 12 points per shard
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(sweep), "--out", str(run), *RAY]
+    proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pid = _worker_of(run, 1024, 3, proc)
+    engines = psutil.Process(pid).children(recursive=True)
+    os.kill(pid, signal.SIGKILL)  # the shard's Ray task is lost, its worker with no chance to clean up
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-3000:]
+    assert "1 of 2 shard(s) did not finish" in out and "--resume" in out
+    _, alive = psutil.wait_procs(engines, timeout=15)
+    assert not alive, "the killed shard's engine outlived it"
+    runs = run / "runs"
+    assert len(list((runs / "512").glob("*.json"))) == 12  # the other shard finished
+    before = {p.name: read_record(p, RunRecord).t_inject_ns for p in (runs / "1024").glob("*.json")}
+    assert 3 <= len(before) < 12
+    lost = [s for s in _manifest(run)["shards"] if s["chunk"] == 1024]
+    assert [s["outcome"].split(":")[0] for s in lost] == ["failed"]
+    observed_before = _files(run, "observed")
+    assert all(read_record(run / rel, Observation) for rel in observed_before)  # every one whole
+
+    code = main(["--resume", "--out", str(run), *RAY])
+    records = [read_record(p, RunRecord) for p in runs.rglob("*.json")]
+    assert code == (0 if all(r.validity.valid for r in records) else 1)
+    after = {p.name: read_record(p, RunRecord).t_inject_ns for p in (runs / "1024").glob("*.json")}
+    assert len(after) == 12 and all(after[name] == t for name, t in before.items())  # kept, not redone
+    new = _files(run, "observed") - observed_before
+    assert observed_before <= _files(run, "observed")  # nothing lost
+    # nothing measured twice: every attempt the resume made is of a point of the lost shard it lacked
+    assert {Path(rel).stem.rsplit("_a", 1)[0] for rel in new} == {
+        Path(n).stem for n in set(after) - set(before)
+    }
+    assert all(rel.startswith("observed/1024/") for rel in new)
+    shards = [(s["chunk"], s["outcome"], s["points"]) for s in _manifest(run)["shards"]]
+    assert sorted(s for s in shards if s[1] == "done") == [
+        (512, "done", 12),
+        (1024, "done", 12 - len(before)),
+    ]
+    assert len(shards) == 3  # the finished shard was not submitted again
