@@ -23,6 +23,7 @@ import aiohttp
 import yaml
 from pydantic import ValidationError
 
+from benchcore.cli import BadInput
 from benchcore.flags import arm
 from engine_harness.engines import EngineSpec, auth_headers, engine_kind
 from engine_harness.launch import EngineProcess
@@ -39,6 +40,7 @@ __all__ = [
     "LaunchedEngine",
     "NotOpenAIServer",
     "NotRestartable",
+    "checked_endpoint",
     "model_cards",
     "parse_arm",
     "served_model",
@@ -142,6 +144,29 @@ async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[s
         card = (await model_cards(http, base_url, auth_headers(api_key_env)))[0]
     limit = card.get("max_model_len")
     return str(card["id"]), None if limit is None else int(limit)
+
+
+async def checked_endpoint(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:
+    """``served_model`` for a URL the user gave: every way it fails is bad input naming what answered and
+    the fix (not an OpenAI server, a key refused: ``--api-key-env VAR``, an HTTP error, nothing there).
+    The one check of an external endpoint before a job writes anything (sweep, battery, load generator)."""
+    try:
+        return await served_model(base_url, api_key_env)
+    except NotOpenAIServer as exc:
+        raise BadInput(f"--url: {exc}") from None
+    except aiohttp.ClientResponseError as exc:
+        if exc.status not in (401, 403):
+            raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None
+        held = f"the key in ${api_key_env}" if api_key_env else "no API key"
+        raise BadInput(
+            f"{base_url}/v1/models refused {held} (HTTP {exc.status}); set --api-key-env VAR to the "
+            "environment variable holding the engine's key"
+        ) from None
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise BadInput(
+            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
+            "running, and is --url right?"
+        ) from None
 
 
 ENGINE_PREFIX = "engine:"

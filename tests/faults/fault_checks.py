@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,11 +103,13 @@ def assert_no_engine_left() -> None:
     assert not alive, [p.cmdline() for p in alive]
 
 
-def start_sim(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A sim engine started by hand with ``flags``, once it answers /health: its process and URL."""
+def start_sim(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A sim engine started by hand with ``flags`` (and ``env`` added to its environment), once it
+    answers /health: its process and URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port), *STEP_ARGS]
-    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environ = {**os.environ, **(env or {})}
+    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
