@@ -26,11 +26,11 @@ from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError
 
 from benchcore.cli import BadInput, Failed, run_cli
 from benchcore.flags import add_out, duration_ms
+from benchcore.layered_config import read_yaml
 from benchcore.schema import StrictModel
 from engine_harness.engines import DEFAULT_PRESET, engine_kind, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
@@ -140,10 +140,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Defaults → ``--config`` file → flags, validated once."""
     base: dict[str, Any] = {}
     if args.config is not None:
-        try:
-            base = yaml.safe_load(args.config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise BadInput(f"--config {args.config}: {exc}") from None
+        base = read_yaml(args.config, "--config", BadInput) or {}  # unreadable, not UTF-8, not YAML: named
     try:
         config = BatteryConfig.model_validate(base)
     except ValidationError as exc:

@@ -164,8 +164,7 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
             f"--api-key-env {args.api_key_env}: that variable is not set; export it before the run"
         )
     spec, space = _spec(args)
-    served, _ = await checked_endpoint(args.url, args.api_key_env)  # a URL that is no engine: named at once
-    model = args.model or served
+    model = args.model or (await checked_endpoint(args.url, args.api_key_env))[0]
     workload, prompt_disclosure = _prompts(args, model, spec, space)
     requests = workload.requests()
     stages: list[Stage] = []
