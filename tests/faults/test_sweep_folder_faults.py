@@ -5,6 +5,7 @@ model folder."""
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fault_checks import Place, assert_clear_error, assert_intact
+from fault_checks import Place, assert_clear_error, assert_intact, assert_no_engine_left, fill_disk
 
 import benchcore.atomic
 from microbench.results.records import RunRecord, read_record
@@ -111,15 +112,9 @@ def test_row8_a_read_only_results_folder_is_a_clear_error(place: Place, run, mon
 
 
 def test_a_full_disk_names_the_file_leaves_no_temp_file_and_resumes(place: Place, run, monkeypatch) -> None:
-    real_fsync, calls = os.fsync, [0]
-
-    def fills_up(fd: int) -> None:
-        calls[0] += 1
-        if calls[0] > 40:  # the disk fills up in the middle of the sweep, and stays full
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(fd)
-
-    monkeypatch.setattr(benchcore.atomic.os, "fsync", fills_up)
+    writes = itertools.count(1)
+    # the disk fills up in the middle of the sweep, and stays full: the 41st file write fails, half written
+    fill_disk(monkeypatch, lambda path: next(writes) > 40)
     out = place.tmp / "run"
     cfg = place.sweep_yaml()
     outcome = run(main, "--config", cfg, "--out", out)
@@ -129,13 +124,30 @@ def test_a_full_disk_names_the_file_leaves_no_temp_file_and_resumes(place: Place
     assert "no table written" in outcome.out  # and no second traceback from the table writer
     measured = _stamps(out)
     assert 0 < len(measured) < 12
-    assert_intact(out)  # no .tmp left behind, every record readable
-    monkeypatch.setattr(benchcore.atomic.os, "fsync", real_fsync)  # space freed
+    assert_intact(out)  # no temporary file left behind (dot-files or *.tmp), every record readable
+    monkeypatch.undo()  # space freed
+    monkeypatch.chdir(place.cwd)
     outcome = run(main, "--resume", "--out", out)
     assert outcome.code == 0, outcome.text[-3000:]
     after = _stamps(out)
     assert len(after) == 12 and all(after[n] == t for n, t in measured.items())
     assert (out / "interference_table.csv").is_file() and not list(out.glob(".interference_table*"))
+
+
+def test_a_full_disk_at_the_telemetry_write_keeps_the_error_that_ended_the_run(
+    place: Place, run, monkeypatch
+) -> None:
+    # Issue #33: the telemetry table is written in a ``finally`` while the shard ends on an error (here an
+    # engine that dies in every warm-up); a full disk there replaced that error and left the engine running.
+    fill_disk(monkeypatch, lambda path: path.parent.name == "telemetry")
+    out = place.tmp / "run"
+    outcome = run(main, "--config", place.sweep_yaml(("--die-after-requests", "2")), "--out", out)
+    assert outcome.code == 1, outcome.text[-3000:]
+    assert_clear_error(outcome, "the engine died 4 times in this chunk")  # the original error, kept
+    assert "telemetry not written" in outcome.text and "No space left on device" in outcome.text
+    assert not list((out / "telemetry").iterdir())  # nothing half-written, no temporary file
+    assert_intact(out)
+    assert_no_engine_left()
 
 
 def test_row9_nothing_is_written_outside_out(place: Place, run) -> None:
