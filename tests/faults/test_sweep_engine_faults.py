@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,16 +43,22 @@ def test_row1_a_failed_d4_injection_neither_divides_by_zero_nor_spends_an_attemp
     assert os.listdir(place.cwd) == []
 
 
+# one line per request on the sim's log when HTTP faults are on (engine_harness.sim.faults.log_request)
+_REQUEST = re.compile(r"sim request: (\d+)-token prompt \w+ -> (\w+) @([\d.]+)")
+
+
 @pytest.mark.parametrize(
     "fault",
-    [("--error-500-fraction", "0.2"), ("--error-429-fraction", "0.2", "--retry-after-s", "0.05")],
+    [("--error-500-fraction", "0.2"), ("--error-429-fraction", "0.2", "--retry-after-s", "0.3")],
     ids=["500", "429-retry-after"],
 )
 def test_row2_errors_during_warm_up_and_priming_are_retried(
     place: Place, run, fault: tuple[str, ...]
 ) -> None:
     # One in five requests fails: warm-up (≥ 4 requests) and priming all but surely meet one.
-    cfg = place.sweep_yaml((*fault, "--seed", "5"), repetitions=3)
+    cfg = place.sweep_yaml(
+        (*fault, "--seed", "8"), repetitions=3
+    )  # seed 8: a probe and a priming request fail
     out = place.tmp / "run"
     outcome = run(main, "--config", cfg, "--out", out)
     assert outcome.code == 0, outcome.text[-3000:]
@@ -59,6 +66,16 @@ def test_row2_errors_during_warm_up_and_priming_are_retried(
     assert len(records) == 6 and all(r.validity.valid for r in records)
     assert not list(out.glob("invalid/*/*.json"))  # no attempt was spent on the faults
     assert json.loads((out / "manifest.json").read_text())["warmup"]["512"]["probes_ms"]
+    requests = [
+        (int(n), status, float(t)) for n, status, t in _REQUEST.findall((out / "engine-512.log").read_text())
+    ]
+    status = fault[0].split("-")[3]  # "500" or "429"
+    # the fault landed in warm-up: on a 64-token probe (no measured or priming request has 64 tokens)
+    in_warm_up = [i for i, (n, s, _) in enumerate(requests) if n == 64 and s == status]
+    assert in_warm_up, requests
+    if status == "429":  # probes go one at a time: the next request is the retry, after Retry-After
+        for i in in_warm_up:
+            assert requests[i + 1][2] - requests[i][2] >= 0.3 - 0.005, (requests[i], requests[i + 1])
 
 
 @pytest.mark.parametrize(
