@@ -31,6 +31,7 @@ __all__ = [
     "assert_intact",
     "assert_no_engine_left",
     "fill_disk",
+    "remount",
     "start_sim",
 ]
 
@@ -160,3 +161,8 @@ def fill_disk(monkeypatch: pytest.MonkeyPatch, full: Callable[[Path], bool]) -> 
         return _FullDisk(f) if writing and full(target) else f
 
     monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+def remount(mnt: Path, opts: str) -> None:
+    """Change a mounted test filesystem (``small_fs``), e.g. ``size=64m`` (space freed) or ``ro``."""
+    subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True)
