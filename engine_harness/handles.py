@@ -16,7 +16,7 @@ import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -146,10 +146,21 @@ async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[s
     return str(card["id"]), None if limit is None else int(limit)
 
 
-async def checked_endpoint(base_url: str, api_key_env: str | None = None) -> tuple[str, int | None]:
+@overload
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: Literal[False] = False
+) -> tuple[str, int | None]: ...
+@overload
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool
+) -> tuple[str, int | None] | None: ...
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool = False
+) -> tuple[str, int | None] | None:
     """``served_model`` for a URL the user gave: every way it fails is bad input naming what answered and
     the fix (not an OpenAI server, a key refused: ``--api-key-env VAR``, an HTTP error, nothing there).
-    The one check of an external endpoint before a job writes anything (sweep, battery, load generator)."""
+    The one check of an external endpoint before a job writes anything (sweep, battery, load generator).
+    ``may_be_starting``: a refused connection is an engine still starting (None; the job waits for it)."""
     try:
         return await served_model(base_url, api_key_env)
     except NotOpenAIServer as exc:
@@ -163,6 +174,8 @@ async def checked_endpoint(base_url: str, api_key_env: str | None = None) -> tup
             "environment variable holding the engine's key"
         ) from None
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        if may_be_starting and isinstance(exc, aiohttp.ClientConnectorError):
+            return None
         raise BadInput(
             f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
             "running, and is --url right?"

@@ -192,9 +192,9 @@ def _check_engine(sweep: SweepConfig) -> None:
     URL that is no OpenAI server (or refuses the key), a P, chunk or decode length above the model's limit."""
     spec, limit = sweep.engine_spec(), None
     if spec.kind == "external" and spec.url:
-        _, served_limit = aio.run(checked_endpoint(spec.url, spec.api_key_env))
-        if served_limit:
-            limit = (served_limit, f"max_model_len in {spec.url}/v1/models")
+        served = aio.run(checked_endpoint(spec.url, spec.api_key_env, may_be_starting=True))
+        if served is not None and served[1]:  # (refused: still starting; the run waits for its /health)
+            limit = (served[1], f"max_model_len in {spec.url}/v1/models")
     for chunk in sweep.chunks:
         spec = sweep.engine_spec(chunk)
         if (problem := model_problem(spec)) is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left
+from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left, start_sim
 
 from engine_harness.launch import free_port
 from microbench.results.faults import infrastructure_reasons
@@ -145,12 +145,9 @@ def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
 
 @pytest.fixture
 def external_sim(place: Place):
-    """A sim started by hand that dies 3.5 s after it starts; yields its URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port)]
-    cmd += ["--max-num-batched-tokens", "512", *STEP_ARGS, "--die-at-s", "3.5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield f"http://127.0.0.1:{port}"
+    """A sim started by hand (answering once the fixture returns) that dies 3.5 s after it starts; its URL."""
+    proc, url = start_sim("--max-num-batched-tokens", "512", "--die-at-s", "3.5")
+    yield url
     proc.kill()
     proc.wait()
 
@@ -166,8 +163,24 @@ def test_row4_an_external_engine_that_stops_answering_is_noticed(
     assert outcome.code == 1
     assert_clear_error(outcome, f"the external engine at {external_sim} stopped answering", "--resume")
     assert time.monotonic() - t0 < 60  # noticed within the probe window, not never
+    measured = {p.name: read_record(p, RunRecord).t_inject_ns for p in out.glob("runs/*/*.json")}
     assert_intact(out)
     assert not (out / "engine-512.log").exists()  # nothing was launched, no log to name
+    # the engine is back at the same URL: the run goes on from where it stopped, as the message said
+    port = external_sim.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", port]
+    back = subprocess.Popen([*cmd, "--max-num-batched-tokens", "512", *STEP_ARGS], stdout=subprocess.DEVNULL)
+    try:
+        outcome = run(main, "--resume", "--out", out)
+    finally:
+        back.kill()
+        back.wait()
+    assert outcome.code == 0, outcome.text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 24 and all(r.validity.valid for r in records)
+    assert all(
+        r.t_inject_ns == measured[f"{r.run_id}.json"] for r in records if f"{r.run_id}.json" in measured
+    )
 
 
 def test_row4_a_closed_port_gives_up_in_the_time_asked(place: Place, run) -> None:
