@@ -108,7 +108,7 @@ def model_problem(spec: EngineSpec) -> str | None:
     text = spec.model
     if not (os.path.isabs(text) or text.startswith(("./", "../", "~"))):
         return None
-    path = Path(text).expanduser()
+    path = Path(text).expanduser().absolute()  # a relative folder is named as the engine would look for it
     if not path.is_dir():
         return f"model folder {path} does not exist; give an existing folder or a hub name with --model"
     if not (path / "config.json").is_file():
