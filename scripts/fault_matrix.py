@@ -1,14 +1,11 @@
 """The fault matrix: every command × every class of bad input or broken endpoint, run for real.
 
 Each row runs one command as a user would (a subprocess, from an empty working directory) against one
-fault, and checks the outcome the README promises: the exit code (2: bad input, with a message naming the
-problem and the fix), no traceback, the time it took, nothing written in the working directory and no
-``--out`` left behind for bad input. The rows run on the sim engine and hand-made endpoints (an HTML page,
-a port that accepts and never answers, an FTP URL, a sim that wants an API key); a read-only ``--out`` is a
-real tmpfs mounted read-only where this user may mount (else those rows are skipped, and say so).
-
-Usage: ``.venv/bin/python scripts/fault_matrix.py [--write docs/fault-matrix.md]``; prints the table and
-its counts; exit 1 when a row's outcome is not the one promised.
+fault (a bad definition file, an HTML page, a silent port, an FTP URL, a sim wanting an API key, a
+read-only ``--out``: a tmpfs mounted ro where this user may mount, else those rows are skipped) and checks
+the promised end: the exit code, no traceback, nothing in the working directory, no ``--out`` left after
+bad input. Usage: ``.venv/bin/python scripts/fault_matrix.py [--write docs/fault-matrix.md]``; exit 1
+when a row is not ok.
 """
 
 from __future__ import annotations
@@ -29,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_harness.launch import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 PY = [sys.executable, "-m"]
 STEP = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
@@ -47,7 +46,7 @@ class Row:
     fault: str
     argv: list[str]
     expect: int = 2
-    out: str | None = None  # the --out this row gives (must not exist afterwards when expect == 2)
+    out: str | None = "OUT"  # --out: OUT (the matrix's own), a path, or None; none left after an exit 2
 
 
 @dataclass
@@ -77,14 +76,8 @@ class _Html(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _keyed_sim() -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "SIM_API_KEY": "sk-fault-matrix", "PYTHONPATH": str(REPO)}
     cmd = [*PY, "engine_harness.sim", "--model", "sim", "--port", str(port), *STEP]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -132,7 +125,6 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
     garbage = tmp / "garbage"
     garbage.mkdir()
     (garbage / "manifest.json").write_text("{not json")
-    out = str(tmp / "out")
     sweep = ["microbench.sweep"]
     ext = [*sweep, "--engine", "external", "--model", "sim", "--chunk", "512", "--D", "0", "--P", "256"]
     transfer = ["microbench.transfer", "--engine", "sim", "--connector", "sim-link", "--no-alone"]
@@ -149,95 +141,87 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
     ]
     ablate = ["microbench.ablate", "--arm", "a=engine:max_num_seqs=8", "--arm", "b=engine:max_num_seqs=16"]
     out_rows = [
-        Row("sweep", "definition: YAML syntax error", [*sweep, "--config", str(path["syntax"])], out=out),
-        Row("sweep", "definition: not UTF-8", [*sweep, "--config", str(path["encoding"])], out=out),
-        Row("sweep", "definition: wrong type", [*sweep, "--config", str(path["types"])], out=out),
-        Row("sweep", "definition: name '../../escape'", [*sweep, "--config", str(path["escape"])]),
-        Row("sweep", "definition: absolute name", [*sweep, "--config", str(path["absolute"])]),
-        Row("sweep", "P above the model's limit", [*sweep, "--config", str(path["long-p"])], out=out),
+        Row("sweep", "definition: YAML syntax error", [*sweep, "--config", str(path["syntax"])]),
+        Row("sweep", "definition: not UTF-8", [*sweep, "--config", str(path["encoding"])]),
+        Row("sweep", "definition: wrong type", [*sweep, "--config", str(path["types"])]),
+        Row("sweep", "definition: name '../../escape'", [*sweep, "--config", str(path["escape"])], out=None),
+        Row("sweep", "definition: absolute name", [*sweep, "--config", str(path["absolute"])], out=None),
+        Row("sweep", "P above the model's limit", [*sweep, "--config", str(path["long-p"])]),
         Row(
             "sweep",
             "chunk above the model's limit",
             [*sweep, "--engine", "sim", "--chunk", "100000", "--D", "0", "--P", "256"],
-            out=out,
         ),
         Row(
             "sweep",
             "relative model folder that is not there",
             [*sweep, "--engine", "vllm", "--model", "./no-such-model"],
-            out=out,
         ),
         Row(
             "sweep",
             "bad --token-range",
             [*sweep, "--config", str(tmp / "ok.yaml"), "--token-range", "300:5"],
-            out=out,
         ),
-        Row("sweep", "--resume: manifest not JSON", [*sweep, "--resume", "--out", str(garbage)]),
-        Row("sweep", "--resume: manifest with a bad value", [*sweep, "--resume", "--out", str(bad_manifest)]),
-        Row("sweep", "--resume: no run there", [*sweep, "--resume"], out=str(tmp / "nothing")),
-        Row("sweep", "external: HTML page", [*ext, "--url", urls["html"]], out=out),
-        Row("sweep", "external: silent port", [*ext, "--url", urls["silent"]], out=out),
-        Row("sweep", "external: ftp:// URL", [*ext, "--url", urls["ftp"]], out=out),
-        Row("sweep", "external: HTTP 401", [*ext, "--url", urls["keyed"]], out=out),
+        Row("sweep", "--resume: manifest not JSON", [*sweep, "--resume", "--out", str(garbage)], out=None),
         Row(
-            "transfer", "definition: YAML syntax error", [*transfer, "--config", str(path["syntax"])], out=out
+            "sweep",
+            "--resume: manifest with a bad value",
+            [*sweep, "--resume", "--out", str(bad_manifest)],
+            out=None,
         ),
-        Row("transfer", "definition: not UTF-8", [*transfer, "--config", str(path["encoding"])], out=out),
+        Row("sweep", "--resume: no run there", [*sweep, "--resume"], out=str(tmp / "nothing")),
+        Row("sweep", "external: HTML page", [*ext, "--url", urls["html"]]),
+        Row("sweep", "external: silent port", [*ext, "--url", urls["silent"]]),
+        Row("sweep", "external: ftp:// URL", [*ext, "--url", urls["ftp"]]),
+        Row("sweep", "external: HTTP 401", [*ext, "--url", urls["keyed"]]),
+        Row("transfer", "definition: YAML syntax error", [*transfer, "--config", str(path["syntax"])]),
+        Row("transfer", "definition: not UTF-8", [*transfer, "--config", str(path["encoding"])]),
         Row(
             "transfer",
             "definition: name '../../escape'",
             [*transfer, "--config", str(tmp / "transfer-escape.yaml")],
-            out=out,
         ),
         Row(
             "ablate",
             "definition: not UTF-8",
             ["microbench.ablate", "--config", str(path["encoding"])],
-            out=out,
         ),
-        Row("ablate", "sweep file: YAML syntax error", [*ablate, "--sweep", str(path["syntax"])], out=out),
-        Row("battery", "--config: not UTF-8", [*battery, "--config", str(path["encoding"])], out=out),
-        Row("battery", "--config: YAML syntax error", [*battery, "--config", str(path["syntax"])], out=out),
+        Row("ablate", "sweep file: YAML syntax error", [*ablate, "--sweep", str(path["syntax"])]),
+        Row("battery", "--config: not UTF-8", [*battery, "--config", str(path["encoding"])]),
+        Row("battery", "--config: YAML syntax error", [*battery, "--config", str(path["syntax"])]),
         Row(
             "battery",
             "external: HTML page",
             [*battery, "--engine", "external", "--url", urls["html"]],
-            out=out,
         ),
         Row(
             "battery",
             "external: silent port",
             [*battery, "--engine", "external", "--url", urls["silent"]],
-            out=out,
         ),
         Row(
             "battery",
             "external: ftp:// URL",
             [*battery, "--engine", "external", "--url", urls["ftp"]],
-            out=out,
         ),
         Row(
             "battery",
             "external: HTTP 401",
             [*battery, "--engine", "external", "--url", urls["keyed"]],
-            out=out,
         ),
-        Row("loadgen", "HTML page", [*loadgen, "--url", urls["html"]], out=out),
-        Row("loadgen", "silent port", [*loadgen, "--url", urls["silent"]], out=out),
-        Row("loadgen", "ftp:// URL", [*loadgen, "--url", urls["ftp"]], out=out),
-        Row("loadgen", "HTTP 401", [*loadgen, "--url", urls["keyed"]], out=out),
+        Row("loadgen", "HTML page", [*loadgen, "--url", urls["html"]]),
+        Row("loadgen", "silent port", [*loadgen, "--url", urls["silent"]]),
+        Row("loadgen", "ftp:// URL", [*loadgen, "--url", urls["ftp"]]),
+        Row("loadgen", "HTTP 401", [*loadgen, "--url", urls["keyed"]]),
         Row(
             "loadgen",
             "--cv -1",
             [*loadgen, "--url", urls["keyed"], "--model", "m", "--scheduler", "gamma", "--cv", "-1"],
-            out=out,
         ),
         Row(
             "loadgen",
             "--scheduler trace without a file",
             [*loadgen, "--url", urls["keyed"], "--model", "m", "--scheduler", "trace"],
-            out=out,
         ),
         Row(
             "loadgen",
@@ -256,37 +240,33 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
                 "--model",
                 "m",
             ],
-            out=out,
         ),
-        Row("analysis.report", "run folder missing", ["analysis.report", str(tmp / "missing")]),
+        Row("analysis.report", "run folder missing", ["analysis.report", str(tmp / "missing")], out=None),
         Row(
             "analysis.report",
             "folder with a garbage manifest",
             ["analysis.report", str(garbage)],
             out=str(tmp / "report-out"),
         ),
-        Row("analysis.rederive", "run folder missing", ["analysis.rederive", str(tmp / "missing")]),
-        Row("analysis.rederive", "manifest not JSON", ["analysis.rederive", str(garbage)]),
+        Row("analysis.rederive", "run folder missing", ["analysis.rederive", str(tmp / "missing")], out=None),
+        Row("analysis.rederive", "manifest not JSON", ["analysis.rederive", str(garbage)], out=None),
         Row(
             "analysis.compare",
             "run folder missing",
             ["analysis.compare", str(tmp / "missing"), str(finished)],
-            out=out,
         ),
         Row(
             "analysis.policy",
             "run folder missing",
             ["analysis.policy", "build", str(tmp / "missing"), "--link", "seed-layerwise-50ms"],
-            out=out,
         ),
         Row(
             "analysis.policy",
             "link profile missing",
             ["analysis.policy", "build", str(finished), "--link", str(tmp / "no-link.yaml")],
-            out=out,
         ),
-        Row("engine_harness inspect", "HTML page", ["engine_harness", "inspect", urls["html"]]),
-        Row("engine_harness inspect", "ftp:// URL", ["engine_harness", "inspect", urls["ftp"]]),
+        Row("engine_harness inspect", "HTML page", ["engine_harness", "inspect", urls["html"]], out=None),
+        Row("engine_harness inspect", "ftp:// URL", ["engine_harness", "inspect", urls["ftp"]], out=None),
     ]
     if ro is not None:
         ro_out = str(ro / "run")
@@ -308,6 +288,8 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
 
 
 def run_row(row: Row, cwd: Path) -> Result:
+    if row.out == "OUT":
+        row.out = str(cwd.parent / "out")
     argv = [*PY, *row.argv] + (["--out", row.out] if row.out else [])
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.monotonic()
