@@ -119,8 +119,8 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
 
 async def test_an_engine_refusing_the_key_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     from benchcore.cli import BadInput
-    from engine_harness.sim import SimServer
     from engine_harness.handles import checked_endpoint
+    from engine_harness.sim import SimServer
 
     monkeypatch.setenv("SIM_API_KEY", "right")
     async with SimServer(model="sim") as sim:
