@@ -5,7 +5,8 @@ Modules: ``table`` (run folder → ``interference_table.csv``), ``steps`` (per-s
 ``policy`` (offload lookup table + CLI), ``plots`` (Figures), ``criteria`` (seed 002's success criteria,
 each verdict naming what it judged), ``sweep_report`` (the sweep's one typed report: ``SweepReport``),
 ``report`` (its Markdown/HTML renderers + CLI; page template in ``templates/``),
-``synthetic`` (a run folder from a known step model, for tests and demos).
+``synthetic`` (a run folder from a known step model, for tests and demos), ``calibrate`` (a simulator
+fitted from a sweep predicts a recorded trace; the calibration report says how far it is).
 """
 
 __all__: list[str] = []

@@ -21,15 +21,7 @@ import pandas as pd
 from pydantic import Field
 
 from analysis.compare_pages import verdict_lines, write_pages
-from analysis.effects import (
-    CORRECTION,
-    Verdict,
-    bootstrap_ratio_ci,
-    correct_pvalues,
-    min_detectable_effect,
-    rank_pvalue,
-    verdict,
-)
+from analysis.effects import CORRECTION, LOCATION, Effect, compare_samples
 from analysis.table import CELL, headline_column, load_manifest, records_frame
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput, run_cli
@@ -43,49 +35,32 @@ __all__ = [
     "align_chunks",
     "compare_frames",
     "compare_runs",
+    "grid_problem",
     "main",
     "round_levels",
     "run_warnings",
+    "shared_figures",
     "write_comparison",
 ]
 
 
-def _finite(x: float) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
-
-
-class CellEffect(StrictModel):
-    """One cell's effect: B/A of the medians of its valid repetitions, and what the statistics say."""
+class CellEffect(Effect):
+    """One cell's effect (``analysis.effects.Effect``) on the figure compared there."""
 
     chunk_size: int
     decode_batch_size: int
     new_prefill_tokens: int
     metric: str = Field(description="the per-repetition figure compared (a column of records_frame)")
-    n_a: int
-    n_b: int
-    median_a: float | None
-    median_b: float | None
-    ratio: float | None = Field(description="median(B) / median(A); < 1: B is faster")
-    ci_low: float | None
-    ci_high: float | None
-    p_value: float | None = Field(description="two-sided Mann–Whitney U")
-    p_adjusted: float | None = Field(description="Benjamini–Hochberg across the compared cells")
-    mde: float | None = Field(description="relative change detectable at alpha, 80% power; None: none is")
-    verdict: Verdict
 
     @property
     def cell(self) -> tuple[int, int, int]:
         return self.chunk_size, self.decode_batch_size, self.new_prefill_tokens
 
-    @property
-    def ci_excludes_one(self) -> bool:
-        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 1 or self.ci_high < 1)
-
 
 class Comparison(StrictModel):
     """The comparison of arm B against arm A (every renderer draws this record)."""
 
-    version: Literal[1] = 1  # bump on a breaking change of the record
+    version: Literal[2] = 2  # bump on a breaking change of the record (2: first quartiles, not medians)
     name_a: str
     name_b: str
     run_a: str
@@ -93,6 +68,7 @@ class Comparison(StrictModel):
     alpha: float
     tolerance: float = Field(description="a non-significant cell whose CI lies within ±this is decided")
     seed: int
+    location: str = LOCATION
     correction: str = CORRECTION
     warnings: list[str] = Field(default_factory=list)
     levels_a: list[float | None] = Field(default_factory=list, description="round_levels of run A")
@@ -145,47 +121,37 @@ def compare_frames(
     tolerance: float = 0.1,
     seed: int = 0,
 ) -> list[CellEffect]:
-    """Every cell of either run (``records_frame`` output), sorted; the p-values corrected together."""
-    if metric is not None and (metric not in frame_a or metric not in frame_b):
-        raise ValueError(f"no figure {metric!r} in the records (e.g. tpot_penalty_ms, prefill_duration_ms)")
-    a, b = _valid_values(frame_a, metric), _valid_values(frame_b, metric)
-    cells = sorted(set(a) | set(b))
-    pvalues = [rank_pvalue(a[c], b[c]) if c in a and c in b else math.nan for c in cells]
-    adjusted = correct_pvalues(pvalues, alpha)
-    out = []
-    for cell, p, p_adj in zip(cells, pvalues, adjusted, strict=True):
-        xa, xb = a.get(cell, []), b.get(cell, [])
-        med_a = float(pd.Series(xa).median()) if xa else math.nan
-        med_b = float(pd.Series(xb).median()) if xb else math.nan
-        ratio = med_b / med_a if med_a > 0 else math.nan
-        ci = bootstrap_ratio_ci(xa, xb, seed=[seed, *cell])
-        mde = min_detectable_effect(xa, xb, alpha)
-        if cell not in b:
-            why: Verdict = "only in A"
-        elif cell not in a:
-            why = "only in B"
-        else:
-            why = verdict(ratio, ci, p_adj, alpha, tolerance)
-        out.append(
-            CellEffect(
-                chunk_size=cell[0],
-                decode_batch_size=cell[1],
-                new_prefill_tokens=cell[2],
-                metric=metric or headline_column(cell[1]),
-                n_a=len(xa),
-                n_b=len(xb),
-                median_a=_finite(med_a),
-                median_b=_finite(med_b),
-                ratio=_finite(ratio),
-                ci_low=_finite(ci[0]),
-                ci_high=_finite(ci[1]),
-                p_value=_finite(p),
-                p_adjusted=_finite(p_adj),
-                mde=_finite(mde),
-                verdict=why,
-            )
+    """Every cell of either run (``records_frame`` output), sorted; the p-values corrected together. A
+    cell without a valid value of its figure in one run (not measured there, every repetition invalid, or
+    a figure that run's engine kind does not produce) is listed as measured in the other only."""
+    if metric is not None and metric not in (both := shared_figures(frame_a, frame_b)):
+        raise ValueError(
+            f"figure {metric!r} is not in both runs' records; figures both produce: {', '.join(both)}"
         )
-    return out
+    a, b = _valid_values(frame_a, metric), _valid_values(frame_b, metric)
+    effects = compare_samples(a, b, alpha=alpha, tolerance=tolerance, seed=seed)
+    return [
+        CellEffect(
+            chunk_size=cell[0],
+            decode_batch_size=cell[1],
+            new_prefill_tokens=cell[2],
+            metric=metric or headline_column(cell[1]),
+            **effect.model_dump(),
+        )
+        for cell, effect in effects.items()
+    ]
+
+
+def shared_figures(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:
+    """The per-repetition figures with a valid value in both runs (runs of two engine kinds share only
+    some: compare on these)."""
+
+    def produced(frame: pd.DataFrame) -> set[str]:
+        rows = frame[(frame["source"] == "runs") & frame["valid"]] if len(frame) else frame
+        numeric = rows.select_dtypes("number").drop(columns=[*CELL, "repetition"], errors="ignore")
+        return {str(c) for c in numeric.columns if numeric[c].notna().any()}
+
+    return sorted(produced(frame_a) & produced(frame_b))
 
 
 def run_warnings(run_a: Path, run_b: Path) -> list[str]:
@@ -203,7 +169,40 @@ def run_warnings(run_a: Path, run_b: Path) -> list[str]:
         "model": (ma.engine_spec.get("model"), mb.engine_spec.get("model")),
         "engine kind": (ma.engine_spec.get("kind"), mb.engine_spec.get("kind")),
     }
-    return [f"{what} differs: A {va!r}, B {vb!r}" for what, (va, vb) in pairs.items() if va != vb]
+    out = [f"{what} differs: A {va!r}, B {vb!r}" for what, (va, vb) in pairs.items() if va != vb]
+    if pairs["engine kind"][0] != pairs["engine kind"][1]:
+        out.append(
+            "the engine kinds differ: each cell is compared on its headline only where both produce it "
+            "(a cell whose figure one kind lacks is listed as measured in the other only)"
+        )
+    return out
+
+
+# Grid settings that change what every cell measures: runs that differ in one have no comparable cell.
+CELL_MEANING = ("decode_context", "protocol")
+
+
+def grid_problem(run_a: Path, run_b: Path, cells: list[CellEffect]) -> str | None:
+    """Why the two runs cannot be compared at all (their grids share no cell, or differ in a setting
+    every cell depends on, ``CELL_MEANING``); None when they can (cells of one run only are listed)."""
+    if cells and not any(c.n_a and c.n_b for c in cells):
+        cells_of = {
+            run: sorted({c.cell for c in cells if (c.n_a if run == "A" else c.n_b)}) for run in ("A", "B")
+        }
+        return (
+            f"{run_a} and {run_b} share no measured cell (chunk, D, P): A has {cells_of['A'] or 'none'}, "
+            f"B has {cells_of['B'] or 'none'}; compare runs of one grid"
+        )
+    ma, mb = load_manifest(run_a), load_manifest(run_b)
+    if ma is None or mb is None:
+        return None
+    for key in CELL_MEANING:
+        if ma.sweep.get(key) != mb.sweep.get(key):
+            return (
+                f"the runs' grids differ in {key} (A {ma.sweep.get(key)!r}, B {mb.sweep.get(key)!r}): every "
+                "cell is measured differently, so none compares; rerun one with the other's setting"
+            )
+    return None
 
 
 def _grid_warnings(cells: list[CellEffect]) -> list[str]:
@@ -233,7 +232,7 @@ def compare_runs(
     seed: int = 0,
 ) -> Comparison:
     """Compare two run folders (``ValueError``/``FileNotFoundError`` naming the folder when one is not a
-    run folder with records)."""
+    run folder with records, or naming the setting when their grids cannot be compared: ``grid_problem``)."""
     frame_a = records_frame(run_a, include_invalid_attempts=False)
     frame_b, notes = align_chunks(frame_a, records_frame(run_b, include_invalid_attempts=False))
     cells = compare_frames(
@@ -244,6 +243,8 @@ def compare_runs(
         tolerance=tolerance,
         seed=seed,
     )
+    if (problem := grid_problem(run_a, run_b, cells)) is not None:
+        raise ValueError(problem)
     return Comparison(
         name_a=names[0],
         name_b=names[1],

@@ -32,8 +32,8 @@ COLUMNS = [
     "P",
     "figure",
     "n A/B",
-    "median A",
-    "median B",
+    "Q1 A",
+    "Q1 B",
     "B/A",
     "95% CI",
     "p (BH)",
@@ -62,8 +62,8 @@ def rows(c: Comparison) -> list[list[str]]:
             str(e.new_prefill_tokens),
             e.metric,
             f"{e.n_a}/{e.n_b}",
-            _num(e.median_a),
-            _num(e.median_b),
+            _num(e.location_a),
+            _num(e.location_b),
             _num(e.ratio, ".3f"),
             "–" if e.ci_low is None or e.ci_high is None else f"{e.ci_low:.3f}–{e.ci_high:.3f}",
             _num(e.p_adjusted, ".2g"),
@@ -100,11 +100,12 @@ def verdict_lines(c: Comparison) -> list[str]:
 
 def _method(c: Comparison) -> str:
     return (
-        f"Per cell, B/A is median({c.name_b}) / median({c.name_a}) over the valid repetitions of each run "
-        f"(lower is better); 95% CI: seeded percentile bootstrap (seed {c.seed}); p: two-sided "
-        f"Mann–Whitney U, corrected by {c.correction} at {c.alpha}; MDE: the change detectable at that "
-        f"level with 80% power (∞: too few repetitions for the rank test); a non-significant cell whose "
-        f"CI lies within ±{c.tolerance:.0%} is 'no detectable difference', else 'undecided'."
+        f"Per cell, B/A is Q1({c.name_b}) / Q1({c.name_a}), the {c.location}s of the valid repetitions of "
+        f"each run (lower is better; a busy host only adds time, and the quartile stays on clean "
+        f"repetitions longer than the median); 95% CI: seeded percentile bootstrap (seed {c.seed}); p: "
+        f"two-sided Mann–Whitney U, corrected by {c.correction} at {c.alpha}; MDE: the change detectable "
+        f"at that level with 80% power (∞: too few repetitions for the rank test); a non-significant cell "
+        f"whose CI lies within ±{c.tolerance:.0%} is 'no detectable difference', else 'undecided'."
     )
 
 

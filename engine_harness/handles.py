@@ -6,7 +6,9 @@ instead of pretending. (The tests' in-process sim handle lives in ``tests/fixtur
 
 ``EngineOverrides`` are ``EngineSpec`` fields to change from the spec the job launched the engine with
 (the battery's 5.10 engine-settings configurations, an A/B arm: ``--arm NAME=engine:KEY=VALUE,...``, see
-``parse_arm``); only a ``LaunchedEngine`` can be ``reconfigure``d with them. ``served_model`` and
+``parse_arm``); an arm may name another kind or model (``kind=sglang``: the ablation launches each arm
+anew), but only a ``LaunchedEngine`` can be ``reconfigure``d with them, and only within its own kind and
+model (one engine restarted with other settings). ``served_model`` and
 ``model_cards`` are the one reading of an engine's ``/v1/models``.
 """
 
@@ -32,6 +34,7 @@ from engine_harness.metrics import MetricsError, scrape
 
 __all__ = [
     "ARM_SYNTAX",
+    "ENGINE_IDENTITY",
     "ENGINE_PREFIX",
     "PROBE_TIMEOUT_S",
     "EngineHandle",
@@ -43,12 +46,16 @@ __all__ = [
     "checked_endpoint",
     "model_cards",
     "parse_arm",
+    "parse_engine_arm",
     "served_model",
 ]
 
 
-# Fields that would make a configuration another engine or another model, not other settings of this one.
-_FIXED_FIELDS = frozenset({"kind", "url", "model", "served_model_name"})
+# An override never names an endpoint (an arm that is a URL is ``NAME=URL``, not a setting).
+_NOT_SETTINGS = frozenset({"url"})
+# Fields that make a configuration another engine or another model, not other settings of this one: an
+# ablation launches such an arm on its own; a restart of one running engine (``reconfigure``) refuses them.
+ENGINE_IDENTITY = ("kind", "model", "served_model_name")
 
 
 class NotRestartable(RuntimeError):
@@ -62,8 +69,8 @@ class EngineOverrides:
     values: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str) -> EngineOverrides:
-        """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec``."""
+    def parse(cls, text: str, engines: bool = False) -> EngineOverrides:
+        """``KEY=VALUE[,KEY=VALUE...]`` with YAML scalar values, checked against ``EngineSpec`` (``of``)."""
         raw: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
@@ -74,13 +81,21 @@ class EngineOverrides:
                 raw[key] = yaml.safe_load(value)
             except yaml.YAMLError:
                 raise ValueError(f"{key}: {value!r} is not a YAML scalar") from None
-        return cls.of(raw)
+        return cls.of(raw, engines)
 
     @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> EngineOverrides:
-        """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s."""
-        allowed = sorted(set(EngineSpec.model_fields) - _FIXED_FIELDS)
+    def of(cls, raw: Mapping[str, Any], engines: bool = False) -> EngineOverrides:
+        """``EngineSpec`` fields and values (a definition file's mapping), checked like ``parse``'s; the
+        fields of ``ENGINE_IDENTITY`` only with ``engines`` (a job that launches each configuration)."""
+        allowed = sorted(
+            set(EngineSpec.model_fields) - _NOT_SETTINGS - set(() if engines else ENGINE_IDENTITY)
+        )
         for key in raw:
+            if key in ENGINE_IDENTITY and not engines:
+                raise ValueError(
+                    f"unknown engine setting {key!r} for a restart of this engine: another kind or model is "
+                    "another engine (compare engines with python -m microbench.ablate)"
+                )
             if key not in allowed:
                 raise ValueError(f"unknown engine setting {key!r}; allowed: {', '.join(allowed)}")
         try:  # the kind only satisfies the spec's own check; the fields' checks do not depend on it
@@ -90,6 +105,14 @@ class EngineOverrides:
                 "; ".join(f"{e['loc'][0]}={e['input']!r}: {e['msg']}" for e in exc.errors())
             ) from None
         return cls({key: getattr(spec, key) for key in raw})
+
+    def identity_changes(self, spec: EngineSpec) -> dict[str, Any]:
+        """The fields of ``ENGINE_IDENTITY`` these overrides change in ``spec`` (another kind or model)."""
+        return {
+            k: self.values[k]
+            for k in ENGINE_IDENTITY
+            if k in self.values and self.values[k] != getattr(spec, k)
+        }
 
     def apply(self, spec: EngineSpec) -> EngineSpec:
         """``spec`` with these fields changed (validated again as a whole)."""
@@ -186,12 +209,13 @@ ENGINE_PREFIX = "engine:"
 ARM_SYNTAX = f"NAME=URL or NAME={ENGINE_PREFIX}KEY=VALUE,..."
 
 
-def parse_arm(value: str) -> tuple[str, str | EngineOverrides]:
+def parse_arm(value: str, engines: bool = False) -> tuple[str, str | EngineOverrides]:
     """``NAME=URL`` (an endpoint) or ``NAME=engine:[KEY=VALUE,...]`` (the launched engine restarted with
-    those ``EngineSpec`` fields changed; ``engine:`` alone: as launched): an argparse ``type``.
+    those ``EngineSpec`` fields changed; ``engine:`` alone: as launched): an argparse ``type``. With
+    ``engines`` (``parse_engine_arm``) the settings may name another kind or model.
 
-    Shared by every job that compares configurations of one engine (battery 5.10, ablate); it lives here,
-    not in ``benchcore.flags``, because its values are engine settings checked against ``EngineSpec``.
+    Shared by every job that compares configurations (battery 5.10, ablate); it lives here, not in
+    ``benchcore.flags``, because its values are engine settings checked against ``EngineSpec``.
     """
     try:
         name, target = arm(value)
@@ -202,9 +226,14 @@ def parse_arm(value: str) -> tuple[str, str | EngineOverrides]:
     if not target.startswith(ENGINE_PREFIX):
         return name, target
     try:
-        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX))
+        return name, EngineOverrides.parse(target.removeprefix(ENGINE_PREFIX), engines)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+
+
+def parse_engine_arm(value: str) -> tuple[str, str | EngineOverrides]:
+    """``parse_arm`` for a job that launches each arm on its own (ablate): kind and model are settings."""
+    return parse_arm(value, engines=True)
 
 
 class EngineHandle:
@@ -309,9 +338,21 @@ class LaunchedEngine(EngineHandle):
     def can_reconfigure(self) -> bool:
         return self.can_restart
 
+    def restart_problem(self, overrides: EngineOverrides) -> str | None:
+        """Why ``reconfigure(overrides)`` would refuse: another kind or model than the launched one."""
+        if not (changed := overrides.identity_changes(self._launched)):
+            return None
+        return (
+            f"{overrides} changes {', '.join(f'{k} to {v!r}' for k, v in changed.items())}: a restart "
+            f"keeps the launched {self.kind} engine and model; compare engines or models with "
+            "python -m microbench.ablate, which launches each arm"
+        )
+
     async def reconfigure(self, overrides: EngineOverrides) -> bool:
         if not self.can_reconfigure:
             return await super().reconfigure(overrides)
+        if (problem := self.restart_problem(overrides)) is not None:
+            raise NotRestartable(problem)
         spec = overrides.apply(self._launched)
         if spec == self.process.spec:
             return False

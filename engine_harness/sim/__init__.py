@@ -5,9 +5,9 @@ Start it in-process with ``SimServer`` (tests, benchmarks) or as a process with
 ``SimServer.step_log``, ``GET /sim/steps`` or ``--step-log FILE.jsonl``.
 """
 
+from engine_harness.scheduler_model import Scheduler, SimRequest, StepPlan
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
 from engine_harness.sim.params import FaultConfig, SimConfig, SimStepModel, load_config
-from engine_harness.sim.scheduler import Scheduler, SimRequest, StepPlan
 from engine_harness.sim.server import SIM_VERSION, SimServer
 
 __all__ = [

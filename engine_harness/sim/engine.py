@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO
 
+from engine_harness.scheduler_model import Scheduler, SimRequest, StepPlan, StepResult
 from engine_harness.sim.gpu_modes import host_s, iteration_line, step_times
 from engine_harness.sim.params import SimConfig
-from engine_harness.sim.scheduler import Scheduler, SimRequest, StepPlan, StepResult
 from engine_harness.sim.streams import EngineDead, RequestStream
 from engine_harness.sim.vllm_metrics import SimMetrics
 from engine_harness.step_model import StepShape

@@ -19,6 +19,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from benchcore.schema import StrictModel
+from engine_harness.scheduler_model import SchedulerMode
 from engine_harness.sim.kv_transfer import KvTransferModel
 from engine_harness.step_model import StepModel, StepShape
 
@@ -34,7 +35,7 @@ __all__ = [
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
-SimMode = Literal["vllm", "sglang", "sglang-mixed"]
+SimMode = SchedulerMode
 
 
 class SimStepModel(StepModel):

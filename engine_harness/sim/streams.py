@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 
-from engine_harness.sim.scheduler import EOS_TOKEN_ID, SimRequest
+from engine_harness.scheduler_model import EOS_TOKEN_ID, SimRequest
 from engine_harness.sim.tokenizer import sample_token
 
 __all__ = ["EngineDead", "RequestStream"]

@@ -24,11 +24,11 @@ from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import new_run_id
 from benchcore.redact import redact_argv, redact_env
-from engine_harness.handles import EngineOverrides, parse_arm
+from engine_harness.handles import EngineOverrides, parse_engine_arm
 from engine_harness.launch import EngineError, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
-from microbench.ablate.runner import AblateRunner, ArmFailed
+from microbench.ablate.runner import AblateRunner, ArmFailed, NotComparable
 from microbench.client import aio
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.results.layout import AblateFolder, RunFolder, new_manifest
@@ -51,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", type=Path, metavar="FILE", help="the grid: a sweep definition (sweeps/*.yaml)")
     p.add_argument(
         "--arm",
-        type=parse_arm,
+        type=parse_engine_arm,
         action="append",
         metavar="NAME=engine:KEY=VALUE,...",
-        help="an arm: the grid's engine with these settings changed (repeat; the first is A)",
+        help="an arm: the grid's engine with these settings changed, kind and model included (repeat; the "
+        "first is A)",
     )
     p.add_argument("--rounds", type=int, help="rounds to measure (default 3)")
     p.add_argument(
@@ -152,6 +153,11 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
         if not resumed:
             _write_manifests(folder, config)
         runner = AblateRunner(folder, config, args.start_timeout)
+        if differs := config.identity_differs():
+            note = f"the arms run different engines: {'; '.join(differs)}"
+            runner.console.print(note)
+            if not resumed:
+                folder.add_note(note)
         try:
             aio.run(runner.run())
         except (KeyboardInterrupt, Stopped):
@@ -163,7 +169,13 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 f"measured points are kept in {folder.root}; continue with: {resume}", soft_wrap=True
             )
             return EXIT_FAILURES
-        for c in runner.finish():
+        try:
+            comparisons = runner.finish()
+        except NotComparable as exc:
+            runner.console.print(f"[red]error: {exc}", soft_wrap=True)
+            runner.console.print(f"measured points are kept in {folder.root}", soft_wrap=True)
+            return EXIT_FAILURES
+        for c in comparisons:
             counts = ", ".join(f"{n} {v}" for v, n in sorted(c.counts().items()))
             runner.console.print(f"{c.name_b} against {c.name_a}: {counts}")
             for w in c.warnings:

@@ -28,11 +28,15 @@ from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.layout import AblateFolder
 
-__all__ = ["AblateRunner", "ArmFailed", "arm_order"]
+__all__ = ["AblateRunner", "ArmFailed", "NotComparable", "arm_order"]
 
 
 class ArmFailed(RuntimeError):
     """An arm's engine could not be started or kept running; the message names the arm."""
+
+
+class NotComparable(RuntimeError):
+    """The arms' runs hold nothing to compare (e.g. every point of an arm invalid); the message says why."""
 
 
 def arm_order(names: list[str], round_index: int) -> list[str]:
@@ -85,11 +89,25 @@ class AblateRunner:
         self.console.print(f"round {r + 1}: {' '.join(order)}")
         for index in range(len(self.config.grid.chunks)):
             for name in order:
-                plan = dataclasses.replace(self.plans[name][index], repetitions=r + 1)
+                plan = self._learned(name, dataclasses.replace(self.plans[name][index], repetitions=r + 1))
                 try:
                     await measure_shard(plan, self.sinks[name], context)
                 except EngineError as exc:
                     raise ArmFailed(f"arm {name} (chunk {plan.chunk}): {exc}") from exc
+
+    def _learned(self, name: str, plan: ShardPlan) -> ShardPlan:
+        """``plan`` with each D's decode budget raised to the largest one that measured a valid point of
+        this arm in an earlier round: a round starts its own engine, and a batch that ran dry there (and
+        got twice the tokens, ``measure.shard``) costs its steady-state wait again (SGLang on a loaded
+        host: minutes) unless the next round starts where the last one ended."""
+        folder, budgets = self.folder.arm(name), dict(plan.decode_budgets)
+        for d in budgets:
+            for r in range(plan.repetitions):
+                for p in plan.prefill_tokens:
+                    record = folder.stored_record(plan.chunk, d, p, r)
+                    if record is not None and record.validity.valid:
+                        budgets[d] = max(budgets[d], record.config.decode_max_tokens)
+        return dataclasses.replace(plan, decode_budgets=budgets)
 
     def _finished(self, elapsed_s: float) -> bool:
         """Whether to stop after this round, with the reason in ``stop_reason``."""
@@ -99,7 +117,11 @@ class AblateRunner:
         if cfg.until_resolved is None:
             self.stop_reason = f"{done} rounds as asked"
             return True
-        undecided = sum(len(c.undecided()) for c in self.comparisons())
+        try:
+            undecided = sum(len(c.undecided()) for c in self.comparisons())
+        except NotComparable as exc:  # e.g. an arm without a valid point yet: more rounds may bring one
+            self.console.print(f"[yellow]{exc}")
+            undecided = len(self.config.grid.decode_batch_sizes) * len(self.config.grid.prefill_tokens)
         if not undecided:
             self.stop_reason = f"every cell decided after {done} rounds (±{cfg.until_resolved:.0%})"
         elif cfg.max_minutes is not None and elapsed_s >= 60 * cfg.max_minutes:
@@ -115,17 +137,22 @@ class AblateRunner:
         """Each arm after the first against the first (A), from what the arm folders hold now."""
         cfg = self.config
         a, *others = cfg.names
-        return [
-            compare_runs(
-                self.folder.arm(a).root,
-                self.folder.arm(b).root,
-                names=(a, b),
-                alpha=cfg.alpha,
-                tolerance=cfg.decision_tolerance(),
-                seed=cfg.grid.seed,
-            )
-            for b in others
-        ]
+        out = []
+        for b in others:
+            try:
+                out.append(
+                    compare_runs(
+                        self.folder.arm(a).root,
+                        self.folder.arm(b).root,
+                        names=(a, b),
+                        alpha=cfg.alpha,
+                        tolerance=cfg.decision_tolerance(),
+                        seed=cfg.grid.seed,
+                    )
+                )
+            except ValueError as exc:
+                raise NotComparable(f"{b} against {a}: {exc}") from exc
+        return out
 
     def finish(self) -> list[Comparison]:
         """Write every comparison into the run folder and note how the rounds ended."""

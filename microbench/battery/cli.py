@@ -44,6 +44,7 @@ from engine_harness.handles import (
     parse_arm,
 )
 from engine_harness.launch import EngineError, EngineProcess
+from microbench.battery.compare import add_compare_parser, run_compare
 from microbench.battery.context import BatteryContext
 from microbench.battery.disclosures import SUT_BOUNDARIES
 from microbench.battery.profiles import PROFILES, profile
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the stopped run in --out (or the newest)"
     )
     add_out(run, "results/battery-<time>")
+    add_compare_parser(sub)
     return parser
 
 
@@ -318,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "requirements":
         print(markdown_table(link_tests(scan(), REPO / "tests")), end="")
         return 0
+    if args.command == "compare":
+        return run_cli(lambda: run_compare(args), lambda: args.out)
     if args.command == "list":
         for t in ordered_tests():
             print(f"{t.section:>5}  {t.name:<16} {t.title}")

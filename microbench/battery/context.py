@@ -1,7 +1,8 @@
 """What a battery test gets: the engine, the profile, workloads, a way to run stages, and shared estimates.
 
 ``BatteryContext.run(label, stages)`` runs load-generator stages, writes their trace under
-``traces/<label>/`` (raw timestamps, so any statistic can be recomputed) and returns a ``Run`` with the
+``traces/<label>/`` (raw timestamps, so any statistic can be recomputed, and the engine's /metrics sampled
+during the run) and returns a ``Run`` with the
 trace frame, per-request latencies and each stage's window. Estimates one test produces and others need
 (the capacity measurement and its ledger of every load level; maximum concurrency from 5.5) are memoised here.
 """
@@ -23,6 +24,7 @@ from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.battery.profiles import Profile
 from microbench.battery.progress import progress_line
 from microbench.client.requests import ApiSettings, RequestSpec
+from microbench.loadgen.metrics_series import DEFAULT_INTERVAL_S, MetricsSampler, series_frame, series_header
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import write_trace
@@ -62,6 +64,7 @@ class BatteryContext:
     on_capacity: Callable[[], None] | None = None  # called once the capacity is measured (saves state)
     emit: Callable[[str], None] | None = None  # progress lines of long load runs (None: quiet)
     progress_every_s: float = 60.0
+    metrics_interval_s: float = DEFAULT_INTERVAL_S  # the engine's /metrics sampled this often during runs
     prompts: PromptFactory = field(default_factory=PromptFactory)
     text: TextRenderer | None = None  # text prompts (the chat API) through the model's tokenizer
     api_kind: Literal["completions", "chat"] = "completions"
@@ -98,6 +101,14 @@ class BatteryContext:
             prompt, count = (ids, len(ids)) if self.text is None else self.text.render(ids)
             yield RequestSpec(prompt=prompt, prompt_tokens=count, max_tokens=output_tokens)
 
+    def document_requests(self, input_tokens: int, output_tokens: int) -> Iterator[RequestSpec]:
+        """Endless Long Context requests (IETF A.5): a cold document and the fixed question, ``input_tokens``
+        in all, ``output_tokens`` out."""
+        while True:
+            ids = self.prompts.document_question(input_tokens)
+            prompt, count = (ids, len(ids)) if self.text is None else self.text.render(ids)
+            yield RequestSpec(prompt=prompt, prompt_tokens=count, max_tokens=output_tokens)
+
     async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
         """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""
         settings = SessionSettings(
@@ -106,13 +117,15 @@ class BatteryContext:
             drain_timeout_s=self.drain_timeout_s,
             api_key_env=self.engine.api_key_env,
         )
-        async with LoadSession(settings) as session:
+        sampler = MetricsSampler(self.engine.base_url, self.engine.metrics, self.metrics_interval_s)
+        async with LoadSession(settings) as session, sampler:
             ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
             try:
                 result = await session.run(stages)
             finally:
                 if ticker is not None:
                     ticker.cancel()
+        series = series_frame(sampler.samples, result.t0_ns)
         self._runs += 1
         if self.out_dir is not None:
             folder = self.out_dir / "traces" / label
@@ -128,8 +141,9 @@ class BatteryContext:
                 prompts=self.prompt_disclosure,
                 engine={"base_url": settings.base_url, "model": self.model, "kind": self.engine.kind,
                         "api": self.api_kind, "settings": self.engine.settings},
+                metrics=(series, series_header(sampler, series)),
             )  # fmt: skip
-        return run_of(result)
+        return run_of(result, series)
 
     async def _tick(self, label: str, session: LoadSession, stages: list[Stage]) -> None:
         """Print a progress line every ``progress_every_s`` while ``stages`` run (reads only counts)."""

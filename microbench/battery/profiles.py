@@ -51,6 +51,9 @@ class Profile(StrictModel):
     context_requests: int = Field(default=20, ge=1)
     context_output: int = Field(default=256, ge=1)
     context_concurrency: int = Field(default=1, ge=1, le=4)
+    context_ramp_max: int = Field(
+        default=64, ge=0, description="5.9 max throughput per length: ramp c = 1, 2, 4, … to this (0: none)"
+    )
     guardrail_levels: list[float] = Field(default_factory=lambda: [0.25, 0.5, 0.75])
 
 
@@ -87,6 +90,7 @@ PROFILES: dict[str, Profile] = {
         context_lengths=[256, 1024, 2048],
         context_requests=3,
         context_output=16,
+        context_ramp_max=8,
         guardrail_levels=[0.5],
     ),
 }

@@ -30,6 +30,7 @@ from microbench.client import aio
 from microbench.client.prompts import TokenSpace
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.events import JsonlEventWriter
+from microbench.loadgen.metrics_series import MetricsSampler, series_frame, series_header
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import write_trace
@@ -183,12 +184,14 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
     )
     held.enter_context(hold_folder(args.out))  # one writer per folder, taken once the inputs are checked
     writer = JsonlEventWriter(args.out / "events.jsonl") if args.events else None
+    sampler = MetricsSampler(args.url)  # the engine's /metrics beside the trace (names: what it serves)
     try:
-        async with LoadSession(settings, hooks=[writer] if writer else []) as session:
+        async with LoadSession(settings, hooks=[writer] if writer else []) as session, sampler:
             result = await session.run(stages)
     finally:
         if writer:
             writer.close()
+    series = series_frame(sampler.samples, result.t0_ns)
     header = write_trace(
         args.out,
         result,
@@ -198,6 +201,7 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         seed=spec.seed,
         prompts=prompt_disclosure,
         engine={"base_url": args.url, "model": model, "api": args.api, "max_model_len": args.max_model_len},
+        metrics=(series, series_header(sampler, series)),
     )  # fmt: skip
     return header.model_dump(include={"stages", "saturated", "warnings"})
 

@@ -1,15 +1,10 @@
-"""The per-request trace of a session (Parquet, plus CSV for people) and its header (JSON).
-
-One row per request with the seed-003 columns that apply (client, tenant, SLO class, session and round,
-prefix group, streaming, input/output tokens, intended and actual send times, first and last chunk, number
-of chunks) plus every chunk's stamp and token count, status, HTTP status and error text. Times are integer
-nanoseconds of ``perf_counter_ns`` measured from the session start; ``session_start_unix_ns`` in the
-header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` come from the server's
-``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens per chunk.
+"""The per-request trace of a session: its rows and the load generator's health per stage, written in the
+one trace format (``microbench.results.trace``: columns, header, reader).
 
 The header carries the workload spec and seed, the prompt settings (token space, salt), the engine, and
 the load generator's health per stage: requested vs achieved rate, schedule-delay p50/p99/max, the most
-requests in flight, and a saturation warning when the generator fell behind (median schedule delay above
+requests in flight, the engine's ``/metrics`` time series when one was sampled (``metrics.csv``,
+``metrics_series``), and a saturation warning when the generator fell behind (median schedule delay above
 10 ms, p99 above 100 ms: a tail of late sends the median hides, or an open loop whose sends spanned more
 than 1/0.9 of the time its schedule asked for).
 """
@@ -17,23 +12,28 @@ than 1/0.9 of the time its schedule asked for).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
-import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import numpy as np
 import pandas as pd
 import pydantic
-from pydantic import Field
 
 from benchcore.provenance import hardware_info
-from benchcore.schema import StrictModel
 from engine_harness.telemetry import NvmlSource
 from microbench.loadgen.stages import RequestRecord, SessionResult, StageOutcome
+from microbench.results.trace import (
+    INT_COLUMNS,
+    TRACE_COLUMNS,
+    StageHealth,
+    TraceHeader,
+    read_metrics,
+    read_trace,
+    write_trace_files,
+)
 
 __all__ = [
     "SATURATION_DELAY_MS",
@@ -41,6 +41,7 @@ __all__ = [
     "TRACE_COLUMNS",
     "StageHealth",
     "TraceHeader",
+    "read_metrics",
     "read_trace",
     "stage_health",
     "trace_frame",
@@ -50,64 +51,6 @@ __all__ = [
 SATURATION_DELAY_MS = 10.0
 SATURATION_DELAY_P99_MS = 100.0
 SATURATION_RATE_FRACTION = 0.9
-LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
-TRACE_COLUMNS = (
-    "request_id", "stage", "warmup", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
-    "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens", "input_tokens",
-    "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns", "headers_ns",
-    "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
-    "tokens_from_usage", "finish_reason", "status", "http_status", "error",
-)  # fmt: skip
-
-
-class StageHealth(StrictModel):
-    """How well the load generator kept its schedule in one stage."""
-
-    name: str
-    warmup: bool
-    scheduler: dict[str, Any]
-    requested_rate: float | None = Field(
-        default=None, description="requests per second asked for (open loop)"
-    )
-    scheduled_rate: float | None = Field(
-        default=None, description="first-round intended sends per second (the draw)"
-    )
-    achieved_rate: float | None = Field(
-        default=None, description="first-round sends per second actually made"
-    )
-    in_flight_limit: int | None = Field(default=None, description="closed-loop concurrency")
-    max_in_flight: int
-    issued: int = Field(..., description="requests sent, later rounds of conversations included")
-    status_counts: dict[str, int]
-    schedule_delay_p50_ms: float | None
-    schedule_delay_p99_ms: float | None
-    schedule_delay_max_ms: float | None
-    duration_s: float = Field(..., description="stage start to the end of its drain")
-    drain_cancelled: int
-    stopped: bool
-    saturated: bool
-    warning: str | None = None
-
-
-class TraceHeader(StrictModel):
-    """Everything needed to read, reproduce and trust a trace."""
-
-    trace_version: Literal[1] = 1  # bump on a breaking change of columns or header; read_trace checks it
-    created_at: str
-    time_unit: Literal["ns"] = "ns"
-    clock: str = "perf_counter_ns offsets from the session start"
-    session_start_unix_ns: int
-    workload: dict[str, Any] = Field(default_factory=dict, description="name, seed, spec, notes")
-    seed: int | None = Field(default=None, description="the workload seed")
-    prompts: dict[str, Any] = Field(default_factory=dict, description="token space, salt, text or ids")
-    engine: dict[str, Any] = Field(default_factory=dict, description="base URL, model, kind, settings")
-    session: dict[str, Any] = Field(default_factory=dict, description="the session settings")
-    loadgen: dict[str, Any] = Field(default_factory=dict, description="host and versions")
-    hardware: dict[str, Any] = Field(default_factory=dict, description="the load generator's host: CPU, GPUs")
-    network: dict[str, Any] = Field(default_factory=dict, description="round-trip time to the engine")
-    stages: list[StageHealth]
-    saturated: bool
-    warnings: list[str] = Field(default_factory=list)
 
 
 def _offset(t_ns: int | None, t0_ns: int) -> int | None:
@@ -154,16 +97,10 @@ def _row(rec: RequestRecord, t0_ns: int) -> dict[str, Any]:
     }
 
 
-_INT_COLUMNS = (
-    "input_tokens", "output_tokens", "cached_tokens", "send_ns", "schedule_delay_ns", "headers_ns",
-    "first_chunk_ns", "last_chunk_ns", "done_ns", "http_status",
-)  # fmt: skip
-
-
 def trace_frame(result: SessionResult) -> pd.DataFrame:
     """One row per request (nullable integer columns stay integers)."""
     frame = pd.DataFrame([_row(r, result.t0_ns) for r in result.records], columns=list(TRACE_COLUMNS))
-    for column in _INT_COLUMNS:
+    for column in INT_COLUMNS:
         frame[column] = frame[column].astype("Int64")
     return frame
 
@@ -232,17 +169,6 @@ def stage_health(result: SessionResult, frame: pd.DataFrame | None = None) -> li
     return [_health(o, frame[frame["stage"] == o.name]) for o in result.stages]
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _network(rtt_ms: list[float]) -> dict[str, Any]:
     if not rtt_ms:
         return {"rtt_ms": None, "note": "GET /health got no answer: round-trip time not measured"}
@@ -261,8 +187,12 @@ def write_trace(
     seed: int | None = None,
     prompts: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
+    metrics: tuple[pd.DataFrame | None, dict[str, Any]] | None = None,
 ) -> TraceHeader:
-    """Write ``header.json``, ``trace.parquet`` and ``trace.csv`` into ``out_dir``; returns the header."""
+    """Write ``header.json``, ``trace.parquet`` and ``trace.csv`` into ``out_dir``; returns the header.
+
+    ``metrics``: the engine's /metrics series (``metrics_series.series_frame``) and what the header says of
+    it (``series_header``); the series goes to ``metrics.csv``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     frame = trace_frame(result)
@@ -284,26 +214,10 @@ def write_trace(
         },
         hardware=hardware_info(NvmlSource.gpu_names()),
         network=_network(result.rtt_ms),
+        metrics={} if metrics is None else metrics[1],
         stages=health,
         saturated=any(h.saturated for h in health),
         warnings=[h.warning for h in health if h.warning],
     )
-    _atomic_write(out / "trace.parquet", lambda p: frame.to_parquet(p, index=False))
-    text = frame.copy()
-    for column in LIST_COLUMNS:
-        text[column] = [" ".join(map(str, v)) for v in text[column]]
-    _atomic_write(out / "trace.csv", lambda p: text.to_csv(p, index=False))
-    _atomic_write(out / "header.json", lambda p: Path(p).write_text(header.model_dump_json(indent=2) + "\n"))
+    write_trace_files(out, header, frame, series=None if metrics is None else metrics[0])
     return header
-
-
-def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
-    """The header and the Parquet rows of a trace folder."""
-    out = Path(out_dir)
-    raw = json.loads((out / "header.json").read_text())
-    if raw.get("trace_version") != 1:
-        raise ValueError(
-            f"{out} holds a trace of version {raw.get('trace_version')!r}; this suite reads version 1"
-        )
-    header = TraceHeader.model_validate(raw)
-    return header, pd.read_parquet(out / "trace.parquet")

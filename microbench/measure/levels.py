@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from benchcore.schema import StrictModel
+from microbench.loadgen.metrics_series import time_average
 from microbench.measure.runs import StageWindow
 from microbench.measure.saturation import SteadyState, steady_state
 from microbench.measure.stats import Distribution, summarize
@@ -46,6 +47,10 @@ class LevelRow(StrictModel):
     steady: SteadyState
     errors: list[str] = Field(default_factory=list, description="distinct error texts (first 5)")
     slo_met: bool | None = None
+    mean_running: float | None = Field(
+        default=None,
+        description="requests the engine ran at once, averaged over the window (/metrics; None: no series)",
+    )
 
     @property
     def sustainable(self) -> bool:
@@ -88,6 +93,9 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
         e2e=summarize(measured["e2e_s"]),
         steady=steady,
         errors=errors,
+        mean_running=None
+        if window.metrics is None
+        else time_average(window.metrics, "requests_running", begin, end),
     )
 
 

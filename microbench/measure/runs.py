@@ -30,6 +30,7 @@ class StageWindow:
     start_s: float
     issue_end_s: float
     end_s: float
+    metrics: pd.DataFrame | None = None  # the session's /metrics series (loadgen.metrics_series), same clock
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -61,8 +62,9 @@ class StageRunner(Protocol):
     def __call__(self, label: str, stages: list[Stage], base_url: str | None = None) -> Awaitable[Run]: ...
 
 
-def run_of(result: SessionResult) -> Run:
-    """The ``Run`` of a finished session: its trace frame, latencies and one window per stage."""
+def run_of(result: SessionResult, metrics: pd.DataFrame | None = None) -> Run:
+    """The ``Run`` of a finished session: its trace frame, latencies and one window per stage (each with
+    the session's /metrics series, when one was sampled)."""
     frame = trace_frame(result)
     latencies = request_latencies(frame)
     windows = {}
@@ -74,5 +76,6 @@ def run_of(result: SessionResult) -> Run:
             (outcome.start_ns - result.t0_ns) / 1e9,
             (outcome.issue_end_ns - result.t0_ns) / 1e9,
             (outcome.end_ns - result.t0_ns) / 1e9,
+            metrics,
         )
     return Run(frame, latencies, windows, stage_health(result, frame))

@@ -227,6 +227,16 @@ class Shard:
             + 8
         )
 
+    def _grown(self, budget: int, d: int) -> int:
+        """The next batch's tokens after one ended before its point was injected, or when one point used
+        more than a batch holds beside steady state and its baseline: twice as many, at most 4× the plan's
+        and within the model's length. The plan counts the protocol's gaps, but a fast decode
+        keeps producing tokens through every scrape and wait (CPU vLLM at 3 ms a step: 320 tokens passed
+        between one point's baseline and its injection), so a batch planned for one repetition ran dry."""
+        spec, planned = self.plan.spec, self.plan.decode_budgets[d]
+        room = spec.max_model_len - self.plan.decode_context - 64 if spec.max_model_len else math.inf
+        return int(max(budget, min(2 * budget, 4 * planned, room)))
+
     async def _batched_points(self, client: EngineClient, d: int, todo: list[tuple[int, int]]) -> None:
         budget = self.plan.decode_budgets[d]
         batch: DecodeBatch | None = None
@@ -244,6 +254,10 @@ class Shard:
                         if batch is not None:
                             await batch.close()
                         batch = None
+                        # what one batch must hold: steady state, its baseline and the point
+                        floor = need + self.rules.steady_min_tokens + self.rules.baseline_gaps
+                        while budget < floor and (bigger := self._grown(budget, d)) > budget:
+                            budget = bigger
                         batch_index += 1
                         batch, batch_file = await self._new_batch(client, d, budget, batch_index - 1)
                         injected = False
@@ -260,6 +274,7 @@ class Shard:
                     # point an invalid attempt (a batch that did measure simply used up its tokens).
                     if not injected:
                         unsteady += 1
+                        budget = self._grown(budget, d)
                     if batch is not None:
                         await batch.close()
                     batch = None

@@ -232,6 +232,23 @@ class EmpiricalDist(LengthDist):
         return values_arr[np.searchsorted(cdf_arr, rng.random(n), side="right").clip(0, len(values_arr) - 1)]
 
 
+def paired_sample(
+    inputs: EmpiricalDist, outputs: EmpiricalDist, rng: np.random.Generator, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (input, output) lengths drawn together: index i of both ``values`` lists is one observed
+    request (a dataset's pairs), picked with ``inputs``' weights; each clipped to its own bounds."""
+    values_in, weights = inputs.support()
+    values_out, _ = outputs.support()
+    cdf = np.cumsum(weights, dtype=float)
+    idx = np.searchsorted(cdf / cdf[-1], rng.random(n), side="right").clip(0, len(values_in) - 1)
+
+    def bound(dist: EmpiricalDist, values: list[float]) -> np.ndarray:
+        upper = np.inf if dist.cap is None else dist.cap
+        return np.clip(np.rint(np.asarray(values, dtype=float)[idx]), dist.floor, upper).astype(np.int64)
+
+    return bound(inputs, values_in), bound(outputs, values_out)
+
+
 @DISTRIBUTIONS.register("quantiles")
 class QuantileDist(LengthDist):
     """A distribution known by some quantiles: log-linear interpolation of the inverse CDF between them.

@@ -26,6 +26,7 @@ import numpy as np
 
 from microbench.client.requests import RequestSpec
 from microbench.client.streams import StreamRecord
+from microbench.workloads.distributions import EmpiricalDist, paired_sample
 from microbench.workloads.prompts import PromptFactory, TextRenderer
 from microbench.workloads.spec import ClientSpec, WorkloadSpec
 
@@ -131,10 +132,10 @@ class Workload:
                 carries = rng.random(_BLOCK) < client.prefix.fraction
                 picks = rng.choice(client.prefix.count, size=_BLOCK, p=self._prefix_weights[index])
                 prefix_index = np.where(carries, picks, -1)
-            inputs = client.input_length.sample(rng, _BLOCK)
-            outputs = client.output_length.sample(rng, _BLOCK)
-            questions = client.input_length.sample(rng, _BLOCK * rounds).reshape(_BLOCK, rounds)
-            answers = client.output_length.sample(rng, _BLOCK * rounds).reshape(_BLOCK, rounds)
+            inputs, outputs = self._lengths(client, rng, _BLOCK)
+            questions, answers = (
+                x.reshape(_BLOCK, rounds) for x in self._lengths(client, rng, _BLOCK * rounds)
+            )
             for k in range(_BLOCK):
                 turns = None
                 if rounds:
@@ -147,6 +148,16 @@ class Workload:
                         accumulate=client.multi_turn.context_growth == "accumulate",
                     )
                 yield self._first_round(client, int(prefix_index[k]), int(inputs[k]), int(outputs[k]), turns)
+
+    @staticmethod
+    def _lengths(client: ClientSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` input and ``n`` output lengths: drawn independently, or as pairs (``paired_lengths``)."""
+        if client.paired_lengths:
+            assert isinstance(client.input_length, EmpiricalDist) and isinstance(
+                client.output_length, EmpiricalDist
+            )
+            return paired_sample(client.input_length, client.output_length, rng, n)
+        return client.input_length.sample(rng, n), client.output_length.sample(rng, n)
 
     def _fit(self, prefix_len: int, input_len: int, output_len: int) -> tuple[int, int]:
         """Input and output lengths shortened (input first) so the request fits ``max_model_len``."""

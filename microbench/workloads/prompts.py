@@ -5,8 +5,10 @@
 Uniqueness follows the sweep's rule: cold parts come from one RNG seeded by the factory's ``salt``
 (uuid4 ⊕ ``time_ns`` ⊕ ``perf_counter_ns`` unless given), and the factory never hands out
 two cold parts with the same first 16-token block, so no two prompts share a prefix-cache block by
-accident. Shared prefixes (prefix groups, repository contexts, system prompts) are drawn once per
-``(group, index)`` and repeated on purpose; they are new in every run (the salt), so a run starts cold.
+accident. ``document_question`` builds the Long Context workload's prompt: a cold document, then a fixed
+question (a suffix, so it never makes a prefix-cache hit). Shared prefixes (prefix groups, repository
+contexts, system prompts) are drawn once per ``(group, index)`` and repeated on purpose; they are new
+in every run (the salt), so a run starts cold.
 Giving the same salt back reproduces every prompt; the salt is reported in the trace header.
 
 Engines that accept token ids get them as is (exact lengths). Otherwise (the chat API) ``TextRenderer``
@@ -32,6 +34,7 @@ from microbench.client.prompts import TokenSpace, token_space_for
 __all__ = [
     "BLOCK_TOKENS",
     "BYTE_SPACE",
+    "QUESTION_TOKENS",
     "PromptFactory",
     "TextRenderer",
     "Tokenizer",
@@ -41,6 +44,7 @@ __all__ = [
 ]
 
 BLOCK_TOKENS = 16  # prefix-cache block the uniqueness rule is about
+QUESTION_TOKENS = 100  # the Long Context workload's fixed question (IETF A.5.1: "~100 tokens")
 BYTE_SPACE = TokenSpace(0, 256)  # the bundled tiny models' byte tokens (specials 256–258 left out)
 
 
@@ -73,6 +77,12 @@ class PromptFactory:
                 if n >= BLOCK_TOKENS:
                     self._first_blocks.add(block)
                 return ids.tolist()
+
+    def document_question(self, n: int, question: int = QUESTION_TOKENS) -> list[int]:
+        """A Long Context prompt (IETF A.5): a cold document of ``n - question`` ids, then one fixed question
+        of ``question`` ids (at most half the prompt) that every such prompt of this factory ends with."""
+        q = min(question, n // 2)
+        return self.cold(n - q) + self.shared("long-context-question", 0, q)
 
     def shared(self, group: str, index: int, n: int) -> list[int]:
         """The ``index``-th prefix of ``group``: the same ``n`` ids every time it is asked for."""

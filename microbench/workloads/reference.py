@@ -5,9 +5,9 @@
 - ``synthetic-uniform``: input Uniform(128, 512), output Uniform(64, 256), no prefix sharing.
 - ``synthetic-skewed``: input LogNormal(5.5, 1.0) in [32, 4096], output LogNormal(4.5, 1.2) in [16, 2048].
 - ``conversation``: empirical lengths from a local ShareGPT file when given (first human turn / first
-  answer of conversations with an answer, counted with the given tokenizer); otherwise a stand-in
-  through the draft's stated percentiles (input P50/P95/P99 = 156/892/2134, output 234/789/1567), labelled
-  as such. Half of the requests carry one 200-token system prompt.
+  answer of conversations with an answer, counted with the given tokenizer, drawn as pairs); otherwise a
+  stand-in through the draft's stated percentiles (input P50/P95/P99 = 156/892/2134, output
+  234/789/1567), labelled as such. Half of the requests carry one 200-token system prompt.
 - ``code-completion``: 10 repository contexts of 512–1024 tokens; 80% of requests carry one, picked by
   Zipf(s=1.5); output LogNormal(4.0, 1.5). The draft names no input lengths for the code after the context,
   so a stated stand-in is used.
@@ -120,13 +120,27 @@ def sharegpt_lengths(path: Path, tokenizer_path: str) -> tuple[list[int], list[i
     return inputs, outputs
 
 
-def _histogram(lengths: list[int], note: str) -> dict[str, object]:
-    counts = sorted(Counter(max(1, n) for n in lengths).items())
+def _pairs(inputs: list[int], outputs: list[int], note: str) -> dict[str, object]:
+    """The client fields of paired empirical lengths: each distinct (input, output) pair once, weighted by
+    how often it occurs (``ClientSpec.paired_lengths``)."""
+    counts = sorted(
+        Counter(zip((max(1, n) for n in inputs), (max(1, n) for n in outputs), strict=True)).items()
+    )
+    weights = [float(c) for _, c in counts]
     return {
-        "type": "empirical",
-        "values": [v for v, _ in counts],
-        "weights": [float(c) for _, c in counts],
-        "note": note,
+        "input_length": {
+            "type": "empirical",
+            "values": [p[0] for p, _ in counts],
+            "weights": weights,
+            "note": note,
+        },
+        "output_length": {
+            "type": "empirical",
+            "values": [p[1] for p, _ in counts],
+            "weights": weights,
+            "note": note,
+        },
+        "paired_lengths": True,
     }
 
 
@@ -139,12 +153,11 @@ def conversation(opts: ReferenceOptions) -> WorkloadSpec:
             f"ShareGPT file {opts.sharegpt_path} ({len(inputs)} conversations, "
             f"tokenizer {opts.tokenizer_path})"
         )
-        client = {
-            "input_length": _histogram(inputs, source),
-            "output_length": _histogram(outputs, source),
-            "prefix": system_prompt,
-        }
-        notes = [f"IETF draft A.3: empirical lengths from {source}; input and output drawn independently"]
+        client = {**_pairs(inputs, outputs, source), "prefix": system_prompt}
+        notes = [
+            f"IETF draft A.3: empirical lengths from {source}; each request's input and output are one "
+            "conversation's question and answer (drawn as pairs)"
+        ]
     else:
         stand_in = "stand-in: log-linear through the IETF draft A.3.2 percentiles; tails (P0, P100) assumed"
         client = {

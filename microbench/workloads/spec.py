@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from benchcore.registry import format_validation_error
 from benchcore.schema import StrictModel
-from microbench.workloads.distributions import LengthDistField
+from microbench.workloads.distributions import EmpiricalDist, LengthDistField
 from microbench.workloads.schedulers import SCHEDULERS, RateScheduler, Scheduler, parse_scheduler
 
 __all__ = [
@@ -120,6 +120,11 @@ class ClientSpec(_Spec):
     arrival: ArrivalSpec = Field(default_factory=lambda: ArrivalSpec.model_validate({}))
     input_length: LengthDistField = Field(..., description="tokens of the request's own (unshared) input")
     output_length: LengthDistField = Field(..., description="tokens asked for (max_tokens)")
+    paired_lengths: bool = Field(
+        default=False,
+        description="draw input and output together: both empirical ``values`` lists of one length, entry i "
+        "of each one observed request (a dataset's pairs, e.g. ShareGPT's question and answer)",
+    )
     prefix: PrefixSpec | None = None
     streaming: bool = True
     windows: list[WindowSpec] = Field(default_factory=list, description="active periods (none: always)")
@@ -128,6 +133,22 @@ class ClientSpec(_Spec):
         default_factory=lambda: dict[str, float | int | str | bool](temperature=0.0),
         description="sampling parameters of every request",
     )
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ClientSpec:
+        if not self.paired_lengths:
+            return self
+        i, o = self.input_length, self.output_length
+        if not (isinstance(i, EmpiricalDist) and isinstance(o, EmpiricalDist) and i.values and o.values):
+            raise ValueError(
+                "paired_lengths needs input_length and output_length of type empirical with values"
+            )
+        if len(i.values) != len(o.values) or (o.weights is not None and o.weights != i.weights):
+            raise ValueError(
+                "paired_lengths: input_length and output_length need values of one length (entry i of each "
+                "is one pair), weighted by input_length's weights only"
+            )
+        return self
 
     @field_validator("windows")
     @classmethod

@@ -9,12 +9,14 @@ import pytest
 import yaml
 
 from microbench.ablate.cli import main
+from microbench.measure.shard import Shard
 from microbench.results.layout import AblateFolder, job_folder
 
 pytestmark = pytest.mark.integration
 
-STEP_A = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
-STEP_B = ["--alpha-ms", "5.2", "--beta-d-ms", "0.26", "--beta-c-ms", "0.026", "--gamma-ns", "26"]  # ×1.3
+# Steps of 20-40 ms: a loaded host's late wake-ups (a few ms a step, one-sided) stay a small share of each.
+STEP_A = ["--alpha-ms", "8", "--beta-d-ms", "0.4", "--beta-c-ms", "0.04", "--gamma-ns", "40"]
+STEP_B = ["--alpha-ms", "10.4", "--beta-d-ms", "0.52", "--beta-c-ms", "0.052", "--gamma-ns", "52"]  # ×1.3
 
 
 def _ablation(tmp: Path, **over: object) -> Path:
@@ -52,11 +54,11 @@ def test_the_known_ratio_is_recovered_with_the_right_verdicts(ablation: Path) ->
     cells = comparison["cells"]
     assert len(cells) == 6 and all(5 <= c["n_a"] == c["n_b"] <= 10 for c in cells)
     for c in cells:
-        # Both arms' times are real time on a shared 2-core host, whose contention slows some repetitions
-        # of either arm; the client-timed bare prefill (D = 0) most (seen: A at P 2048 101-133 ms, B/A 1.22
-        # after 7 rounds; the penalties 1.28-1.30).
+        # Both arms' times are real time on a shared host, whose contention only ever adds time to some
+        # repetitions of either arm; the first quartiles compared stay on the clean ones (analysis.effects:
+        # under three busy processes medians were up to 4.6% off, quartiles 1.4%).
         if c["new_prefill_tokens"] >= 2048:
-            assert c["ratio"] == pytest.approx(1.3, rel=0.05 if c["decode_batch_size"] else 0.15), c
+            assert c["ratio"] == pytest.approx(1.3, rel=0.05), c
     # never a wrong verdict; a cell the contention kept undecided through 10 rounds says so
     verdicts = [c["verdict"] for c in cells]
     assert set(verdicts) <= {"B worse", "undecided"} and verdicts.count("B worse") >= 4, verdicts
@@ -86,3 +88,42 @@ def test_an_arm_that_fails_to_start_is_named(tmp_path: Path, capsys: pytest.Capt
     path = _ablation(tmp_path, arms={"A": {}, "broken": {"extra_args": ["--no-such-flag"]}}, rounds=1)
     assert main(["--config", str(path), "--out", str(tmp_path / "run"), "--start-timeout", "20s"]) == 1
     assert "arm broken (chunk 512)" in capsys.readouterr().out
+
+
+def test_a_decode_batch_that_runs_dry_gets_more_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 80 tokens per stream cannot hold steady state, a baseline and one injection: the first batch of
+    # each arm runs out before its point; the next gets twice the tokens (was: 3 invalid attempts), and
+    # the next round starts with what worked instead of running dry again.
+    grown: list[int] = []
+    original = Shard._grown
+    monkeypatch.setattr(Shard, "_grown", lambda self, b, d: grown.append(b) or original(self, b, d))
+    grid = {"decode_batch_sizes": [2], "prefill_tokens": [1024], "decode_tokens": 80}
+    path = _ablation(tmp_path, rounds=2, until_resolved=None)
+    data = yaml.safe_load(path.read_text())
+    data["grid"] |= grid
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
+    for arm in ("A", "B"):
+        folder = tmp_path / "run" / "arms" / arm
+        dry = [p for p in folder.glob("invalid/*/*.json") if "never reached steady state" in p.read_text()]
+        assert not dry
+        records = [json.loads(p.read_text()) for p in folder.glob("runs/*/*.json")]
+        assert len(records) == 2 and all(r["config"]["decode_max_tokens"] > 80 for r in records)
+    assert grown.count(80) == 2  # round 1 outgrew 80 once per arm; round 2 started where round 1 ended
+
+
+def test_arms_of_different_models_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = {"decode_batch_sizes": [0], "prefill_tokens": [1024]}
+    path = _ablation(tmp_path, rounds=2, until_resolved=None, arms={"A": {}, "B": {"model": "sim-dense"}})
+    data = yaml.safe_load(path.read_text())
+    data["grid"] |= grid
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
+    assert "the arms run different engines: model: " in capsys.readouterr().out
+    folder = AblateFolder(tmp_path / "run")
+    assert any(n.startswith("the arms run different engines: model:") for n in folder.read_manifest().notes)
+    comparison = json.loads((folder.comparison("A", "B") / "comparison.json").read_text())
+    assert any(w.startswith("model differs: A ") and "'sim-dense'" in w for w in comparison["warnings"])
+    assert folder.arm("B").read_manifest().engine_spec["model"] == "sim-dense"

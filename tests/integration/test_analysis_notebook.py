@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis.synthetic import synthesize_run
+from engine_harness.step_model import StepModel
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -57,3 +58,24 @@ def test_notebook_executes_and_shows_the_heatmap(tmp_path: Path, monkeypatch: py
     assert len(images[0]["data"]["image/png"]) > 10_000  # a real figure, not an empty canvas
     pngs = sum("image/png" in o.get("data", {}) for o in outputs)
     assert pngs >= 5  # heatmaps ×2, sensitivity, timeline, model comparison, offload region
+
+
+@pytest.mark.integration
+def test_notebook_ab_section_shows_a_known_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = {"chunks": (2048,), "decode_batches": (0, 4), "prefill_tokens": (2048, 8192), "repetitions": 5}
+    base = StepModel()
+    slower = StepModel(**{k: 1.3 * v for k, v in base.model_dump().items() if k.endswith(("_ms", "_ns"))})
+    run_a = synthesize_run(tmp_path / "a", params=base, seed=1, **grid)  # type: ignore[arg-type]
+    run_b = synthesize_run(tmp_path / "b", params=slower, seed=2, **grid)  # type: ignore[arg-type]
+    monkeypatch.setenv("ANALYSIS_RUN_DIR", str(run_a))
+    monkeypatch.setenv("ANALYSIS_RUN_B", str(run_b))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+    ab = next(c for c in nb.cells if c.cell_type == "code" and "compare_runs(" in c.source)
+    text = "".join(o.get("text", "") for o in ab.outputs if o.get("output_type") == "stream")
+    table = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in ab.outputs)
+    assert "A/B: b against a" in text and table.count("B worse") == 4  # every cell: the steps cost 1.3×
+    assert any(len(o.get("data", {}).get("image/png", "")) > 10_000 for o in ab.outputs)  # the B/A heatmap

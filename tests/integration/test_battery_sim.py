@@ -31,6 +31,7 @@ from microbench.battery.sections.throughput import ThroughputData
 from microbench.battery.sections.tradeoff import TradeoffData
 from microbench.battery.sections.ttft import TtftData
 from microbench.loadgen.stages import Stage
+from microbench.loadgen.trace import read_metrics, read_trace
 from microbench.workloads.schedulers import parse_scheduler
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,7 @@ TINY = profile(
     prefix_requests=10,
     pressure_duration_s=0.5,
     context_lengths=[512, 2048, 8192],
+    context_ramp_max=4,
 )
 
 
@@ -145,6 +147,9 @@ def test_ttft_and_throughput(battery: tuple[BatteryReport, Path]) -> None:
     tp: ThroughputData = _data(report, "throughput")
     assert tp.search.sustainable_rps is not None and tp.at_max is not None and tp.at_max.output_tps > 0
     assert 1 <= len(tp.search.search) <= TINY.search_probes and len(tp.search.closed_loop) >= 1
+    # 5.2.4.2: the engine's running-request gauge over the level, against the sim's max_num_seqs 8
+    assert tp.max_batch == 8 and tp.at_max.mean_running is not None and 0 < tp.at_max.mean_running <= 8
+    assert "of max_num_seqs 8" in tp.tables()[0].rows[-1][1]
     assert report.capacity is not None and report.capacity.max_output_tps is not None
     assert (
         tp.battery_capacity is not None
@@ -195,15 +200,24 @@ def test_capacity_fairness_prefix_cache(battery: tuple[BatteryReport, Path]) -> 
     assert [(r.met, r.detail) for r in warmed] == [(True, "2 warm-ups after restarts")]
     stand_ins = {name: [r.text for r in rs if r.detail.startswith("stand-in")] for name, rs in reqs.items()}
     assert stand_ins["fairness"] == ["runs the draft's Synthetic-Skewed workload"]
-    assert stand_ins["long_context"] == ["runs the draft's Long Context (document + question) workload"]
+    assert stand_ins["long_context"] == []  # its prompts are the A.5 document + question now
     assert stand_ins["ttft"] == []  # synthetic-uniform is the draft's own workload
     assert warm.ttft.p50 < disabled.ttft.p50  # type: ignore[operator]
 
 
 def test_long_context_and_guardrail(battery: tuple[BatteryReport, Path]) -> None:
-    report, _ = battery
+    report, out = battery
     lc: LongContextData = _data(report, "long_context")
     assert [r.length for r in lc.lengths] == [512, 2048, 8192] and lc.fit is not None
+    for row in lc.lengths:  # 5.9.4: a ramp per length, its best level at least the test's own throughput
+        assert row.throughput is not None and row.throughput.max_output_tps is not None
+        assert row.throughput.levels[0].offered == 1 and row.throughput.max_output_tps > 0
+    # every trace keeps the engine's /metrics series beside it, on the trace's clock
+    header, frame = read_trace(out / "traces" / "long-context")
+    series = read_metrics(out / "traces" / "long-context")
+    assert header.metrics["file"] == "metrics.csv" and series is not None
+    assert {"requests_running", "preemptions"} <= set(series["quantity"])
+    assert series["t_ns"].min() < frame["send_ns"].max() and series["t_ns"].max() > frame["send_ns"].min()
     assert 0.3 < lc.fit.exponent < 2.0 and lc.fit.r2_power > 0.5
     g: GuardrailData = _data(report, "guardrail")
     base, filtered = g.levels
@@ -222,6 +236,13 @@ async def test_memory_pressure_preempts_above_capacity(tmp_path: Path) -> None:
     data: MemoryPressureData = _data(report, "memory_pressure")
     assert all(lv.concurrency > data.capacity for lv in data.levels)
     assert sum(lv.preemptions or 0 for lv in data.levels) > 0
+    # 5.8.4 per request: stalls during which the counter rose; each attributed event discards tokens
+    figures = [lv.preemption for lv in data.levels if lv.preemption is not None]
+    assert len(figures) == len(data.levels) and sum(f.preempted or 0 for f in figures) > 0
+    for f in figures:
+        assert f.events is not None and (f.preempted or 0) <= max(f.events, 0) + 0.5
+        if f.preempted:
+            assert f.loss_tokens is not None and f.loss_tokens > 0 and 0 <= (f.recovery_rate or 0) <= 1
     # every level shows what it achieved and is judged in the one capacity ledger with 5.5's levels
     assert all(lv.level.request_rps > 0 and lv.level.output_tps > 0 for lv in data.levels)
     assert report.capacity is not None

@@ -18,7 +18,7 @@ from engine_harness.engines import SIM_API_KEY_VAR
 from engine_harness.sim import SimConfig, SimServer
 from microbench.loadgen import session as session_module
 from microbench.loadgen.cli import main
-from microbench.loadgen.trace import read_trace
+from microbench.loadgen.trace import read_metrics, read_trace
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +79,12 @@ def test_chat_with_a_key_sends_text_of_exact_token_counts(
     assert len(rows) == 12 and (rows["status"] == "ok").all()
     assert header.prompts["form"] == "text" and header.prompts["token_space"] == [33, 127]
     assert ((rows["input_tokens"] - rows["prompt_tokens"]) == _CHATML_OVERHEAD).all()
+    series = read_metrics(tmp_path / "ok")  # the engine's /metrics beside the trace, named in the header
+    assert (
+        header.metrics["file"] == "metrics.csv"
+        and series is not None
+        and "requests_running" in set(series["quantity"])
+    )
     assert rows["prompt_tokens"].nunique() > 1  # the workload's lengths, each one exact
     _, refused = read_trace(tmp_path / "nokey")
     assert (refused["status"] == "http_error").all()
@@ -146,7 +152,8 @@ def test_the_header_s_salt_repeats_every_prompt_and_length(
 
 
 def test_the_conversation_workload_reads_a_sharegpt_file_by_flag(tmp_path: Path) -> None:
-    turns = [[{"from": "human", "value": "q" * n}, {"from": "gpt", "value": "a" * 8}] for n in (20, 40)]
+    pairs = ((20, 30), (40, 8))  # question and answer lengths of two conversations: drawn as pairs
+    turns = [[{"from": "human", "value": "q" * n}, {"from": "gpt", "value": "a" * m}] for n, m in pairs]
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps([{"conversations": t} for t in turns]))
     flags = ("--scheduler", "concurrency", "--concurrency", "2", "--requests", "6", "--sharegpt", str(path))
@@ -157,4 +164,6 @@ def test_the_conversation_workload_reads_a_sharegpt_file_by_flag(tmp_path: Path)
     assert "ShareGPT file" in header.workload["notes"][0] and not any(
         "STAND-IN" in n for n in header.workload["notes"]
     )
-    assert set(rows["prompt_tokens"] - rows["prefix_tokens"]) <= {20, 40} and set(rows["max_tokens"]) == {8}
+    assert set(zip(rows["prompt_tokens"] - rows["prefix_tokens"], rows["max_tokens"], strict=True)) <= set(
+        pairs
+    )

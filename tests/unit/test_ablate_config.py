@@ -65,3 +65,30 @@ def test_a_chunk_size_arm_measures_its_own_chunk() -> None:
 def test_a_missing_grid_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(AblateConfigError, match=r"nope\.yaml does not exist"):
         load_ablation(None, {"grid": str(tmp_path / "nope.yaml"), "arms": {"A": {}, "B": {}}})
+
+
+def test_an_arm_may_run_another_engine_kind() -> None:
+    config = AblateConfig.model_validate(
+        {
+            "grid": {"chunks": [2048], "engine": {"preset": "cpu", "vllm": {"cpu_kvcache_gib": 2}}},
+            "arms": {"vllm": {}, "sg": {"kind": "sglang", "mixed_chunk": True}},
+        }
+    )
+    vllm, sg = config.spec("vllm", 2048), config.spec("sg", 2048)
+    assert (vllm.kind, vllm.cpu_kvcache_gib, vllm.mixed_chunk) == ("vllm", 2, False)
+    # the grid's preset cpu is read as SGLang's counterpart; vLLM's own block does not follow the arm
+    assert (sg.kind, sg.device, sg.mixed_chunk, sg.cpu_kvcache_gib, sg.chunk_size) == (
+        "sglang",
+        "cpu",
+        True,
+        None,
+        2048,
+    )
+    assert config.identity_differs() == ["kind: vllm / sglang"]
+    same = AblateConfig.model_validate({"grid": {"engine": {"kind": "sim"}}, "arms": {"A": {}, "B": {}}})
+    assert same.identity_differs() == []
+
+
+def test_a_setting_the_arms_kind_does_not_read_is_named() -> None:
+    with pytest.raises(AblateConfigError, match="arm sg: kind 'vllm' does not read 'mixed_chunk'"):
+        load_ablation(None, {"arms": {"A": {}, "sg": {"mixed_chunk": True}}})

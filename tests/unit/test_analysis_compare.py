@@ -16,6 +16,7 @@ from analysis.compare import (
     align_chunks,
     compare_frames,
     compare_runs,
+    grid_problem,
     main,
     round_levels,
     run_warnings,
@@ -157,3 +158,45 @@ def test_warnings_name_what_differs_between_the_runs(tmp_path: Path) -> None:
 def test_cli_bad_folder_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nope"), str(REFERENCE), "--out", str(tmp_path / "o")]) == 2
     assert "nope does not exist" in capsys.readouterr().err
+
+
+def test_a_busy_hosts_one_sided_delays_leave_the_quartile_ratio_on_the_truth() -> None:
+    # B is A × 1.3; a busy host adds 5-60% to half of each arm's repetitions (never takes time away), as
+    # three busy processes did to the first rounds of a simulated ablation
+    rng = np.random.default_rng(5)
+    clean = 100 * np.exp(rng.normal(0, 0.005, 8))
+    a = list(clean * np.r_[1 + rng.uniform(0.05, 0.6, 4), np.ones(4)])
+    b = list(1.3 * clean * np.r_[np.ones(4), 1 + rng.uniform(0.05, 0.6, 4)])
+    (effect,) = compare_frames(_frame({(512, 0, 2048): a}), _frame({(512, 0, 2048): b}))
+    medians = float(np.median(b) / np.median(a))
+    assert effect.ratio == pytest.approx(1.3, rel=0.02) and effect.ci_low < 1.3 < effect.ci_high
+    assert abs(medians / 1.3 - 1) > 0.05  # the medians' ratio is pulled off by the delays
+
+
+def test_a_figure_one_run_lacks_is_compared_nowhere_and_listed() -> None:
+    rng = np.random.default_rng(2)
+    a = _frame({(512, 4, 2048): _noisy(5, rng), (512, 0, 2048): _noisy(5, rng)})
+    b = _frame({(512, 4, 2048): _noisy(5, rng), (512, 0, 2048): _noisy(5, rng)})
+    b.loc[b["decode_batch_size"] == 4, "tpot_penalty_ms"] = math.nan  # e.g. a kind without step times
+    cells = {e.cell: e for e in compare_frames(a, b)}
+    assert cells[(512, 4, 2048)].verdict == "only in A" and cells[(512, 4, 2048)].n_b == 0
+    assert cells[(512, 0, 2048)].verdict != "only in A"
+    b["tpot_penalty_ms"] = math.nan
+    with pytest.raises(ValueError, match="'tpot_penalty_ms' is not in both runs' records; figures both"):
+        compare_frames(a, b, metric="tpot_penalty_ms")
+
+
+def test_runs_of_grids_that_cannot_compare_are_a_clear_error(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(REFERENCE, other, ignore=shutil.ignore_patterns("raw", "metrics", "observed", "*.log"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["sweep"]["decode_context"] = 2 * manifest["sweep"]["decode_context"]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="grids differ in decode_context"):
+        compare_runs(REFERENCE, other)
+    # no cell in common: the error lists each run's cells
+    rng = np.random.default_rng(1)
+    a = _frame({(512, 2, 1024): _noisy(3, rng)})
+    b = _frame({(1024, 4, 2048): _noisy(3, rng)})
+    problem = grid_problem(tmp_path / "a", tmp_path / "b", compare_frames(a, b))
+    assert problem is not None and "share no measured cell" in problem and "(1024, 4, 2048)" in problem

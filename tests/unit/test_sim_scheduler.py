@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from engine_harness.sim.kv_cache import BlockPool, block_hashes
+from engine_harness.kv_blocks import BlockPool, block_hashes
+from engine_harness.scheduler_model import EOS_TOKEN_ID, Scheduler, SimRequest, Status, StepPlan
 from engine_harness.sim.params import SimConfig, SimStepModel, load_config
-from engine_harness.sim.scheduler import EOS_TOKEN_ID, Scheduler, SimRequest, Status, StepPlan
 from engine_harness.step_model import Chunk, StepShape, chunk_schedule, num_prefill_steps
 
 A = 65  # the token every test sampler generates

@@ -179,3 +179,38 @@ def test_invalid_yaml_names_file_and_field(tmp_path: Path, edit: tuple[str, str]
         _spec(MIX.replace(edit[0], edit[1], 1), tmp_path)
     assert str(info.value).startswith(str(tmp_path / "w.yaml"))
     assert message in str(info.value)
+
+
+PAIRED = """
+name: pairs
+seed: 5
+clients:
+  - id: sharegpt
+    paired_lengths: true
+    input_length: {type: empirical, values: [10, 200, 40], weights: [1, 1, 2]}
+    output_length: {type: empirical, values: [300, 5, 40], weights: [1, 1, 2]}
+"""
+
+
+def test_paired_lengths_keep_each_observed_pair_together(tmp_path: Path) -> None:
+    requests = _take(Workload(_spec(PAIRED, tmp_path), PromptFactory(salt=1)), 2000)
+    pairs = Counter((r.prompt_tokens, r.max_tokens) for r in requests)
+    assert set(pairs) == {(10, 300), (200, 5), (40, 40)}  # drawn independently, 9 pairs would appear
+    assert pairs[(40, 40)] / len(requests) == pytest.approx(0.5, abs=0.04)  # the pairs' weights
+
+
+@pytest.mark.parametrize(
+    ("client", "message"),
+    [
+        ("input_length: {type: fixed, value: 8}\n    output_length: {type: empirical, values: [1]}",
+         "of type empirical with values"),
+        ("input_length: {type: empirical, values: [1, 2]}\n    output_length: {type: empirical, values: [3]}",
+         "values of one length"),
+    ],
+)  # fmt: skip
+def test_paired_lengths_need_two_empirical_lists_of_one_length(
+    tmp_path: Path, client: str, message: str
+) -> None:
+    text = f"name: bad\nseed: 1\nclients:\n  - id: c\n    paired_lengths: true\n    {client}\n"
+    with pytest.raises(WorkloadSpecError, match=message):
+        _spec(text, tmp_path)

@@ -4,9 +4,11 @@ A configuration is an endpoint (``--arm NAME=URL``, e.g. the bare engine and the
 input filter) or the battery's own engine restarted with other settings (``--arm NAME=engine:KEY=VALUE``,
 ``EngineOverrides``; warmed up after the restart); the first is the baseline. Configurations run in order,
 each a closed-loop ramp to saturation (Table 14) then open-loop Poisson runs at ``guardrail_levels`` × the
-baseline's probed capacity (Table 13); afterwards the engine runs as launched again. With fewer than two
-configurations the test is skipped: there is nothing to compare, and the report's guardrail disclosure says
-what the SUT runs.
+baseline's probed capacity (Table 13); afterwards the engine runs as launched again. Each configuration's
+TTFT and E2E at each level are compared with the baseline's at that level by ``analysis.effects`` (the
+A/B statistics of ``analysis.compare``, here on medians of the per-request values: bootstrap CI, rank
+test corrected across every comparison, verdict). With fewer than two configurations the test is
+skipped: there is nothing to compare, and the report's guardrail disclosure says what the SUT runs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from analysis.effects import Effect, compare_samples
 from benchcore.schema import StrictModel
 from engine_harness.handles import EngineOverrides, NotRestartable
 from microbench.battery.compliance import must, should
@@ -30,7 +33,7 @@ from microbench.measure.stats import Distribution, summarize
 from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
-__all__ = ["ConfigLevel", "GuardrailData", "run_guardrail"]
+__all__ = ["ConfigEffect", "ConfigLevel", "GuardrailData", "config_effects", "run_guardrail"]
 
 
 class ConfigLevel(StrictModel):
@@ -43,12 +46,44 @@ class ConfigLevel(StrictModel):
     e2e: Distribution
 
 
+class ConfigEffect(Effect):
+    """A configuration against the baseline at one load level on one figure (B: the configuration)."""
+
+    config: str
+    load_fraction: float
+    figure: Literal["ttft", "e2e"]
+
+
+FIGURES: tuple[Literal["ttft", "e2e"], ...] = ("ttft", "e2e")
+
+
+def config_effects(samples: dict[tuple[str, float, str], list[float]], baseline: str) -> list[ConfigEffect]:
+    """Every configuration against the baseline, per load level and figure, from the per-request values
+    (``samples[(config, load_fraction, figure)]``), corrected together (``analysis.effects``); medians, as
+    the requests of a mix differ by nature (the first quartile is for repetitions of one measurement)."""
+    configs = sorted({c for c, _, _ in samples if c != baseline})
+    fractions = sorted({f for _, f, _ in samples})
+    keys = {
+        (i, j, k): (c, f, fig)
+        for i, c in enumerate(configs)
+        for j, f in enumerate(fractions)
+        for k, fig in enumerate(FIGURES)
+    }
+    a = {key: samples.get((baseline, f, fig), []) for key, (_, f, fig) in keys.items()}
+    b = {key: samples.get(name, []) for key, name in keys.items()}
+    return [
+        ConfigEffect(config=keys[key][0], load_fraction=keys[key][1], figure=keys[key][2], **e.model_dump())
+        for key, e in compare_samples(a, b, quantile=0.5).items()
+    ]
+
+
 @TEST_DATA.register("guardrail")
 class GuardrailData(TestData):
     test: Literal["guardrail"] = "guardrail"
     configs: dict[str, str]
     max_throughput: dict[str, float]
     levels: list[ConfigLevel]
+    effects: list[ConfigEffect] = Field(default_factory=list, description="config_effects of the levels")
 
     def tables(self) -> list[Table]:
         baseline = next(iter(self.configs))
@@ -107,6 +142,36 @@ class GuardrailData(TestData):
                 "criteria (concurrency doubled until two levels gained ≤ 10%). The battery's own maximum "
                 "for the engine it launched is in 5.2.",
             ),
+            Table(
+                title="Effect against the baseline (analysis.effects)",
+                columns=[
+                    "Configuration",
+                    "Load",
+                    "Figure",
+                    "n base/config",
+                    "B/A",
+                    "95% CI",
+                    "p (BH)",
+                    "Verdict",
+                ],
+                rows=[
+                    [
+                        e.config,
+                        f"{e.load_fraction:.0%}",
+                        e.figure.upper(),
+                        f"{e.n_a}/{e.n_b}",
+                        num(e.ratio, ".3f"),
+                        "–" if e.ci_low is None or e.ci_high is None else f"{e.ci_low:.3f}–{e.ci_high:.3f}",
+                        num(e.p_adjusted, ".2g"),
+                        e.verdict.replace("B ", f"{e.config} "),
+                    ]
+                    for e in self.effects
+                ],
+                note="B/A: the configuration's median per-request value over the baseline's at the same "
+                "load level (requests of a mix differ by nature: the typical one); 95% CI: seeded "
+                "bootstrap; p: two-sided Mann–Whitney U, Benjamini–Hochberg across every row; a verdict "
+                "needs both p < 0.05 and a CI excluding 1 ('no detectable difference': CI within ±10%).",
+            ),
         ]
 
 
@@ -135,7 +200,12 @@ async def _probe(ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec) -
 
 
 async def _levels(
-    ctx: BatteryContext, name: str, url: str, spec: WorkloadSpec, base_rps: float
+    ctx: BatteryContext,
+    name: str,
+    url: str,
+    spec: WorkloadSpec,
+    base_rps: float,
+    samples: dict[tuple[str, float, str], list[float]],
 ) -> list[ConfigLevel]:
     """Open-loop Poisson runs at each load level (a share of the baseline's capacity)."""
     levels = []
@@ -149,6 +219,8 @@ async def _levels(
         window = (await ctx.run(f"guardrail/{name}/{f:g}", [stage], base_url=url)).stage("level")
         lat, achieved = window.latencies, level_row(window, f * base_rps).request_rps
         ok = lat[lat["ok"]]
+        for figure in FIGURES:
+            samples[(name, f, figure)] = [float(v) for v in ok[f"{figure}_s"]]
         levels.append(
             ConfigLevel(
                 config=name,
@@ -196,12 +268,13 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
     throughput: dict[str, float] = {}
     capacity: dict[str, float] = {}
     levels: list[ConfigLevel] = []
+    samples: dict[tuple[str, float, str], list[float]] = {}
     notes: list[str] = []
     try:
         for name, config in configs.items():
             url = await _target(ctx, config, notes)
             throughput[name], capacity[name] = await _probe(ctx, name, url, spec)
-            levels += await _levels(ctx, name, url, spec, capacity[baseline])
+            levels += await _levels(ctx, name, url, spec, capacity[baseline], samples)
     finally:
         if engine_configs and await ctx.engine.reconfigure(EngineOverrides()):
             notes.append("engine restarted as launched after the last configuration")
@@ -209,6 +282,7 @@ async def run_guardrail(ctx: BatteryContext) -> Outcome:
         configs={name: str(config) for name, config in configs.items()},
         max_throughput=throughput,
         levels=levels,
+        effects=config_effects(samples, baseline),
     )
     reqs = [
         must(

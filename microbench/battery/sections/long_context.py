@@ -2,13 +2,21 @@
 
 Lengths come from the profile (the Long Context workload's targets in the conformant one), ascending; a
 length that does not fit the engine's context with the fixed output is left out and named. Each length
-runs ``context_requests`` cold prompts of exactly that many tokens. The fit
-(``measure.scaling.fit_scaling``) gives the exponent k of TTFT ∝ length^k and a straight line, each with
-R², over every request.
+runs ``context_requests`` prompts of exactly that many tokens, shaped as the Long Context workload's
+(Appendix A.5): a cold document, then a fixed ~100-token question (``PromptFactory.document_question``).
+The fit (``measure.scaling.fit_scaling``) gives the exponent k of TTFT ∝ length^k and a straight line,
+each with R², over every request.
+
+Throughput at each length (5.9.4, "maximum throughput achievable at each context length") is a
+closed-loop ramp of that length's requests (``measure.capacity.closed_loop_ramp``: concurrency 1, 2, 4,
+… doubling until two levels in a row gain ≤ 10%, or ``context_ramp_max``); ``max_throughput`` reads the
+highest output rate among its levels that completed ≥ 99% of their requests, and whether the ramp
+levelled off (a maximum) or stopped at its ceiling (a lower bound).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numpy as np
@@ -17,19 +25,46 @@ from matplotlib.figure import Figure
 from benchcore.schema import StrictModel
 from microbench.battery.compliance import must, should
 from microbench.battery.context import BatteryContext
-from microbench.battery.disclosures import stand_in
 from microbench.battery.plan import Estimate, PlanInputs
 from microbench.battery.plots import new_figure, plain_log
 from microbench.battery.registry import FigureSpec, Outcome, SkipTest, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, ms, num
 from microbench.loadgen.stages import Stage
+from microbench.measure.capacity import CapacityPlan, closed_loop_ramp, ramp_done
+from microbench.measure.levels import LevelRow
 from microbench.measure.scaling import ScalingFit, fit_scaling
 from microbench.measure.stats import Distribution, summarize
+from microbench.workloads.prompts import QUESTION_TOKENS
 from microbench.workloads.schedulers import parse_scheduler
 
-__all__ = ["LengthRow", "LongContextData", "run_long_context"]
+__all__ = ["LengthRow", "LengthThroughput", "LongContextData", "max_throughput", "run_long_context"]
 
 LONG_CONTEXT_TARGETS = (8192, 16384, 32768, 65536, 131072)  # Appendix A.5
+
+
+class LengthThroughput(StrictModel):
+    """5.9.4's throughput at one length: the ramp's levels and its maximum."""
+
+    levels: list[LevelRow]
+    max_output_tps: float | None
+    max_output_tps_ci: float | None = None
+    at_concurrency: int | None = None
+    levelled_off: bool = False  # False: the ramp hit its ceiling or failed, the maximum is a lower bound
+
+
+def max_throughput(levels: list[LevelRow], ramp_max: int) -> LengthThroughput:
+    """The highest output tokens/s among ``levels`` that completed ≥ 99% of their requests, and whether the
+    ramp levelled off (two levels in a row ≤ 10% above the best before them) below ``ramp_max``."""
+    good = [r for r in levels if r.success_rate is not None and r.success_rate >= 0.99 and r.output_tps > 0]
+    best = max(good, key=lambda r: r.output_tps, default=None)
+    levelled = bool(levels) and ramp_done(levels, 1 << 62) and levels[-1].offered * 2 <= ramp_max
+    return LengthThroughput(
+        levels=levels,
+        max_output_tps=None if best is None else best.output_tps,
+        max_output_tps_ci=None if best is None else best.output_tps_ci,
+        at_concurrency=None if best is None else int(best.offered),
+        levelled_off=levelled and best is not None,
+    )
 
 
 class LengthRow(StrictModel):
@@ -37,6 +72,7 @@ class LengthRow(StrictModel):
     ttft: Distribution
     output_tps: float
     samples_s: list[float]
+    throughput: LengthThroughput | None = None
 
     @property
     def ms_per_1k(self) -> float | None:
@@ -62,6 +98,7 @@ class LongContextData(TestData):
                 ms(r.ttft.p95),
                 num(r.ms_per_1k, ".1f"),
                 num(r.output_tps, ".1f"),
+                _max_cell(r.throughput),
             ]
             for r in self.lengths
         ]
@@ -86,9 +123,12 @@ class LongContextData(TestData):
                     "TTFT P95",
                     "ms/1K tokens",
                     "Output tok/s",
+                    "Max output tok/s",
                 ],
                 rows=rows,
-                note=note,
+                note=note + "; Output tok/s at the test's concurrency; Max: the best closed-loop level of a "
+                "ramp at that length (≥ 99% completed), at concurrency c; '≥' where the ramp stopped at its "
+                "ceiling before levelling off",
             )
         ]
 
@@ -101,6 +141,15 @@ class LongContextData(TestData):
         return {"Scaling exponent (5.9)": f"{f.exponent:.2f}{_ci(f.exponent_ci)}, R² {f.r2_power:.2f}"}
 
 
+def _max_cell(t: LengthThroughput | None) -> str:
+    if t is None:
+        return "not measured"
+    if t.max_output_tps is None:
+        return "no level completed"
+    bound = "" if t.levelled_off else "≥ "
+    return f"{bound}{t.max_output_tps:.1f} ± {t.max_output_tps_ci or 0:.1f} (c = {t.at_concurrency})"
+
+
 def _ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f" (95% CI {ci[0]:.2f} to {ci[1]:.2f})"
 
@@ -109,7 +158,12 @@ def _plan(i: PlanInputs) -> Estimate:
     p, probe = i.profile, i.probe
     reqs = len(p.context_lengths) * p.context_requests
     secs = sum(p.context_requests * probe.e2e_s * n / probe.input_tokens for n in p.context_lengths)
-    return Estimate(len(p.context_lengths), reqs, secs)
+    ramp = len(p.context_lengths) * (p.context_ramp_max.bit_length() if p.context_ramp_max else 0)
+    return Estimate(
+        len(p.context_lengths) + ramp,
+        reqs + int(ramp * probe.rps * p.level_duration_s),
+        secs + ramp * i.level_s(p.level_duration_s),
+    )
 
 
 _CAPTION = "Figure 5.9: TTFT (ms) against context length (tokens), log-log, with the fitted power law."
@@ -162,7 +216,7 @@ async def run_long_context(ctx: BatteryContext) -> Outcome:
     scheduler = parse_scheduler({"kind": "concurrency", "concurrency": p.context_concurrency})
     stages = [
         Stage.scheduled(
-            f"len-{n}", scheduler, ctx.fixed_requests(n, p.context_output), max_requests=p.context_requests
+            f"len-{n}", scheduler, ctx.document_requests(n, p.context_output), max_requests=p.context_requests
         )
         for n in fits
     ]
@@ -171,12 +225,23 @@ async def run_long_context(ctx: BatteryContext) -> Outcome:
     for n in fits:
         w = run.stage(f"len-{n}")
         ok = w.latencies[w.latencies["ok"]]
+        throughput = None
+        if p.context_ramp_max:
+            plan = CapacityPlan(1, p.context_ramp_max, p.level_duration_s, p.capacity_ttft_p99_ms, 2)
+            ramp = await closed_loop_ramp(
+                ctx.run,
+                functools.partial(ctx.document_requests, n, p.context_output),
+                f"long-context/ramp-{n}",
+                plan,
+            )
+            throughput = max_throughput(ramp, p.context_ramp_max)
         rows.append(
             LengthRow(
                 length=n,
                 ttft=summarize(ok["ttft_s"]),
                 output_tps=w.output_tokens_per_s,
                 samples_s=ok["ttft_s"].astype(float).tolist(),
+                throughput=throughput,
             )
         )
     xs = [r.length for r in rows for _ in r.samples_s]
@@ -205,13 +270,26 @@ async def run_long_context(ctx: BatteryContext) -> Outcome:
         must("5.9.2", "closed loop at concurrency 1–4", True, str(p.context_concurrency)),
         must("5.9.2", "fixed output length", True, f"{p.context_output} tokens"),
         should("5.9.2", "output of 256 tokens", p.context_output == 256, f"{p.context_output} tokens"),
-        stand_in(
+        must(
             "4.3.2.5",
-            "Long Context (document + question)",
-            "unique random tokens of each target length, no document-plus-question structure",
+            "Long Context prompts are a document followed by a fixed question (A.5.1)",
+            True,
+            f"cold document of each length less {QUESTION_TOKENS} tokens, then the same "
+            f"{QUESTION_TOKENS}-token question",
         ),
     ]
-    notes = ["output throughput per length is at the test's concurrency, not a maximum"]
+    reqs.append(
+        should(
+            "5.9.4",
+            "maximum throughput at each context length",
+            all(r.throughput is not None and r.throughput.levelled_off for r in rows),
+            "no ramp (context_ramp_max 0)"
+            if not p.context_ramp_max
+            else f"levelled off at {sum(bool(r.throughput and r.throughput.levelled_off) for r in rows)} of "
+            f"{len(rows)} lengths below concurrency {p.context_ramp_max}",
+        )
+    )
+    notes = []
     if dropped:
         notes.append(f"lengths {dropped} left out: they do not fit max_model_len {limit} with the output")
     return Outcome(data, reqs, notes)

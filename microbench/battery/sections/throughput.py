@@ -5,6 +5,10 @@ closed-loop ramp, then an open-loop search for the highest sustainable Poisson r
 ``saturation.SATURATION_RULE`` (after the ramp, over several E2E times). Every level goes into the capacity
 ledger; the maximum this test shows is the ledger's (``sustainable.capacity_from``), the same figure
 C.1, 5.3, 5.5 and 5.10 show.
+
+Batch utilization (5.2.4.2) is ``batch_utilization``: the engine's running-request gauge, time-averaged over
+the judged window of the level at the sustainable rate (its /metrics series, ``LevelRow.mean_running``),
+divided by the engine's maximum batch size (its ``max_num_seqs`` setting).
 """
 
 from __future__ import annotations
@@ -23,7 +27,20 @@ from microbench.measure.capacity import CapacitySearch
 from microbench.measure.levels import LevelRow
 from microbench.measure.search import RESOLUTION
 
-__all__ = ["ThroughputData", "run_throughput"]
+__all__ = ["ThroughputData", "batch_utilization", "run_throughput"]
+
+
+def batch_utilization(mean_running: float | None, max_batch: int | None) -> tuple[float | None, str]:
+    """5.2.4.2: average batch size / maximum batch size, and the cell that shows it (why not, if not)."""
+    if mean_running is None:
+        return None, "not measured (the engine's /metrics gave no running-request series)"
+    if not max_batch:
+        return (
+            None,
+            f"average batch {mean_running:.1f} requests; maximum batch size not known (max_num_seqs unset)",
+        )
+    util = mean_running / max_batch
+    return util, f"{util:.1%} (average batch {mean_running:.1f} of max_num_seqs {max_batch})"
 
 
 @TEST_DATA.register("throughput")
@@ -37,6 +54,7 @@ class ThroughputData(TestData):
     device_count: int
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    max_batch: int | None = Field(default=None, description="the engine's max_num_seqs (None: not known)")
 
     def tables(self) -> list[Table]:
         m = self.at_max
@@ -53,7 +71,10 @@ class ThroughputData(TestData):
                 num(None if m is None else m.input_tps, ".1f", " tok/s"),
             ],
             [f"Tokens per {self.per_device}-second", num(per, ".1f", f" tok/s/{self.per_device}")],
-            ["Batch utilization", "not measured"],
+            [
+                "Batch utilization",
+                batch_utilization(None if m is None else m.mean_running, self.max_batch)[1],
+            ],
         ]
         tables = [Table(title="Throughput Summary (Table 3)", columns=["Metric", "Value"], rows=summary)]
         if m is not None:
@@ -129,6 +150,10 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
         device_count=ctx.accelerators or ctx.cpu_count,
         ttft_slo_ms=ctx.ttft_slo_ms,
         tpot_slo_ms=ctx.tpot_slo_ms,
+        max_batch=ctx.engine.settings.get("max_num_seqs"),
+    )
+    utilization, utilization_text = batch_utilization(
+        None if at_max is None else at_max.mean_running, data.max_batch
     )
     steps = search.search
     bracketed = any(s.passed for s in steps) and any(not s.passed for s in steps)
@@ -174,6 +199,12 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
             if at_max is None
             else f"judged over {at_max.steady.window_s:.1f} s; E2E P50 of the first requests "
             + ("unknown" if at_max.steady.e2e_ref_s is None else f"{at_max.steady.e2e_ref_s:.2f} s"),
+        ),
+        should(
+            "5.2.4.2",
+            "batch utilization (average / maximum batch size) reported where measurable",
+            utilization is not None,
+            utilization_text,
         ),
     ]
     notes = [

@@ -1,7 +1,10 @@
-"""Continuous-batching scheduler of the simulated engine: requests, step planning, KV, preemption (pure).
+"""The one continuous-batching scheduler: requests, step planning, KV, preemption (pure, clock-free).
 
 No I/O and no clock: ``schedule()`` plans one step, the caller decides how long it takes, then
-``commit(plan, sample)`` applies it (``sample`` picks the token a request generates). Three modes:
+``commit(plan, sample)`` applies it (``sample`` picks the token a request generates). Two callers drive
+it: the simulated engine (``engine_harness.sim``) in real time, sleeping each step's modelled duration,
+and the calibration's replay (``analysis.calibrate``) in virtual time, adding it to a clock of its own;
+so a prediction schedules exactly as the sim engine does. Three modes (``SchedulerMode``):
 
 ``vllm`` (vLLM V1)
     Each step first gives one token to every running request in decode (in running order), then prefill
@@ -29,21 +32,25 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
-from engine_harness.sim.kv_cache import BlockPool, block_hashes
-from engine_harness.sim.params import SimMode
+from engine_harness.kv_blocks import BlockPool, block_hashes
 from engine_harness.step_model import Chunk, StepShape
 
 __all__ = [
     "EOS_TOKEN_ID",
     "ScheduledChunk",
     "Scheduler",
+    "SchedulerMode",
     "SimRequest",
     "Status",
     "StepPlan",
     "StepResult",
     "TokenOutput",
 ]
+
+# vLLM V1; SGLang's default (a prefill step replaces the decodes); SGLang with --enable-mixed-chunk
+SchedulerMode = Literal["vllm", "sglang", "sglang-mixed"]
 
 EOS_TOKEN_ID = 258  # <|im_end|> of the bundled byte-level tokenizer
 
@@ -146,7 +153,7 @@ class Scheduler:
 
     def __init__(
         self,
-        mode: SimMode = "vllm",
+        mode: SchedulerMode = "vllm",
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         block_size: int = 16,

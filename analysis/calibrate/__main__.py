@@ -1,0 +1,117 @@
+"""Observe → predict → calibrate (seed 003 §11): predict a recorded trace with a simulator fitted from a
+sweep, and say with statistics how far the prediction is from reality.
+
+  python -m analysis.calibrate predict TRACE --model RUN_FOLDER --out DIR
+      Fit the step model and read the engine settings of sweep RUN_FOLDER (analysis.calibrate.config),
+      replay TRACE's requests (their send times, prompt and output lengths, prefix groups) through the
+      simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR.
+  python -m analysis.calibrate report REAL PREDICTED --out DIR
+      Compare two traces per request and metric (TTFT, TPOT, E2E, ITL): MAPE, bias, Pearson r, percentile
+      errors, KS, QQ, bootstrap CIs, seed 003's rating; calibration.{json,md,html} and figures in DIR.
+
+Exit codes: 0 done; 2 bad input (a folder that is not a trace or a sweep run, a chunk size to choose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from analysis.calibrate.config import fit_to_sim
+from analysis.calibrate.pages import lines, write_pages
+from analysis.calibrate.predict import predict_trace
+from analysis.calibrate.report import calibration_report
+from benchcore.cli import BadInput, run_cli
+from benchcore.flags import add_out
+from microbench.results.layout import hold_folder
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict", help="replay a trace through the fitted simulator (virtual time)")
+    p.add_argument("trace", type=Path, help="a trace folder (python -m microbench.loadgen run --out ...)")
+    p.add_argument("--model", type=Path, required=True, metavar="RUN_FOLDER", help="a sweep run folder")
+    p.add_argument("--chunk", type=int, help="token budget to predict for (default: the run's only one)")
+    p.add_argument("--candidate", help="step-model candidate (default: the fit's choice)")
+    add_out(p, "results/predict-<UTC time>")
+    r = sub.add_parser("report", help="compare a predicted trace with the real one")
+    r.add_argument("real", type=Path, help="the real trace folder")
+    r.add_argument("predicted", type=Path, help="the predicted trace folder")
+    r.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the CIs (1000)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (0)")
+    r.add_argument(
+        "--engine-log", type=Path, metavar="FILE",
+        help="the real engine's log (vLLM with --enable-logging-iteration-details, or SGLang): compare "
+        "its steps during the trace with the replay's",
+    )  # fmt: skip
+    add_out(r, "results/calibration-<UTC time>")
+    return parser
+
+
+def _predict(args: argparse.Namespace, held: ExitStack) -> int:
+    if not (args.trace / "header.json").is_file():
+        raise BadInput(f"{args.trace} is not a trace folder (no header.json): give a load generator's --out")
+    try:
+        settings = fit_to_sim(args.model, args.chunk, args.candidate)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise BadInput(f"--model {args.model}: {exc}") from None
+    held.enter_context(hold_folder(args.out))
+    try:
+        pred = predict_trace(args.trace, settings, args.out)
+    except ValueError as exc:
+        raise BadInput(f"{args.trace}: {exc}") from None
+    print(
+        f"predicted {pred.requests} requests ({pred.steps} engine steps) of a {pred.trace_s:.1f} s trace in "
+        f"{pred.wall_s:.2f} s: {pred.speed_ratio:.0f}× faster than real time"
+    )
+    print(f"simulator: {settings.mode}, budget {settings.max_num_batched_tokens}, step model "
+          f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error "
+          f"{settings.fit.loo_step_mape_pct:.1f}%)")  # fmt: skip
+    for d in settings.defaulted:
+        print(f"defaulted: {d}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _report(args: argparse.Namespace, held: ExitStack) -> int:
+    if args.bootstrap < 100:
+        raise BadInput(f"--bootstrap must be ≥ 100 (got {args.bootstrap})")
+    for name, path in (("REAL", args.real), ("PREDICTED", args.predicted)):
+        if not (path / "header.json").is_file():
+            raise BadInput(f"{name} {path} is not a trace folder (no header.json)")
+    try:
+        report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed, args.engine_log)
+    except (OSError, ValueError) as exc:
+        raise BadInput(str(exc)) from None
+    held.enter_context(hold_folder(args.out))
+    paths = write_pages(report, args.out)
+    print("\n".join(lines(report)))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    args.out = (
+        args.out or Path("results") / f"{'predict' if args.command == 'predict' else 'calibration'}-{stamp}"
+    )
+
+    def body() -> int:
+        with ExitStack() as held:
+            return (_predict if args.command == "predict" else _report)(args, held)
+
+    return run_cli(body, lambda: args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""Fit → sim: a sweep run folder's fitted step model and engine settings as one simulator configuration.
+
+``fit_to_sim(run_dir)`` fits the one step-time model (``analysis.models.fit_step_model``) to the run's
+steps, the API server's share of the first token (``analysis.frontend.fit_frontend``) where the run has
+it, and reads the engine's settings from the manifest: the token budget (the chunk size the prediction is
+for), seats (``max_num_seqs``), block size, KV capacity (vLLM CPU: ``cpu_kvcache_gib`` over the model's KV
+bytes per token; SGLang: ``max_total_tokens``), prefix caching and the scheduling mode (vLLM; SGLang's
+default, a prefill step replacing the decodes; SGLang ``--enable-mixed-chunk``). Every setting is listed
+as *matched* (read from the run) or *defaulted* (the engine's default, said so), as seed 003 §9 asks.
+
+``SimSettings.sim_params()`` is the same configuration as the simulated engine's ``--params`` YAML, so the
+replay (``analysis.calibrate.replay``) and a sim server started from it schedule and price steps alike.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from analysis.frontend import fit_frontend
+from analysis.models import StepFit, fit_step_model
+from analysis.table import load_manifest, load_records
+from benchcore.schema import StrictModel
+from engine_harness.model_kv import read_model_kv
+from engine_harness.scheduler_model import SchedulerMode
+from engine_harness.spec import MODELS_DIR
+from engine_harness.step_model import StepModel
+from microbench.results.records import RunRecord
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "FitSummary", "SimSettings", "fit_to_sim", "with_round_trip"]
+
+# Block (page) size an engine uses when not told: vLLM's CPU backend 128, vLLM on GPU 16, SGLang 1 token.
+DEFAULT_BLOCK_SIZE = {"vllm-cpu": 128, "vllm": 16, "sglang": 1, "sim": 16, "external": 16}
+DEFAULT_MAX_NUM_SEQS = {"vllm": 256, "sglang": 256, "sim": 256, "external": 256}  # their defaults
+DEFAULT_KV_BLOCKS = 65536  # the sim's own pool where the run does not say how big the engine's was
+
+
+class FitSummary(StrictModel):
+    """Where the configuration's step model came from and how good the fit was."""
+
+    run: str = Field(description="the sweep run folder fitted")
+    candidate: str = Field(description="the step-model candidate chosen (analysis.steps.CANDIDATES)")
+    r2: float
+    loo_step_mape_pct: float = Field(description="leave-one-P-out median error of held-out steps (%)")
+    n_steps: int
+    clipped: list[str] = Field(default_factory=list, description="negative estimates set to 0 (name=value)")
+
+
+class SimSettings(StrictModel):
+    """A simulated engine configured from a fit: scheduling, capacity, step model, API-server time."""
+
+    kind: str = Field(description="the engine kind the run measured (vllm, sglang, sim, external)")
+    mode: SchedulerMode
+    max_num_batched_tokens: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    block_size: int = Field(ge=1)
+    num_kv_blocks: int = Field(ge=1)
+    enable_prefix_caching: bool
+    max_model_len: int = Field(ge=2)
+    frontend_ns_per_token: float = Field(ge=0, description="API-server time per prompt token (ns)")
+    frontend_fixed_ms: float = Field(
+        ge=0, description="the rest of the API server's and the network's time per request (ms)"
+    )
+    step: StepModel
+    fit: FitSummary
+    matched: list[str] = Field(default_factory=list, description="settings read from the run (name=value)")
+    defaulted: list[str] = Field(default_factory=list, description="settings not in the run: the default")
+
+    def sim_params(self) -> dict[str, Any]:
+        """The configuration as ``python -m engine_harness.sim --params FILE`` reads it (SimConfig keys)."""
+        return {
+            "mode": self.mode,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "max_model_len": self.max_model_len,
+            "frontend_ns_per_token": self.frontend_ns_per_token,
+            "step": self.step.model_dump(),
+        }
+
+
+def _mode(kind: str, spec: dict[str, Any], scheduling: str | None) -> SchedulerMode:
+    """The scheduler mode of the run's engine: its kind, SGLang's mixed-chunk flag, the sim's --mode."""
+    args = list(spec.get("extra_args") or [])
+    if kind == "sim" and "--mode" in args[:-1]:
+        mode = args[args.index("--mode") + 1]
+        if mode in ("vllm", "sglang", "sglang-mixed"):
+            return mode  # type: ignore[return-value]
+    if spec.get("mixed_chunk") and kind in ("sglang", "sim"):
+        return "sglang-mixed"
+    if kind == "sglang" or scheduling == "exclusive":
+        return "sglang"
+    return "vllm"
+
+
+def _kv_tokens(kind: str, spec: dict[str, Any]) -> tuple[int | None, str]:
+    """The engine's KV pool in tokens and how it was found (None: the run does not say)."""
+    if kind == "sglang" and spec.get("max_total_tokens"):
+        return int(spec["max_total_tokens"]), f"max_total_tokens={spec['max_total_tokens']}"
+    gib = spec.get("cpu_kvcache_gib")
+    model = str(spec.get("model") or "")
+    if kind == "vllm" and gib and model:
+        path = Path(model) if Path(model).exists() else MODELS_DIR / Path(model).name
+        kv = read_model_kv(path, spec.get("dtype"))
+        if kv is not None:
+            tokens = int(float(gib) * 2**30 // kv.kv_bytes_per_token)
+            return tokens, f"cpu_kvcache_gib={gib} / {kv.kv_bytes_per_token} B per token of {kv.name}"
+    return None, ""
+
+
+def _step_model(params: dict[str, float], ceiling: int) -> tuple[StepModel, list[str]]:
+    """The fitted coefficients as a ``StepModel`` (coefficients the candidate lacks are 0; a negative
+    estimate, which a step cannot have, is set to 0 and named)."""
+    clipped = [f"{k}={v:.4g}" for k, v in params.items() if v < 0]
+    values = {k: max(0.0, float(v)) for k, v in params.items() if math.isfinite(v)}
+    return StepModel.model_validate(values | {"cuda_graph_max_tokens": ceiling}), clipped
+
+
+def _physical_fit(records: list[RunRecord], candidate: str | None) -> StepFit:
+    """The step-model fit to simulate with: the named candidate, else the fit's choice unless it has a
+    negative coefficient (a step cannot cost less with more work: a term the data cannot pin down, e.g.
+    the decodes' context on a small grid), then the next candidate by leave-one-P-out error that has none."""
+    fit = fit_step_model(records, candidate)
+    if candidate is not None or all(v >= 0 for v in fit.params.values()):
+        return fit
+    for name in fit.selection.sort_values("loo_p_median_ape_pct")["model"]:
+        other = fit_step_model(records, str(name))
+        if all(v >= 0 for v in other.params.values()):
+            return other
+    return fit
+
+
+def fit_to_sim(
+    run_dir: str | Path, chunk_size: int | None = None, candidate: str | None = None
+) -> SimSettings:
+    """The sim configuration fitted from sweep run ``run_dir`` for token budget ``chunk_size`` (default:
+    the run's only chunk size; a run of several needs one named). ``candidate``: a step-model candidate
+    (default: the fit's own choice). Raises ``ValueError`` naming what is missing."""
+    run_dir = Path(run_dir)
+    manifest = load_manifest(run_dir)
+    if manifest is None:
+        raise ValueError(f"{run_dir} has no manifest.json: not a sweep run folder")
+    records = load_records(run_dir)
+    chunks = sorted({r.config.chunk_size for r in records})
+    if chunk_size is None:
+        if len(chunks) > 1:
+            raise ValueError(
+                f"{run_dir} measured chunk sizes {chunks}: say which one the prediction is for (--chunk)"
+            )
+        chunk_size = chunks[0]
+    spec = dict(manifest.engine_spec)
+    kind = str(spec.get("kind") or "vllm")
+    fit = _physical_fit(records, candidate)
+    step, clipped = _step_model(fit.params, fit.cuda_graph_max_tokens)
+    scheduling = next((r.config.scheduling for r in records if r.config.chunk_size == chunk_size), None)
+    matched = [f"max_num_batched_tokens={chunk_size}" + ("" if chunk_size in chunks else " (not measured)")]
+    defaulted: list[str] = []
+
+    def setting(name: str, value: Any, default: Any) -> Any:
+        if value is None:
+            defaulted.append(f"{name}={default} (the engine's default; the run does not say)")
+            return default
+        matched.append(f"{name}={value}")
+        return value
+
+    cpu = kind == "vllm" and bool(spec.get("cpu_kvcache_gib"))
+    block = setting("block_size", spec.get("block_size"), DEFAULT_BLOCK_SIZE["vllm-cpu" if cpu else kind])
+    seats = setting("max_num_seqs", spec.get("max_num_seqs"), DEFAULT_MAX_NUM_SEQS.get(kind, 256))
+    tokens, how = _kv_tokens(kind, spec)
+    if tokens is None:
+        blocks = DEFAULT_KV_BLOCKS
+        defaulted.append(f"num_kv_blocks={blocks} (the run does not say how big the KV pool was)")
+    else:
+        blocks = max(1, tokens // block)
+        matched.append(f"num_kv_blocks={blocks} ({how})")
+    max_len = setting("max_model_len", spec.get("max_model_len"), 65536)
+    caching = bool(spec.get("prefix_caching", True))
+    matched.append(f"enable_prefix_caching={caching}")
+    mode = _mode(kind, spec, scheduling)
+    matched.append(f"mode={mode} (kind {kind}, scheduling {scheduling or 'mixed'})")
+    try:
+        front = fit_frontend(records)
+        per_token, fixed = max(0.0, front.per_token_ns), max(0.0, front.fixed_ms)
+        matched.append(f"frontend: {per_token:.3g} ns/token + {fixed:.3g} ms (fitted, n={front.n})")
+    except ValueError as exc:
+        per_token, fixed = 0.0, 0.0
+        defaulted.append(f"frontend=0 ({exc})")
+    return SimSettings(
+        kind=kind,
+        mode=mode,
+        max_num_batched_tokens=chunk_size,
+        max_num_seqs=seats,
+        block_size=block,
+        num_kv_blocks=blocks,
+        enable_prefix_caching=caching,
+        max_model_len=max_len,
+        frontend_ns_per_token=per_token,
+        frontend_fixed_ms=fixed,
+        step=step,
+        fit=FitSummary(
+            run=str(run_dir),
+            candidate=fit.model,
+            r2=fit.r2,
+            loo_step_mape_pct=fit.loo_step_mape,
+            n_steps=fit.n,
+            clipped=clipped,
+        ),
+        matched=matched,
+        defaulted=defaulted,
+    )
+
+
+def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
+    """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's median
+    ``GET /health``): no token reaches a client sooner than one round trip after its request left, so
+    the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
+    if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:
+        return settings
+    fitted = settings.frontend_fixed_ms
+    note = f"frontend_fixed_ms={rtt_ms:.3g} (the trace's round-trip time, above the fitted {fitted:.3g})"
+    return settings.model_copy(update={"frontend_fixed_ms": rtt_ms, "matched": [*settings.matched, note]})

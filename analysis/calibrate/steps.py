@@ -1,0 +1,97 @@
+"""Step composition, real against predicted: does the replay schedule the steps the engine ran?
+
+The real engine's steps come from its log (vLLM's iteration-details lines, SGLang's batch lines: parsed
+by ``engine_harness.steps``), kept where their stamps fall inside the trace (the header's session start
+plus the first send to the last chunk); the predicted ones are the replay's step log (``steps.parquet``).
+Compared: the number of steps, prompt and decode tokens in all, the share of steps that carry both
+(mixed), tokens per step (median, and two-sample KS), and the median step time of prefill-carrying and of
+decode-only steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from analysis.calibrate.stats import ks_two_sample
+from benchcore.schema import StrictModel
+from engine_harness.steps import parse_iteration_lines, parse_sglang_step_lines
+from microbench.results.trace import TraceHeader
+
+__all__ = ["StepComposition", "StepSide", "engine_log_steps", "step_composition"]
+
+
+class StepSide(StrictModel):
+    """One side's steps in summary."""
+
+    steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    mixed_share: float = Field(description="share of steps carrying prompt and decode tokens")
+    median_tokens: float
+    median_prefill_step_ms: float | None
+    median_decode_step_ms: float | None
+
+
+class StepComposition(StrictModel):
+    """The real engine's steps during the trace against the replay's."""
+
+    engine_log: str
+    real: StepSide
+    predicted: StepSide
+    tokens_ks_d: float
+    tokens_ks_p: float
+
+
+def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.DataFrame:
+    """The steps an engine logged while the trace ran: ``prefill_tokens``, ``decode_tokens``,
+    ``elapsed_ms`` (vLLM's iteration lines; else SGLang's batch lines, mixed when the log says so)."""
+    text = log.read_text(errors="replace")
+    steps = parse_iteration_lines(text)
+    if not steps:
+        steps = parse_sglang_step_lines(text, mixed="enable_mixed_chunk=True" in text)
+    if not steps:
+        raise ValueError(f"{log} holds no step lines (vLLM --enable-logging-iteration-details, or SGLang's)")
+    start = header.session_start_unix_ns / 1e9
+    first = start + float(frame["send_ns"].dropna().min()) / 1e9
+    last = start + float(frame["last_chunk_ns"].dropna().max()) / 1e9
+    rows = [s.model_dump() for s in steps if s.t_end_s is not None and first <= s.t_end_s <= last]
+    if not rows:
+        raise ValueError(f"{log} has no stamped step inside the trace's time ({first:.3f} to {last:.3f})")
+    return pd.DataFrame(rows)
+
+
+def _side(prefill: np.ndarray, decode: np.ndarray, ms: np.ndarray) -> StepSide:
+    tokens = prefill + decode
+    carries = prefill > 0
+
+    def median(values: np.ndarray) -> float | None:
+        values = values[np.isfinite(values)]
+        return float(np.median(values)) if values.size else None
+
+    return StepSide(
+        steps=int(tokens.size),
+        prefill_tokens=int(prefill.sum()),
+        decode_tokens=int(decode.sum()),
+        mixed_share=float(np.mean(carries & (decode > 0))) if tokens.size else 0.0,
+        median_tokens=float(np.median(tokens)) if tokens.size else 0.0,
+        median_prefill_step_ms=median(ms[carries]),
+        median_decode_step_ms=median(ms[~carries]),
+    )
+
+
+def step_composition(real: pd.DataFrame, predicted: pd.DataFrame, engine_log: str) -> StepComposition:
+    """Compare the real steps (``engine_log_steps``) with the replay's (``steps.parquet``)."""
+    r_pre, r_dec = real["prefill_tokens"].to_numpy(float), real["decode_tokens"].to_numpy(float)
+    p_pre, p_dec = predicted["prefill_tokens"].to_numpy(float), predicted["decode_tokens"].to_numpy(float)
+    d, p = ks_two_sample(r_pre + r_dec, p_pre + p_dec)
+    return StepComposition(
+        engine_log=engine_log,
+        real=_side(r_pre, r_dec, real["elapsed_ms"].to_numpy(float, na_value=np.nan)),
+        predicted=_side(p_pre, p_dec, predicted["duration_ns"].to_numpy(float) / 1e6),
+        tokens_ks_d=d,
+        tokens_ks_p=p,
+    )

@@ -1,0 +1,182 @@
+"""Replay, per-request metrics, the report and the CLI of analysis.calibrate on hand-built traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from analysis.calibrate.__main__ import main
+from analysis.calibrate.config import FitSummary, SimSettings, fit_to_sim, with_round_trip
+from analysis.calibrate.metrics import itl_values, request_metrics, split_requests
+from analysis.calibrate.pages import markdown
+from analysis.calibrate.predict import predict_trace
+from analysis.calibrate.replay import ReplayRequest, replay, replay_requests
+from analysis.calibrate.report import calibration_report
+from analysis.synthetic import synthesize_run
+from engine_harness.sim.params import SimConfig
+from engine_harness.step_model import StepModel
+from microbench.results.trace import INT_COLUMNS, TRACE_COLUMNS, TraceHeader, read_trace, write_trace_files
+
+MS = 1_000_000
+STEP = StepModel(alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.05, gamma_ns=0.0)
+
+
+def _settings(**kw: Any) -> SimSettings:
+    base: dict[str, Any] = dict(
+        kind="sim", mode="vllm", max_num_batched_tokens=2048, max_num_seqs=8, block_size=16,
+        num_kv_blocks=4096, enable_prefix_caching=True, max_model_len=16384, frontend_ns_per_token=0.0,
+        frontend_fixed_ms=0.0, step=STEP,
+        fit=FitSummary(run="hand-built", candidate="c·(ctx + c/2)", r2=1.0, loo_step_mape_pct=0.0, n_steps=1),
+    )  # fmt: skip
+    return SimSettings.model_validate(base | kw)
+
+
+def _row(i: int, send_ms: float, chunks_ms: list[float], **kw: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {c: None for c in TRACE_COLUMNS}
+    row.update(
+        request_id=str(i), stage="s", warmup=False, client_id="c", tenant_id="", slo_class="", session_id="",
+        round_index=0, prefix_group="", prefix_tokens=0, streaming=True, prompt_tokens=1000, max_tokens=3,
+        input_tokens=1000, output_tokens=len(chunks_ms), intended_ns=int(send_ms * MS),
+        send_ns=int(send_ms * MS),
+        schedule_delay_ns=0, first_chunk_ns=int(chunks_ms[0] * MS) if chunks_ms else None,
+        last_chunk_ns=int(chunks_ms[-1] * MS) if chunks_ms else None, num_chunks=len(chunks_ms),
+        chunk_ns=[int(c * MS) for c in chunks_ms], chunk_tokens=[1] * len(chunks_ms), tokens_from_usage=True,
+        status="ok", http_status=200,
+    )  # fmt: skip
+    return row | kw
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    for c in INT_COLUMNS:
+        frame[c] = frame[c].astype("Int64")
+    return frame
+
+
+def _write(path: Path, rows: list[dict[str, Any]], rtt_ms: float | None = None) -> Path:
+    header = TraceHeader(
+        created_at="2026-11-25T00:00:00+00:00", session_start_unix_ns=0, stages=[], saturated=False,
+        network={"rtt_ms": {"median": rtt_ms}} if rtt_ms is not None else {},
+    )  # fmt: skip
+    write_trace_files(path, header, _frame(rows))
+    return path
+
+
+def test_request_metrics_and_itl() -> None:
+    frame = _frame([_row(0, 0, [100, 300, 400, 500]), _row(1, 10, [20])])
+    frame.at[0, "chunk_tokens"] = [1, 2, 1, 1]  # the second chunk carried two tokens
+    frame.at[0, "output_tokens"] = 5
+    m = request_metrics(frame)
+    assert m.loc["0"].tolist() == pytest.approx([100.0, 500.0, 100.0])  # TTFT, E2E, (500-100)/(5-1)
+    assert m.loc["1", "ttft_ms"] == pytest.approx(10.0) and pd.isna(m.loc["1", "tpot_ms"])  # one token
+    assert itl_values(frame, ["0", "1"]).tolist() == pytest.approx([100.0, 100.0, 100.0])  # 200/2, 100, 100
+
+
+def test_split_counts_what_it_leaves_out() -> None:
+    real = _frame([_row(0, 0, [10], warmup=True), _row(1, 0, [], status="error"), _row(2, 0, [10]),
+                   _row(3, 0, [10])])  # fmt: skip
+    pred = _frame([_row(0, 0, [10]), _row(1, 0, []), _row(2, 0, [12]), _row(3, 0, [], status="error")])
+    split = split_requests(real, pred)
+    assert (split.compared, split.warmup, split.failed_real, split.not_predicted) == (["2"], 1, 1, 1)
+
+
+def test_replay_one_request_in_virtual_time() -> None:
+    req = ReplayRequest("a", 5 * MS, list(range(1000)), 3)
+    result = replay([req], _settings())
+    # prefill step 1 + 0.05 × 1000 = 51 ms, then two decode steps of 1 + 0.1 = 1.1 ms
+    assert result.token_ns["a"] == [56 * MS, 57_100_000, 58_200_000]
+    assert [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps] == [(1000, 0), (0, 1), (0, 1)]
+
+
+def test_replay_chunks_and_mixes_like_vllm() -> None:
+    a, b = ReplayRequest("a", 0, list(range(800)), 2), ReplayRequest("b", 0, list(range(5000, 5800)), 1)
+    result = replay([a, b], _settings(max_num_batched_tokens=1024))
+    # step 1: a's 800 + b's first 224; step 2: a's decode + b's last 576 (b's first token)
+    assert [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps] == [(1024, 0), (576, 1)]
+    step1, step2 = 1 + 0.05 * 1024, 1 + 0.05 * 576 + 0.1
+    assert result.token_ns["a"] == [round(step1 * MS), round(step1 * MS) + round(step2 * MS)]
+    assert result.token_ns["b"] == [result.token_ns["a"][1]]
+
+
+def test_replay_shares_prefix_groups() -> None:
+    rows = [_row(0, 0, [60], prefix_group="sys/0", prefix_tokens=512, output_tokens=1),
+            _row(1, 500, [520], prefix_group="sys/0", prefix_tokens=512, output_tokens=1),
+            _row(2, 1000, [1060], output_tokens=1)]  # fmt: skip
+    result = replay(replay_requests(_frame(rows), _settings()), _settings())
+    assert result.cached_tokens == {"0": 0, "1": 512, "2": 0}
+    assert result.token_ns["1"] == [500 * MS + round((1 + 0.05 * 488) * MS)]  # only 488 tokens computed
+
+
+def test_replay_refuses_what_cannot_fit() -> None:
+    with pytest.raises(ValueError, match="request big"):
+        replay([ReplayRequest("big", 0, list(range(2000)), 10)], _settings(max_model_len=1024))
+
+
+def test_round_trip_time_floors_the_fixed_time() -> None:
+    assert with_round_trip(_settings(frontend_fixed_ms=2.0), 1.0).frontend_fixed_ms == 2.0
+    moved = with_round_trip(_settings(frontend_fixed_ms=0.5), 1.5)
+    assert moved.frontend_fixed_ms == 1.5 and "round-trip" in moved.matched[-1]
+
+
+def test_predicted_trace_round_trips_and_reports(tmp_path: Path) -> None:
+    rows = [_row(i, 100 * i, [100 * i + 60, 100 * i + 61.1, 100 * i + 62.2]) for i in range(40)]
+    rows[0]["warmup"] = True
+    rows.append(_row(40, 4000, [], status="timeout"))
+    real = _write(tmp_path / "real", rows)
+    predict_trace(real, _settings(), tmp_path / "pred")
+    head, pred = read_trace(tmp_path / "pred")
+    assert tuple(pred.columns) == TRACE_COLUMNS and head.engine["kind"] == "prediction"
+    assert pred["first_chunk_ns"].tolist()[:2] == [51 * MS, 151 * MS]  # 1 + 0.05 × 1000 after the send
+    assert pred.at[40, "status"] == "timeout" and pd.isna(pred.at[40, "first_chunk_ns"])
+    report = calibration_report(real, tmp_path / "pred", n_boot=200)
+    assert (report.n_compared, report.warmup_excluded, report.failed_excluded) == (39, 1, 1)
+    ttft = report.metric("ttft")  # real 60 ms, predicted 51 ms every time
+    assert ttft.mape_pct == pytest.approx(15.0) and ttft.bias_direction == "under-predict"
+    assert ttft.pearson_r is None and ttft.rating == "Good"  # r undefined (constant): the MAPE's band
+    assert report.metric("tpot").mape_pct == pytest.approx(0.0, abs=1e-4)  # 1.1 ms both (ns rounding)
+    assert "| TTFT | 39 | 15.0" in markdown(report) and not report.warnings
+
+
+def test_few_requests_are_warned(tmp_path: Path) -> None:
+    real = _write(tmp_path / "real", [_row(i, 100 * i, [100 * i + 50, 100 * i + 52]) for i in range(5)])
+    pred = _write(tmp_path / "pred", [_row(i, 100 * i, [100 * i + 55, 100 * i + 57]) for i in range(5)])
+    report = calibration_report(real, pred, n_boot=100)
+    assert any("N < 30" in w for w in report.warnings) and report.metric("ttft").mape_pct == pytest.approx(10)
+
+
+def test_fit_to_sim_recovers_a_known_model(tmp_path: Path) -> None:
+    truth = StepModel(alpha_ms=3.0, beta_d_ms=0.2, beta_c_ms=0.04, gamma_ns=12.0)
+    run = synthesize_run(
+        tmp_path / "run", chunks=(1024, 2048), decode_batches=(0, 2, 4), prefill_tokens=(512, 2048, 4096),
+        repetitions=1, params=truth, noise=0.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"chunk sizes \[1024, 2048\]"):
+        fit_to_sim(run)
+    settings = fit_to_sim(run, 1024)
+    assert settings.max_num_batched_tokens == 1024 and settings.mode == "vllm"
+    for name in ("alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns"):
+        assert getattr(settings.step, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert any(d.startswith("num_kv_blocks") for d in settings.defaulted)
+    assert SimConfig.model_validate(settings.sim_params()).step.gamma_ns == settings.step.gamma_ns
+
+
+def test_cli_bad_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(tmp_path), "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "not a trace folder" in capsys.readouterr().err
+    real = _write(tmp_path / "real", [_row(0, 0, [10])])
+    assert main(["predict", str(real), "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "--model" in capsys.readouterr().err
+    assert main(["report", str(real), str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()  # nothing written on bad input
+
+
+def test_replay_runs_sglang_exclusive_steps() -> None:
+    a, b = ReplayRequest("a", 0, list(range(100)), 4), ReplayRequest("b", 3 * MS, list(range(900, 1900)), 1)
+    result = replay([a, b], _settings(mode="sglang", max_num_batched_tokens=512))
+    # a prefills (6 ms) and decodes; b's 1000 tokens take two prefill steps in which a gets no token
+    shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
+    assert shapes == [(100, 0), (512, 0), (488, 0), (0, 1), (0, 1), (0, 1)]
+    assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
