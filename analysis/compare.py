@@ -27,6 +27,7 @@ from benchcore.atomic import write_model
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
 from benchcore.schema import StrictModel
+from microbench.results.layout import hold_folder
 
 __all__ = [
     "CellEffect",
@@ -280,7 +281,8 @@ def _run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     out = args.out or args.run_b / f"compare-vs-{args.run_a.name}"
-    paths = write_comparison(comparison, out)
+    with hold_folder(out):  # one writer; a read-only or busy --out is bad input (exit 2)
+        paths = write_comparison(comparison, out)
     print("\n".join(verdict_lines(comparison)))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -31,9 +31,11 @@ from analysis.sweep_report import (
     sweep_report,
 )
 from analysis.table import load_raw
+from benchcore.atomic import atomic_write_bytes
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
 from benchcore.pages import png_data_uri, render_page
+from microbench.results.layout import hold_folder
 from microbench.results.records import RunRecord
 
 __all__ = [
@@ -251,21 +253,23 @@ def build_report(
     (``<run>/report``)."""
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / "report"
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
-    analysis = analyse_run(run_dir, links, mode)
+    analysis = analyse_run(
+        run_dir, links, mode
+    )  # a folder that is no run is named before anything is written
     report = sweep_report(analysis)
     figs, notes = figures(analysis, report, chunk)
     pngs = {name: _png(fig) for name, fig in figs.items()}
     paths = []
-    for name, data in pngs.items():
-        path = out_dir / "figures" / f"{name}.png"
-        path.write_bytes(data)
-        paths.append(path)
-    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
-    md_path = out_dir / "report.md"
-    md_path.write_text(markdown(report, list(pngs), notes))
-    html_path = out_dir / "report.html"
-    html_path.write_text(html(report, pngs, notes))
+    with hold_folder(out_dir):  # one writer; a read-only or busy --out is bad input (exit 2)
+        for name, data in pngs.items():
+            path = out_dir / "figures" / f"{name}.png"
+            atomic_write_bytes(path, data)
+            paths.append(path)
+        atomic_write_bytes(out_dir / "report.json", (report.model_dump_json(indent=2) + "\n").encode())
+        md_path = out_dir / "report.md"
+        atomic_write_bytes(md_path, markdown(report, list(pngs), notes).encode())
+        html_path = out_dir / "report.html"
+        atomic_write_bytes(html_path, html(report, pngs, notes).encode())
     return ReportPaths(md_path, html_path, paths)
 
 

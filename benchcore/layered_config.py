@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["load_layered", "shipped_file", "shipped_names"]
+__all__ = ["load_layered", "read_yaml", "shipped_file", "shipped_names"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,10 +32,7 @@ def load_layered(
     if path is not None:
         if not path.is_file():
             raise error(f"{what} {path} does not exist ({hint})")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise error(f"{what} {path} is not valid YAML: {exc}") from None
+        loaded = read_yaml(path, what, error)
         if not isinstance(loaded, dict):
             raise error(f"{what} {path} must hold a mapping of settings")
         data = loaded
@@ -56,6 +53,21 @@ def load_layered(
         raise error("\n".join(lines)) from None
     except ValueError as exc:
         raise error(f"invalid {what} ({source}): {exc}") from None
+
+
+def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
+    """The YAML document in ``path``; a file that cannot be read, is not UTF-8 text or is not YAML raises
+    ``error`` naming the file, the problem and where it is (never a traceback of the decoder)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
 def shipped_names(folder: Path) -> list[str]:

@@ -18,13 +18,14 @@ import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
 from pydantic import ValidationError
 
+from benchcore.cli import BadInput
 from benchcore.flags import arm
 from engine_harness.engines import EngineSpec, auth_headers, engine_kind
 from engine_harness.launch import EngineProcess
@@ -42,6 +43,7 @@ __all__ = [
     "LaunchedEngine",
     "NotOpenAIServer",
     "NotRestartable",
+    "checked_endpoint",
     "model_cards",
     "parse_arm",
     "parse_engine_arm",
@@ -165,6 +167,42 @@ async def served_model(base_url: str, api_key_env: str | None = None) -> tuple[s
         card = (await model_cards(http, base_url, auth_headers(api_key_env)))[0]
     limit = card.get("max_model_len")
     return str(card["id"]), None if limit is None else int(limit)
+
+
+@overload
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: Literal[False] = False
+) -> tuple[str, int | None]: ...
+@overload
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool
+) -> tuple[str, int | None] | None: ...
+async def checked_endpoint(
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool = False
+) -> tuple[str, int | None] | None:
+    """``served_model`` for a URL the user gave: every way it fails is bad input naming what answered and
+    the fix (not an OpenAI server, a key refused: ``--api-key-env VAR``, an HTTP error, nothing there).
+    The one check of an external endpoint before a job writes anything (sweep, battery, load generator).
+    ``may_be_starting``: a refused connection is an engine still starting (None; the job waits for it)."""
+    try:
+        return await served_model(base_url, api_key_env)
+    except NotOpenAIServer as exc:
+        raise BadInput(f"--url: {exc}") from None
+    except aiohttp.ClientResponseError as exc:
+        if exc.status not in (401, 403):
+            raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None
+        held = f"the key in ${api_key_env}" if api_key_env else "no API key"
+        raise BadInput(
+            f"{base_url}/v1/models refused {held} (HTTP {exc.status}); set --api-key-env VAR to the "
+            "environment variable holding the engine's key"
+        ) from None
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        if may_be_starting and isinstance(exc, aiohttp.ClientConnectorError):
+            return None
+        raise BadInput(
+            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
+            "running, and is --url right?"
+        ) from None
 
 
 ENGINE_PREFIX = "engine:"

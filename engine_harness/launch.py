@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -36,11 +37,13 @@ from engine_harness.environments import EngineEnvError
 from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table, table_name
 from engine_harness.metrics import MetricsError, scrape
 from engine_harness.process_group import _LIVE, _die_with_parent, _kill_group
+from engine_harness.sim.params import SimConfig
 
 __all__ = [
     "EngineError",
     "EngineProcess",
     "EngineStartError",
+    "context_limit",
     "free_port",
     "log_errors",
     "log_tail",
@@ -105,12 +108,30 @@ def model_problem(spec: EngineSpec) -> str | None:
     text = spec.model
     if not (os.path.isabs(text) or text.startswith(("./", "../", "~"))):
         return None
-    path = Path(text).expanduser()
+    path = Path(text).expanduser().absolute()  # a relative folder is named as the engine would look for it
     if not path.is_dir():
         return f"model folder {path} does not exist; give an existing folder or a hub name with --model"
     if not (path / "config.json").is_file():
         return f"model folder {path} holds no config.json; is it the model's folder? (--model)"
     return None
+
+
+def context_limit(spec: EngineSpec) -> tuple[int, str] | None:
+    """The longest prompt + completion a launched engine of ``spec`` takes, and where that limit is set:
+    ``max_model_len`` where given, else the sim's default or a local model's ``max_position_embeddings``;
+    None where it cannot be told before a start (a hub name; an external engine: ask its /v1/models)."""
+    if spec.max_model_len is not None:
+        return spec.max_model_len, "the engine's max_model_len"
+    if spec.kind == "sim":
+        return int(SimConfig.model_fields["max_model_len"].default), "the sim's default max_model_len"
+    config = Path(spec.model).expanduser() / "config.json"
+    if not engine_kind(spec.kind).launched or not config.is_file():
+        return None
+    try:
+        limit = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # the engine's own start names a broken config
+    return (limit, f"max_position_embeddings in {config}") if isinstance(limit, int) else None
 
 
 def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from benchcore.schema import StrictModel
 
@@ -70,6 +70,20 @@ class SpecFields(StrictModel):
     )
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the argv")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absolute_model_folder(cls, data: Any) -> Any:
+        """A launched engine's model given as a relative folder (``./m``, ``../m``, ``~/m``, or one that is
+        there) becomes absolute: the engine, the manifest and a ``--resume`` from elsewhere see one folder."""
+        if not isinstance(data, dict) or data.get("kind", "vllm") not in ("vllm", "sglang"):
+            return data
+        text = data.get("model")
+        if isinstance(text, str) and not Path(text).is_absolute():
+            path = Path(text).expanduser()
+            if text.startswith(("./", "../", "~")) or path.is_dir():
+                return {**data, "model": str(path.absolute())}
+        return data
 
     @property
     def model_name(self) -> str:

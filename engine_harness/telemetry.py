@@ -12,6 +12,7 @@ a gap in the telemetry says why it is there.
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 import psutil
+
+from benchcore.atomic import atomic_write_bytes
 
 __all__ = [
     "Failure",
@@ -308,9 +311,8 @@ class TelemetrySampler:
 
     def write_parquet(self, path: Path) -> Path:
         """The table at ``path`` and its failures at ``errors_path(path)`` (a header only when none)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        self.to_frame().to_parquet(tmp, index=False)
-        tmp.replace(path)
-        self.errors_frame().to_csv(errors_path(path), index=False)
+        table = io.BytesIO()
+        self.to_frame().to_parquet(table, index=False)
+        atomic_write_bytes(path, table.getvalue())  # all or nothing, no temporary file left on a full disk
+        atomic_write_bytes(errors_path(path), self.errors_frame().to_csv(index=False).encode())
         return path

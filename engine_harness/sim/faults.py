@@ -12,8 +12,11 @@ until the server has shut down, a moment later (``VLLM_DEATH_GRACE_S``), after w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import time
+from collections.abc import Sequence
 
 from engine_harness.sim.openai_wire import error_body
 from engine_harness.sim.params import FaultConfig
@@ -62,6 +65,16 @@ class FaultInjector:
             return None
         self.injected_errors[status] += 1
         return status, _ERROR_TYPES[status], f"sim fault injection: HTTP {status}"
+
+    def log_request(self, prompt: Sequence[int], status: int | None) -> None:
+        """With HTTP faults on, one line per request on the engine's log: the prompt's length and a key of
+        its ids, the error injected (or ``ok``), the wall time. The fault tier reads from it where each
+        fault landed and when the client sent the same prompt again (``Retry-After`` honoured)."""
+        if not (self.faults.error_500_fraction or self.faults.error_429_fraction):
+            return
+        key = hashlib.blake2b(repr(list(prompt)).encode(), digest_size=4).hexdigest()
+        line = f"sim request: {len(prompt)}-token prompt {key} -> {status or 'ok'} @{time.time():.6f}"
+        print(line, flush=True)
 
     def cut_after(self) -> int | None:
         """Content chunks a new stream may send before its connection is closed (``None``: not cut)."""

@@ -231,6 +231,7 @@ class SimServer:
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.error_type)
         fault = self.faults.http_error()
+        self.faults.log_request(params.prompt_token_ids, fault[0] if fault else None)
         if fault is not None:
             return _error(fault[2], fault[0], fault[1], self.faults.retry_after(fault[0]))
         rid = new_request_id(kind)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
-from benchcore.schema import StrictModel
+from benchcore.schema import FolderName, StrictModel
 from engine_harness.engines import EngineSpec
 from engine_harness.handles import ENGINE_IDENTITY, EngineOverrides
 from engine_harness.settings import EngineSettings
@@ -35,7 +35,7 @@ class AblateConfigError(ValueError):
 class AblateConfig(StrictModel):
     """Arms measured on one grid in counterbalanced rounds (round r measures repetition r of each point)."""
 
-    name: str = "ablate"
+    name: FolderName = "ablate"
     grid: SweepConfig = Field(default_factory=SweepConfig, description="the grid and the base engine")
     arms: dict[str, dict[str, Any]] = Field(
         min_length=2, description="arm name → EngineSpec fields changed from the grid's engine; first: A"

@@ -26,12 +26,11 @@ from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
-import aiohttp
-import yaml
 from pydantic import Field, ValidationError
 
 from benchcore.cli import BadInput, Failed, run_cli
 from benchcore.flags import add_out, duration_ms
+from benchcore.layered_config import read_yaml
 from benchcore.schema import StrictModel
 from engine_harness.engines import DEFAULT_PRESET, engine_kind, resolve_spec
 from engine_harness.flags import add_engine_flags, engine_overrides
@@ -41,9 +40,8 @@ from engine_harness.handles import (
     EngineOverrides,
     ExternalEngine,
     LaunchedEngine,
-    NotOpenAIServer,
+    checked_endpoint,
     parse_arm,
-    served_model,
 )
 from engine_harness.launch import EngineError, EngineProcess
 from microbench.battery.compare import add_compare_parser, run_compare
@@ -148,10 +146,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Defaults → ``--config`` file → flags, validated once."""
     base: dict[str, Any] = {}
     if args.config is not None:
-        try:
-            base = yaml.safe_load(args.config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise BadInput(f"--config {args.config}: {exc}") from None
+        base = read_yaml(args.config, "--config", BadInput) or {}  # unreadable, not UTF-8, not YAML: named
     try:
         config = BatteryConfig.model_validate(base)
     except ValidationError as exc:
@@ -257,27 +252,6 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
         )
 
 
-async def _served(base_url: str, api_key_env: str | None) -> tuple[str, int | None]:
-    """The served model; an engine that does not answer is bad input (its URL or key) for an external one."""
-    try:
-        return await served_model(base_url, api_key_env)
-    except NotOpenAIServer as exc:
-        raise BadInput(f"--url: {exc}") from None
-    except aiohttp.ClientResponseError as exc:
-        if exc.status not in (401, 403):
-            raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None
-        held = f"the key in ${api_key_env}" if api_key_env else "no API key"
-        raise BadInput(
-            f"{base_url}/v1/models refused {held} (HTTP {exc.status}); name the variable holding the "
-            "engine's key with --api-key-env VAR"
-        ) from None
-    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
-        raise BadInput(
-            f"no model list at {base_url}/v1/models ({type(exc).__name__}: {exc}); is the engine "
-            "running, and is --url right?"
-        ) from None
-
-
 async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
     s = _settings(args)
     names = s["tests"]
@@ -288,11 +262,11 @@ async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
         raise BadInput(f"--tests/--profile: {exc.args[0]}") from None
     _check_inputs(args, s)
     if args.engine == "external":
-        await _served(args.url, args.api_key_env)  # a wrong URL is found before the output folder exists
+        await checked_endpoint(args.url, args.api_key_env)  # a wrong URL: found before --out exists
     held.enter_context(hold_folder(out))  # one writer per folder, taken once the inputs are checked
     async with AsyncExitStack() as stack:
         engine = await _engine(args, s["arms"], stack, out)
-        model, max_len = await _served(engine.base_url, engine.api_key_env)
+        model, max_len = await checked_endpoint(engine.base_url, engine.api_key_env)
         try:
             prompts, text, disclosure = prompt_source(
                 s["api"], model, tokenizer=s["tokenizer"], salt=s["salt"]

@@ -24,11 +24,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out, duration
-from engine_harness.handles import NotOpenAIServer, served_model
+from engine_harness.handles import checked_endpoint
 from microbench.client import aio
 from microbench.client.prompts import TokenSpace
 from microbench.client.requests import ApiSettings, RequestSpec
@@ -81,18 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_out(run, "results/load-<UTC time>")
     return parser
-
-
-async def _first_model(url: str, api_key_env: str | None) -> str:
-    try:
-        return (await served_model(url, api_key_env))[0]
-    except NotOpenAIServer as exc:
-        raise BadInput(f"--url: {exc}") from None
-    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
-        raise BadInput(
-            f"no model list at {url}/v1/models ({exc}); is the engine running, does it want a key "
-            "(--api-key-env VAR)? (or pass --model)"
-        ) from None
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -189,7 +175,7 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
             f"--api-key-env {args.api_key_env}: that variable is not set; export it before the run"
         )
     spec, space = _spec(args)
-    model = args.model or await _first_model(args.url, args.api_key_env)
+    model = args.model or (await checked_endpoint(args.url, args.api_key_env))[0]
     workload, prompt_disclosure = _prompts(args, model, spec, space)
     requests = workload.requests()
     stages: list[Stage] = []

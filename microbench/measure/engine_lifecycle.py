@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from rich.console import Console
+from rich.markup import escape
 
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
@@ -66,12 +67,28 @@ class EngineLifecycle:
         gpus = engine_visible_devices(spec.env)  # only the engine's GPUs are sampled
         sampler = TelemetrySampler(default_source(lambda: [engine.pid] if engine.pid else [], gpus), 0.5)
         sampler.start()
+        ended_by: BaseException | None = None
         try:
             yield engine
+        except BaseException as exc:
+            ended_by = exc
+            raise
         finally:
             sampler.stop()
+            try:
+                self._write_telemetry(sampler, chunk, ended_by)
+            finally:
+                await engine.stop()
+
+    def _write_telemetry(self, sampler: TelemetrySampler, chunk: int, ended_by: BaseException | None) -> None:
+        """The telemetry table of ``chunk``. Written while the shard ends on an error (a dead engine, a full
+        disk, Ctrl-C), a failure of its own is reported beside that error, never in its place."""
+        try:
             sampler.write_parquet(self.sink.telemetry_path(chunk))
-            await engine.stop()
+        except OSError as exc:
+            if ended_by is None:
+                raise
+            self.console.print(f"[yellow]chunk {chunk}: telemetry not written ({escape(str(exc))})[/]")
 
     def _record(self, chunk: int, engine: EngineProcess) -> None:
         self.sink.engine_started(chunk, engine.version, engine.argv, engine.metrics)

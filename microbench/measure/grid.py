@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
-from benchcore.schema import StrictModel
+from benchcore.schema import FolderName, StrictModel
 from engine_harness.engines import EngineSpec
 from engine_harness.settings import EngineSettings
 from microbench.client.prompts import TokenSpace
@@ -36,7 +36,7 @@ class SweepConfigError(ValueError):
 class SweepConfig(StrictModel):
     """One interference sweep: the grid, the engine, the protocol."""
 
-    name: str = "cli"
+    name: FolderName = "cli"
     chunks: list[int] = Field([8192], min_length=1, description="token budgets (max-num-batched-tokens)")
     decode_batch_sizes: list[int] = Field(default_factory=lambda: list(SEED_D), min_length=1)
     prefill_tokens: list[int] = Field(default_factory=lambda: list(SEED_P), min_length=1)

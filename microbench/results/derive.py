@@ -30,7 +30,7 @@ from microbench.results.records import (
     Validity,
 )
 from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
-from microbench.results.validity import implausible_steps
+from microbench.results.validity import implausible_steps, stalled_between_steps
 from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
 
 __all__ = ["METRICS_READ", "DeriveInputs", "derive", "stream_gaps"]
@@ -307,6 +307,7 @@ def derive(inp: DeriveInputs) -> RunRecord:
     counts = engine_counts(inp.before, inp.after, inp.metrics, d)
     reasons += cold_and_clean(obs, counts, inp.after is not None)
     reasons += implausible_steps(obs.engine_steps or [])  # a frozen engine's step is not interference
+    reasons += stalled_between_steps(obs.engine_steps or [])  # nor a freeze between two steps
     steps = prefill_steps(obs.engine_steps or [], cfg.chunk_size, d, cfg.scheduling)
     chunks = count_chunks(
         len(steps.prefill) or None,

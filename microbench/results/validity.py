@@ -12,18 +12,24 @@ point's other steps, scaled by the tokens it computed:
   step's tokens.
 
 It is implausible when it took more than ``FACTOR`` times the tightest of those expectations and more
-than ``MIN_EXCESS_MS`` beyond it (a scheduling hiccup of a loaded machine is neither). Pure: steps in,
-reasons out.
+than ``MIN_EXCESS_MS`` beyond it (a scheduling hiccup of a loaded machine is neither).
+
+An engine can also freeze *between* steps: where the engine times its own steps (vLLM's iteration
+field, synchronous scheduling) every step looks normal, but the stamps of two consecutive step lines lie
+further apart than the later step took. While requests are running the engine is never idle, so such a
+gap beyond the same bounds (against the median step) is a stall too (``stalled_between_steps``).
+Pure: steps in, reasons out.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 
 from engine_harness.steps import EngineStep
 
-__all__ = ["FACTOR", "MIN_EXCESS_MS", "implausible_steps"]
+__all__ = ["FACTOR", "MIN_EXCESS_MS", "implausible_steps", "stalled_between_steps"]
 
 FACTOR = 10.0
 MIN_EXCESS_MS = 1000.0
@@ -65,5 +71,27 @@ def implausible_steps(
                 f"engine step {i} took {took:.0f} ms for {_tokens(step)} tokens where its point's other "
                 f"steps say about {expected:.0f} ms: the engine stalled (frozen, paused or swapped out), "
                 "not interference"
+            )
+    return reasons
+
+
+def stalled_between_steps(
+    steps: Sequence[EngineStep], factor: float = FACTOR, min_excess_ms: float = MIN_EXCESS_MS
+) -> list[str]:
+    """One reason per gap between two consecutive stamped steps of ``steps``, both running requests, in
+    which no step ran for longer than ``factor`` times the median step and ``min_excess_ms`` beyond it."""
+    timed = [s for s in steps if s.elapsed_ms is not None and s.t_end_s is not None]
+    if len(timed) < _MIN_PEERS:
+        return []
+    typical = statistics.median(s.elapsed_ms or 0.0 for s in timed)
+    reasons = []
+    for i, (prev, step) in enumerate(itertools.pairwise(timed), start=1):
+        busy = _tokens(prev) > 0 and step.decode_requests + step.prefill_requests > 0
+        idle_ms = ((step.t_end_s or 0.0) - (prev.t_end_s or 0.0)) * 1000 - (step.elapsed_ms or 0.0)
+        if busy and idle_ms > factor * typical and idle_ms - typical > min_excess_ms:
+            reasons.append(
+                f"no engine step ran for {idle_ms:.0f} ms before step {i} while requests were running "
+                f"(its steps take about {typical:.0f} ms): the engine stalled (frozen, paused or swapped "
+                "out), not interference"
             )
     return reasons

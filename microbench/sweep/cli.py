@@ -26,12 +26,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import new_run_id
 from benchcore.redact import REDACTED, redact_argv, redact_env
 from engine_harness.flags import add_engine_flags, engine_overrides
-from engine_harness.launch import EngineError, model_problem
+from engine_harness.handles import checked_endpoint
+from engine_harness.launch import EngineError, context_limit, model_problem
 from engine_harness.metrics import MetricsError
 from microbench.client import aio
 from microbench.executors import add_executor_flags, executor_from_args
@@ -163,14 +166,22 @@ def _resolve_run(args: argparse.Namespace) -> tuple[RunFolder, SweepConfig, bool
                 "first point, so a run without a readable manifest cannot be continued: start a new run "
                 "with another --out (the points measured so far stay where they are)"
             ) from None
-        sweep = SweepConfig.model_validate(_unredact(stored))
-        _check_model(sweep)
+        try:
+            sweep = SweepConfig.model_validate(_unredact(stored))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise BadInput(
+                f"--resume: the sweep stored in {folder.root / 'manifest.json'} is not a valid sweep "
+                f"({problems}); it was changed by hand or by another version: start a new run with another "
+                "--out"
+            ) from None
+        _check_engine(sweep)
         return folder, sweep, True
     try:
         sweep = load_sweep(args.config, overrides)
     except SweepConfigError as exc:
         raise BadInput(str(exc)) from None
-    _check_model(sweep)
+    _check_engine(sweep)
     folder = RunFolder(args.out or RESULTS / new_run_id(sweep.name))
     if folder.exists():
         raise BadInput(
@@ -179,11 +190,46 @@ def _resolve_run(args: argparse.Namespace) -> tuple[RunFolder, SweepConfig, bool
     return folder, sweep, False
 
 
-def _check_model(sweep: SweepConfig) -> None:
-    """A model folder that is not there is bad input, found before an engine start of a minute."""
+def _check_engine(sweep: SweepConfig) -> None:
+    """Bad input found before an engine start of a minute: a model folder that is not there, an external
+    URL that is no OpenAI server (or refuses the key), a P, chunk or decode length above the model's limit."""
+    spec, limit = sweep.engine_spec(), None
+    if spec.kind == "external" and spec.url:
+        served = aio.run(checked_endpoint(spec.url, spec.api_key_env, may_be_starting=True))
+        if served is not None and served[1]:  # (refused: still starting; the run waits for its /health)
+            limit = (served[1], f"max_model_len in {spec.url}/v1/models")
     for chunk in sweep.chunks:
-        if (problem := model_problem(sweep.engine_spec(chunk))) is not None:
+        spec = sweep.engine_spec(chunk)
+        if (problem := model_problem(spec)) is not None:
             raise BadInput(problem)
+        if spec.kind != "external":
+            limit = context_limit(spec)
+        if limit is not None:
+            _check_lengths(sweep, chunk, *limit)
+
+
+def _check_lengths(sweep: SweepConfig, chunk: int, limit: int, source: str) -> None:
+    """Every request of the grid fits the model: a cold prompt of P tokens and its one token, a decode
+    stream's context and budget; a chunk above the limit is never filled by one prompt."""
+    too_long = [p for p in sweep.prefill_tokens if p + 1 > limit]
+    if too_long:
+        raise BadInput(
+            f"prefill length(s) {too_long} do not fit the model's limit of {limit} tokens ({source}): a "
+            "cold prompt of P tokens plus its one generated token must fit; drop them (--P) or raise "
+            "max_model_len (engine: max_model_len)"
+        )
+    if chunk > limit:
+        raise BadInput(
+            f"chunk size {chunk} is above the model's limit of {limit} tokens ({source}): no prompt can "
+            "fill it; choose a smaller --chunk or raise max_model_len"
+        )
+    decodes = [d for d in sweep.decode_batch_sizes if d > 0]
+    if decodes and (need := sweep.decode_context + sweep.decode_budget(chunk, max(decodes))) > limit:
+        raise BadInput(
+            f"a decode stream needs {need} tokens (decode_context {sweep.decode_context} + "
+            f"{need - sweep.decode_context} decode tokens) above the model's limit of {limit} tokens "
+            f"({source}); lower decode_context or decode_tokens"
+        )
 
 
 def _redacted(sweep: SweepConfig) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
-from benchcore.schema import StrictModel
+from benchcore.schema import FolderName, StrictModel
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.kv_connectors import ConnectorError, ConnectorPreset, load_connector
 from engine_harness.settings import EngineSettings
@@ -30,7 +30,7 @@ class TransferConfigError(ValueError):
 class TransferConfig(StrictModel):
     """One transfer-lifecycle run: the P grid, the connector, the two engines, the timeouts."""
 
-    name: str = "cli"
+    name: FolderName = "cli"
     prefill_tokens: list[int] = Field(
         default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1, description="P grid"
     )

@@ -217,6 +217,10 @@ def load_workload_spec(path: str | Path) -> WorkloadSpec:
     path = Path(path)
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except UnicodeDecodeError as exc:
+        raise WorkloadSpecError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
+        ) from None
     except (OSError, yaml.YAMLError) as exc:
         raise WorkloadSpecError(f"{path}: {exc}") from None
     if not isinstance(data, dict):

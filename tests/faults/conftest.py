@@ -8,7 +8,8 @@ outside ``--out`` shows up there. Every test here carries the ``faults`` marker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,25 @@ def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Outcome]:
         return Outcome(code, captured.out, captured.err)
 
     return call
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``small_fs(size="512k", ro=False)``: a real tmpfs of that size mounted in ``tmp_path`` (a disk that
+    really fills up, or a really read-only one: root ignores chmod 0555); ``remount(mnt, opts)`` changes
+    it. Skipped where this user may not mount."""
+    mounts: list[Path] = []
+
+    def mount(size: str = "512k", ro: bool = False) -> Path:
+        mnt = tmp_path / f"fs{len(mounts)}"
+        mnt.mkdir()
+        opts = f"size={size}" + (",ro" if ro else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounts.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounts:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 import yaml
 
 from engine_harness.launch import free_port
@@ -25,6 +30,8 @@ __all__ = [
     "assert_clear_error",
     "assert_intact",
     "assert_no_engine_left",
+    "fill_disk",
+    "remount",
     "start_sim",
 ]
 
@@ -81,7 +88,8 @@ def assert_clear_error(outcome: Outcome, *needles: str) -> None:
 def assert_intact(run_dir: Path) -> list[RunRecord]:
     """Every record and observation readable, every valid record's stamps present, no temp file left,
     no crash traceback; returns the point records."""
-    leftovers = [p for p in run_dir.rglob(".*") if p.name != ".lock"]
+    temporary = [p for p in run_dir.rglob("*") if p.name.startswith(".") or ".tmp" in p.suffixes]
+    leftovers = [p for p in temporary if p.name != ".lock"]
     assert not leftovers, leftovers
     assert not (run_dir / "crash-traceback.txt").exists()
     if (run_dir / "manifest.json").exists():
@@ -102,11 +110,13 @@ def assert_no_engine_left() -> None:
     assert not alive, [p.cmdline() for p in alive]
 
 
-def start_sim(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A sim engine started by hand with ``flags``, once it answers /health: its process and URL."""
+def start_sim(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A sim engine started by hand with ``flags`` (and ``env`` added to its environment), once it
+    answers /health: its process and URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port), *STEP_ARGS]
-    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environ = {**os.environ, **(env or {})}
+    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -116,3 +126,43 @@ def start_sim(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
         except (urllib.error.URLError, OSError):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
+
+
+class _FullDisk:
+    """A file on a full disk: a write puts half its bytes down, then fails as write(2) does (ENOSPC)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def write(self, data: bytes) -> int:
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+def fill_disk(monkeypatch: pytest.MonkeyPatch, full: Callable[[Path], bool]) -> None:
+    """From now on the disk is full for every file opened for writing whose path ``full`` says: the
+    write itself fails (half written), not fsync. (No root here for a real small filesystem.)"""
+    real = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        f = real(fd, *args, **kwargs)
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        writing = "w" in str(args[0] if args else kwargs.get("mode", "r"))
+        return _FullDisk(f) if writing and full(target) else f
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+def remount(mnt: Path, opts: str) -> None:
+    """Change a mounted test filesystem (``small_fs``), e.g. ``size=64m`` (space freed) or ``ro``."""
+    subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True)

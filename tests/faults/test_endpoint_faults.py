@@ -1,7 +1,7 @@
 """Issue #33: an endpoint that is not an OpenAI server (an HTML page, a port that accepts and never
-answers, a non-HTTP URL) is named as such within seconds by the load generator and the battery (one
-probe: ``engine_harness.handles.model_cards``), exit 2, nothing written; never ``cut`` request by request
-or a 300 s wait."""
+answers, a non-HTTP URL) or that refuses the key (HTTP 401) is named as such within seconds by the sweep,
+the load generator and the battery (one check: ``engine_harness.handles.checked_endpoint``), exit 2,
+nothing written; never ``cut`` request by request, a 30 s /health wait or a 300 s wait."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from fault_checks import Place, assert_clear_error
+from fault_checks import Place, assert_clear_error, start_sim
 
 from engine_harness.handles import PROBE_TIMEOUT_S
+from engine_harness.sim_kind import SIM_API_KEY_VAR
 from microbench.battery.cli import main as battery
 from microbench.loadgen.cli import main as loadgen
+from microbench.sweep.cli import main as sweep
 
 
 class _Html(http.server.BaseHTTPRequestHandler):
@@ -53,6 +55,7 @@ def silent_url() -> Iterator[str]:
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], list[str]]] = {
     "loadgen": (loadgen, ["run", "--workload", "synthetic-uniform", "--rate", "5", "--requests", "3"]),
     "battery": (battery, ["run", "--engine", "external", "--tests", "ttft"]),
+    "sweep": (sweep, ["--engine", "external", "--model", "sim", "--chunk", "512", "--D", "0", "--P", "256"]),
 }
 
 
@@ -76,4 +79,27 @@ def test_an_endpoint_that_is_not_an_openai_server_is_named_within_seconds(
     assert outcome.code == 2, outcome.text[-2000:]
     assert time.monotonic() - t0 < PROBE_TIMEOUT_S + 10
     assert_clear_error(outcome, needle)
+    assert not out.exists() and not list(place.cwd.iterdir())
+
+
+@pytest.fixture(scope="module")
+def keyed_url() -> Iterator[str]:
+    """A sim that wants a bearer key on /v1/ (vLLM's --api-key), as an engine started by someone else."""
+    proc, url = start_sim(env={SIM_API_KEY_VAR: "sk-fault-tier"})
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_engine_answering_401_names_the_api_key_flag(
+    place: Place, run, keyed_url: str, command: str
+) -> None:
+    main, argv = COMMANDS[command]
+    out = place.tmp / "out"
+    outcome = run(main, *argv, "--url", keyed_url, "--out", out)
+    assert outcome.code == 2, outcome.text[-2000:]
+    assert_clear_error(
+        outcome, f"{keyed_url}/v1/models refused no API key (HTTP 401)", "set --api-key-env VAR"
+    )
     assert not out.exists() and not list(place.cwd.iterdir())

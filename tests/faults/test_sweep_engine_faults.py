@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left
+from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left, start_sim
 
 from engine_harness.launch import free_port
 from microbench.results.faults import infrastructure_reasons
@@ -42,16 +43,22 @@ def test_row1_a_failed_d4_injection_neither_divides_by_zero_nor_spends_an_attemp
     assert os.listdir(place.cwd) == []
 
 
+# one line per request on the sim's log when HTTP faults are on (engine_harness.sim.faults.log_request)
+_REQUEST = re.compile(r"sim request: (\d+)-token prompt \w+ -> (\w+) @([\d.]+)")
+
+
 @pytest.mark.parametrize(
     "fault",
-    [("--error-500-fraction", "0.2"), ("--error-429-fraction", "0.2", "--retry-after-s", "0.05")],
+    [("--error-500-fraction", "0.2"), ("--error-429-fraction", "0.2", "--retry-after-s", "0.3")],
     ids=["500", "429-retry-after"],
 )
 def test_row2_errors_during_warm_up_and_priming_are_retried(
     place: Place, run, fault: tuple[str, ...]
 ) -> None:
     # One in five requests fails: warm-up (≥ 4 requests) and priming all but surely meet one.
-    cfg = place.sweep_yaml((*fault, "--seed", "5"), repetitions=3)
+    cfg = place.sweep_yaml(
+        (*fault, "--seed", "8"), repetitions=3
+    )  # seed 8: a probe and a priming request fail
     out = place.tmp / "run"
     outcome = run(main, "--config", cfg, "--out", out)
     assert outcome.code == 0, outcome.text[-3000:]
@@ -59,6 +66,16 @@ def test_row2_errors_during_warm_up_and_priming_are_retried(
     assert len(records) == 6 and all(r.validity.valid for r in records)
     assert not list(out.glob("invalid/*/*.json"))  # no attempt was spent on the faults
     assert json.loads((out / "manifest.json").read_text())["warmup"]["512"]["probes_ms"]
+    requests = [
+        (int(n), status, float(t)) for n, status, t in _REQUEST.findall((out / "engine-512.log").read_text())
+    ]
+    status = fault[0].split("-")[3]  # "500" or "429"
+    # the fault landed in warm-up: on a 64-token probe (no measured or priming request has 64 tokens)
+    in_warm_up = [i for i, (n, s, _) in enumerate(requests) if n == 64 and s == status]
+    assert in_warm_up, requests
+    if status == "429":  # probes go one at a time: the next request is the retry, after Retry-After
+        for i in in_warm_up:
+            assert requests[i + 1][2] - requests[i][2] >= 0.3 - 0.005, (requests[i], requests[i + 1])
 
 
 @pytest.mark.parametrize(
@@ -128,12 +145,9 @@ def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
 
 @pytest.fixture
 def external_sim(place: Place):
-    """A sim started by hand that dies 3.5 s after it starts; yields its URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", str(port)]
-    cmd += ["--max-num-batched-tokens", "512", *STEP_ARGS, "--die-at-s", "3.5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield f"http://127.0.0.1:{port}"
+    """A sim started by hand (answering once the fixture returns) that dies 3.5 s after it starts; its URL."""
+    proc, url = start_sim("--max-num-batched-tokens", "512", "--die-at-s", "3.5")
+    yield url
     proc.kill()
     proc.wait()
 
@@ -149,8 +163,24 @@ def test_row4_an_external_engine_that_stops_answering_is_noticed(
     assert outcome.code == 1
     assert_clear_error(outcome, f"the external engine at {external_sim} stopped answering", "--resume")
     assert time.monotonic() - t0 < 60  # noticed within the probe window, not never
+    measured = {p.name: read_record(p, RunRecord).t_inject_ns for p in out.glob("runs/*/*.json")}
     assert_intact(out)
     assert not (out / "engine-512.log").exists()  # nothing was launched, no log to name
+    # the engine is back at the same URL: the run goes on from where it stopped, as the message said
+    port = external_sim.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "engine_harness.sim", "--model", "sim", "--port", port]
+    back = subprocess.Popen([*cmd, "--max-num-batched-tokens", "512", *STEP_ARGS], stdout=subprocess.DEVNULL)
+    try:
+        outcome = run(main, "--resume", "--out", out)
+    finally:
+        back.kill()
+        back.wait()
+    assert outcome.code == 0, outcome.text[-3000:]
+    records = assert_intact(out)
+    assert len(records) == 24 and all(r.validity.valid for r in records)
+    assert all(
+        r.t_inject_ns == measured[f"{r.run_id}.json"] for r in records if f"{r.run_id}.json" in measured
+    )
 
 
 def test_row4_a_closed_port_gives_up_in_the_time_asked(place: Place, run) -> None:

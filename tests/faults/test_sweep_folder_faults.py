@@ -4,22 +4,27 @@ model folder."""
 
 from __future__ import annotations
 
-import errno
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from fault_checks import Place, assert_clear_error, assert_intact
+from fault_checks import Place, assert_clear_error, assert_intact, assert_no_engine_left, fill_disk, remount
 
-import benchcore.atomic
+from analysis.compare import main as compare
+from analysis.report import main as report
+from microbench.battery.cli import main as battery
+from microbench.loadgen.cli import main as loadgen
 from microbench.results.records import RunRecord, read_record
 from microbench.sweep.cli import main
+from microbench.transfer.cli import main as transfer
 
 SMALL = {"repetitions": 2}  # 4 points: enough to damage one and resume
 
@@ -96,30 +101,37 @@ def test_row7_a_bad_token_range_writes_nothing_and_poisons_nothing(place: Place,
     assert run(main, "--config", cfg, "--out", out, "--token-range", "0:256").code == 0
 
 
-def test_row8_a_read_only_results_folder_is_a_clear_error(place: Place, run, monkeypatch) -> None:
-    def read_only(*args: object, **kwargs: object) -> tuple[int, str]:
-        raise OSError(errno.EROFS, "Read-only file system", str(kwargs.get("dir")))
+READ_ONLY: dict[str, tuple[Callable[[list[str]], int], list[str]]] = {
+    "sweep": (main, ["--config", "{sweep}"]),
+    "transfer": (transfer, ["--engine", "sim", "--connector", "sim-link", "--no-alone", "--P", "256"]),
+    "battery": (battery, ["run", "--engine", "sim", "--tests", "ttft", "--profile", "quick"]),
+    "loadgen": (loadgen, ["run", "--workload", "synthetic-uniform", "--rate", "5", "--requests", "3",
+                          "--url", "http://127.0.0.1:1", "--model", "m"]),
+    "analysis.report": (report, ["{finished}"]),
+    "analysis.compare": (compare, ["{finished}", "{finished}"]),
+}  # fmt: skip
 
-    monkeypatch.setattr(benchcore.atomic.tempfile, "mkstemp", read_only)
-    out = place.tmp / "run"
-    outcome = run(main, "--config", place.sweep_yaml(**SMALL), "--out", out)
-    assert outcome.code == 2
+
+@pytest.mark.parametrize("command", list(READ_ONLY))
+def test_row8_a_read_only_out_is_a_clear_error_for_every_command(
+    finished: Path, place: Place, run, small_fs, command: str
+) -> None:
+    # a real read-only filesystem (root ignores chmod 0555): creating --out and its lock fails there
+    out = small_fs("64k", ro=True) / "run"
+    main_of, argv = READ_ONLY[command]
+    fill = {"{sweep}": str(place.sweep_yaml(**SMALL)), "{finished}": str(finished)}
+    outcome = run(main_of, *(fill.get(a, a) for a in argv), "--out", out)
+    assert outcome.code == 2, outcome.text[-3000:]
     assert_clear_error(
         outcome, f"cannot write the run folder {out}", "Read-only file system", "another --out"
     )
-    assert not (out / "manifest.json").exists() and os.listdir(place.cwd) == []
+    assert os.listdir(place.cwd) == []
 
 
 def test_a_full_disk_names_the_file_leaves_no_temp_file_and_resumes(place: Place, run, monkeypatch) -> None:
-    real_fsync, calls = os.fsync, [0]
-
-    def fills_up(fd: int) -> None:
-        calls[0] += 1
-        if calls[0] > 40:  # the disk fills up in the middle of the sweep, and stays full
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(fd)
-
-    monkeypatch.setattr(benchcore.atomic.os, "fsync", fills_up)
+    writes = itertools.count(1)
+    # the disk fills up in the middle of the sweep, and stays full: the 41st file write fails, half written
+    fill_disk(monkeypatch, lambda path: next(writes) > 40)
     out = place.tmp / "run"
     cfg = place.sweep_yaml()
     outcome = run(main, "--config", cfg, "--out", out)
@@ -129,13 +141,47 @@ def test_a_full_disk_names_the_file_leaves_no_temp_file_and_resumes(place: Place
     assert "no table written" in outcome.out  # and no second traceback from the table writer
     measured = _stamps(out)
     assert 0 < len(measured) < 12
-    assert_intact(out)  # no .tmp left behind, every record readable
-    monkeypatch.setattr(benchcore.atomic.os, "fsync", real_fsync)  # space freed
+    assert_intact(out)  # no temporary file left behind (dot-files or *.tmp), every record readable
+    monkeypatch.undo()  # space freed
+    monkeypatch.chdir(place.cwd)
     outcome = run(main, "--resume", "--out", out)
     assert outcome.code == 0, outcome.text[-3000:]
     after = _stamps(out)
     assert len(after) == 12 and all(after[n] == t for n, t in measured.items())
     assert (out / "interference_table.csv").is_file() and not list(out.glob(".interference_table*"))
+
+
+def test_a_really_full_disk_mid_sweep_loses_nothing_and_resumes(place: Place, run, small_fs) -> None:
+    # a real 256 KiB filesystem: the sweep's 12 points need about 500 KiB, so the disk fills up mid-run
+    mnt = small_fs("256k")
+    out = mnt / "run"
+    outcome = run(main, "--config", place.sweep_yaml(), "--out", out)
+    assert outcome.code == 1, outcome.text[-3000:]
+    assert_clear_error(outcome, "No space left on device", f"cannot write {out}/")
+    measured = _stamps(out)
+    assert 0 < len(measured) < 12
+    assert_intact(out)  # every stored record readable, no temporary file left
+    remount(mnt, "size=64m")  # space freed
+    outcome = run(main, "--resume", "--out", out)
+    assert outcome.code == 0, outcome.text[-3000:]
+    after = _stamps(out)
+    assert len(after) == 12 and all(after[n] == t for n, t in measured.items())
+
+
+def test_a_full_disk_at_the_telemetry_write_keeps_the_error_that_ended_the_run(
+    place: Place, run, monkeypatch
+) -> None:
+    # Issue #33: the telemetry table is written in a ``finally`` while the shard ends on an error (here an
+    # engine that dies in every warm-up); a full disk there replaced that error and left the engine running.
+    fill_disk(monkeypatch, lambda path: path.parent.name == "telemetry")
+    out = place.tmp / "run"
+    outcome = run(main, "--config", place.sweep_yaml(("--die-after-requests", "2")), "--out", out)
+    assert outcome.code == 1, outcome.text[-3000:]
+    assert_clear_error(outcome, "the engine died 4 times in this chunk")  # the original error, kept
+    assert "telemetry not written" in outcome.text and "No space left on device" in outcome.text
+    assert not list((out / "telemetry").iterdir())  # nothing half-written, no temporary file
+    assert_intact(out)
+    assert_no_engine_left()
 
 
 def test_row9_nothing_is_written_outside_out(place: Place, run) -> None:

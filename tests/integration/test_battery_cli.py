@@ -119,15 +119,15 @@ def test_an_api_key_reaches_a_launched_engine_only_through_its_environment(tmp_p
 
 async def test_an_engine_refusing_the_key_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     from benchcore.cli import BadInput
+    from engine_harness.handles import checked_endpoint
     from engine_harness.sim import SimServer
-    from microbench.battery.cli import _served
 
     monkeypatch.setenv("SIM_API_KEY", "right")
     async with SimServer(model="sim") as sim:
         monkeypatch.setenv("BENCH_KEY", "wrong")
         with pytest.raises(BadInput, match=r"refused the key in \$BENCH_KEY \(HTTP 401\).*--api-key-env"):
-            await _served(sim.base_url, "BENCH_KEY")
+            await checked_endpoint(sim.base_url, "BENCH_KEY")
         with pytest.raises(BadInput, match="refused no API key"):
-            await _served(sim.base_url, None)
+            await checked_endpoint(sim.base_url, None)
         monkeypatch.setenv("BENCH_KEY", "right")
-        assert (await _served(sim.base_url, "BENCH_KEY"))[0] == "sim"
+        assert (await checked_endpoint(sim.base_url, "BENCH_KEY"))[0] == "sim"

@@ -1,0 +1,63 @@
+"""Issue #33: an engine frozen in the middle of a point (``SIGSTOP``, then ``SIGCONT``) leaves the fitted
+step model where the unfrozen run's is: each coefficient of the frozen run's fit lies within the 95 %
+interval of the clean run's (``analysis.models.fit_step_model``), because the attempt holding the stall is
+invalid (``microbench.results.validity``) and measured again. Both runs on the sim, one grid, one seed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from fault_checks import Place
+
+from analysis.models import fit_step_model
+from analysis.table import load_records
+from microbench.results.records import Observation, read_record
+
+# enough P and D to fit every term; a seeded 3 % jitter so the intervals have a width
+GRID = {"decode_batch_sizes": [0, 2, 4], "prefill_tokens": [256, 512, 1024, 2048], "repetitions": 2}
+SIM = ("--jitter", "0.03", "--seed", "11")
+
+
+def _sweep(place: Place, name: str, freeze_after: tuple[int, ...] = ()) -> Path:
+    """One sweep into ``tmp/name``; the engine frozen for 3 s just after each count of stored points."""
+    out = place.tmp / name
+    cfg = place.sweep_yaml(SIM, name=f"{name}.yaml", max_attempts=3, **GRID)
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for n_done in freeze_after:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("runs/*/*.json"))) < n_done:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)  # inside the next point
+        (engine,) = psutil.Process(proc.pid).children()
+        os.killpg(engine.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.killpg(engine.pid, signal.SIGCONT)
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, text[-3000:]
+    return out
+
+
+def test_a_frozen_engine_leaves_the_step_model_within_the_clean_runs_interval(place: Place) -> None:
+    clean = fit_step_model(load_records(_sweep(place, "clean")))
+    frozen_run = _sweep(place, "frozen", freeze_after=(10, 13, 19, 22))  # D = 2, 4
+    stalled = [
+        o for o in (read_record(p, Observation) for p in frozen_run.glob("observed/*/*.json"))
+        if any((s.elapsed_ms or 0) > 2500 for s in o.engine_steps or [])
+    ]  # fmt: skip
+    assert stalled, "no freeze landed inside a step"
+    records = load_records(frozen_run)
+    for r in records:  # the stalled step reached no valid point (with the rule reverted, one did)
+        steps = r.interference.engine_steps_log or []
+        assert all((s.elapsed_ms or 0) <= 2500 for s in steps), (r.config, r.validity, steps)
+    frozen = fit_step_model(records, clean.model)  # (c·ctx and c·(ctx + c/2) tie on this grid)
+    for name, (lo, hi) in clean.ci.items():  # two runs on a loaded box differ by more than one run's CI:
+        f_lo, f_hi = frozen.ci[name]  # the frozen run's interval overlaps the clean run's
+        assert f_lo <= hi and lo <= f_hi, (name, frozen.ci[name], (lo, hi), frozen.params, clean.params)
