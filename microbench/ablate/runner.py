@@ -122,8 +122,8 @@ class AblateRunner:
         if self.capacity >= arms:
             note = (
                 f"{self.executor.name}: the {arms} arms of a round run side by side, each on its own device "
-                f"({self.capacity} at once): drift cancels by simultaneity, not by order; placement per "
-                "shard in each arm's manifest"
+                f"({self.capacity} at once): drift cancels by simultaneity, not by order; the devices"
+                "' differences do not cancel (each shard's device is in its arm's manifest)"
             )
         else:
             note = (

@@ -29,7 +29,13 @@ from benchcore.provenance import hardware_info
 from engine_harness.engines import engine_kind
 from engine_harness.telemetry import NvmlSource
 from microbench.executors.local import points_done
-from microbench.executors.placement import close_shard, device_text, record_shard, utc_now
+from microbench.executors.placement import (
+    close_shard,
+    cluster_capacity,
+    device_text,
+    record_shard,
+    utc_now,
+)
 from microbench.executors.relay import Finished, Relay, Started, seed_files
 from microbench.executors.shard_task import TaskOptions, stream_shard
 from microbench.measure.engine_lifecycle import SweepAborted
@@ -138,15 +144,8 @@ class RayExecutor:
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""
-        nodes = ray.nodes()
-        gpus, _ = cluster_shape(nodes)
-        if gpus >= 1:
-            return int(gpus)
         _, options = self._resources()
-        per_node = (
-            int(n.get("Resources", {}).get("CPU", 0)) // (options.cores or 1) for n in nodes if n.get("Alive")
-        )
-        return max(sum(per_node), 1)
+        return cluster_capacity(ray.nodes(), options.cores)
 
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
         await self.run_jobs([(plan, sink) for plan in plans], context)
