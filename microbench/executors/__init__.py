@@ -66,7 +66,8 @@ def add_executor_flags(group: argparse._ArgumentGroup) -> None:
         "--executor",
         choices=EXECUTORS,
         default="local",
-        help="where the shards (one per chunk size) run: local, one after another (default), or ray: "
+        help="where the shards (one per chunk size; in an ablation, per arm and chunk size each round) run: "
+        "local, one after another (default), or ray: "
         "one Ray task per shard, each on its own GPU (CPU-only: its own cores), records streamed back "
         f"into the run folder as they are measured (needs the ray extra: {RAY_HINT})",
     )
