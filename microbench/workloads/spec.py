@@ -221,8 +221,10 @@ def load_workload_spec(path: str | Path) -> WorkloadSpec:
         raise WorkloadSpecError(
             f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
         ) from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkloadSpecError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadSpecError(f"{path} is not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise WorkloadSpecError(f"{path} cannot be read: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
         raise WorkloadSpecError(f"{path}: a workload spec is a mapping, got {type(data).__name__}")
     try:
