@@ -40,12 +40,17 @@ from typing import Any, Literal
 from pydantic import Field
 from scipy import stats
 
-from analysis.effects import CORRECTION, LOCATION, min_rank_pvalue
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput
 from benchcore.flags import add_out
 from benchcore.schema import StrictModel
-from microbench.battery.compare_effects import TraceEffect, percentile_effects, run_effects, trace_latencies
+from microbench.battery.compare_effects import (
+    TraceEffect,
+    method,
+    percentile_effects,
+    run_effects,
+    trace_latencies,
+)
 from microbench.battery.compare_pages import write_pages
 from microbench.battery.report import BatteryReport
 from microbench.results.layout import hold_folder
@@ -251,28 +256,6 @@ def _read(run: Path) -> BatteryReport:
         ) from None
 
 
-def _method(runs_a: int, runs_b: int) -> str:
-    if runs_a == runs_b == 1:
-        return (
-            "single run per system: per trace stage both runs hold, B/A of each percentile of the successful "
-            "measured requests, 95% CI by a seeded percentile bootstrap of that ratio; p: two-sided "
-            f"Mann–Whitney U over all requests, {CORRECTION}"
-        )
-    floor = min_rank_pvalue(runs_a, runs_b)
-    power = (
-        f"; with {runs_a} and {runs_b} runs the smallest p the rank test can give is {floor:.2g}, so no row "
-        "can be called better or worse (at least 4 runs per system can): a row is 'no detectable "
-        "difference' when its CI lies within ±10%, else undecided"
-        if floor >= 0.05
-        else ""
-    )
-    return (
-        f"{runs_a} runs of A, {runs_b} of B: per trace stage every run holds, each run's percentile is one "
-        f"value; B/A of the {LOCATION}s of the runs' values, 95% CI by a seeded bootstrap resampling runs; "
-        f"p: two-sided Mann–Whitney U on the runs' values, {CORRECTION} across rows{power}"
-    )
-
-
 def compare_reports(
     runs_a: Path | Sequence[Path],
     runs_b: Path | Sequence[Path],
@@ -324,7 +307,7 @@ def compare_reports(
             side: sorted({k[0] for r in lat for k in r} - shared)
             for side, lat in (("A", lat_a), ("B", lat_b))
         },
-        method=_method(len(a), len(b))
+        method=method(len(a), len(b))
         + (
             "; a verdict of better/worse needs both p < 0.05 and a CI excluding 1. Tests that scale their "
             "load by each run's own capacity (5.1, 5.3, 5.4) compare at the same relative load, not the same "
@@ -348,7 +331,7 @@ def add_compare_parser(sub: Any) -> None:
         description="Compare battery runs of two systems as the draft's §6 asks: refuses runs whose "
         "workload, seeds, load model or SUT boundary differ (or states each difference with "
         "--allow-differences), normalises throughput per device and by price, and gives B/A of each "
-        "latency percentile with a bootstrap 95%% CI, a rank test and a Benjamini-Hochberg correction. "
+        "latency percentile with a bootstrap 95% CI, a rank test and a Benjamini-Hochberg correction. "
         "Give --a and --b several runs each (§6.3 asks at least 3) so the intervals hold run-to-run "
         "variation; REPORT_A REPORT_B compares one run each (conditional). Exit 0 when written, 2 on bad "
         "input.",

@@ -24,7 +24,16 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from analysis.effects import Verdict, bootstrap_ratio_ci, compare_samples, correct_pvalues, rank_pvalue
+from analysis.effects import (
+    CORRECTION,
+    LOCATION,
+    Verdict,
+    bootstrap_ratio_ci,
+    compare_samples,
+    correct_pvalues,
+    min_rank_pvalue,
+    rank_pvalue,
+)
 from analysis.effects import verdict as cell_verdict
 from benchcore.schema import StrictModel
 from microbench.loadgen.trace import read_trace
@@ -35,6 +44,7 @@ __all__ = [
     "PERCENTILES",
     "Latencies",
     "TraceEffect",
+    "method",
     "percentile_effects",
     "run_effects",
     "trace_latencies",
@@ -169,3 +179,26 @@ def run_effects(a: Sequence[Latencies], b: Sequence[Latencies], seed: int = 0) -
         for i, (key, metric, q, n_a, n_b) in enumerate(rows)
         for e in [found[(i,)]]
     ]  # fmt: skip
+
+
+def method(runs_a: int, runs_b: int) -> str:
+    """How the rows were computed for these run counts, and what they cannot decide."""
+    if runs_a == runs_b == 1:
+        return (
+            "single run per system: per trace stage both runs hold, B/A of each percentile of the successful "
+            "measured requests, 95% CI by a seeded percentile bootstrap of that ratio; p: two-sided "
+            f"Mann–Whitney U over all requests, {CORRECTION}"
+        )
+    floor = min_rank_pvalue(runs_a, runs_b)
+    power = (
+        f"; with {runs_a} and {runs_b} runs the smallest p the rank test can give is {floor:.2g}, so no row "
+        "can be called better or worse (at least 4 runs per system can): a row is 'no detectable "
+        "difference' when its CI lies within ±10%, else undecided"
+        if floor >= 0.05
+        else ""
+    )
+    return (
+        f"{runs_a} runs of A, {runs_b} of B: per trace stage every run holds, each run's percentile is one "
+        f"value; B/A of the {LOCATION}s of the runs' values, 95% CI by a seeded bootstrap resampling runs; "
+        f"p: two-sided Mann–Whitney U on the runs' values, {CORRECTION} across rows{power}"
+    )

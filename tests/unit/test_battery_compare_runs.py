@@ -14,8 +14,8 @@ import pytest
 
 from analysis.effects import min_rank_pvalue
 from benchcore.cli import BadInput
-from microbench.battery.compare import _method, _sides, compare_reports
-from microbench.battery.compare_effects import Latencies, percentile_effects, run_effects
+from microbench.battery.compare import _sides, compare_reports
+from microbench.battery.compare_effects import Latencies, method, percentile_effects, run_effects
 
 STAGES = [("ttft", "level"), ("itl", "level"), ("tradeoff/level-1", "level")]  # 3 stages x 3 metrics x 3 q
 
@@ -74,8 +74,8 @@ def test_three_runs_each_cannot_call_a_row_and_the_method_says_so() -> None:
     assert all(e.p_value is not None and e.p_value >= 0.1 for e in same)
     assert all(e.mde is None for e in same)  # no change is detectable: the rank test cannot reach 0.05
     assert any(e.verdict == "no detectable difference" for e in same)  # tight runs rule out ±10%
-    assert "smallest p the rank test can give is 0.1" in _method(3, 3)
-    assert "smallest p" not in _method(4, 4)  # 2/70 = 0.029: a verdict is possible
+    assert "smallest p the rank test can give is 0.1" in method(3, 3)
+    assert "smallest p" not in method(4, 4)  # 2/70 = 0.029: a verdict is possible
 
 
 def test_run_counts_and_argument_forms_the_statistics_cannot_use_are_refused(tmp_path: Path) -> None:
