@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import Field
 from scipy import stats
 
+from analysis.effects import min_rank_pvalue
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput
 from benchcore.flags import add_out
@@ -383,4 +384,6 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     for line in c.conditions:
         print(f"  condition: {line}")
+    if len(c.runs_a) > 1 and min_rank_pvalue(len(c.runs_a), len(c.runs_b)) >= 0.05:
+        print("  note: with so few runs no row can be called better or worse (4 runs per system can)")
     return 0
