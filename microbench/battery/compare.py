@@ -1,4 +1,5 @@
-"""``python -m microbench.battery compare REPORT_A REPORT_B``: two battery runs side by side (draft §6).
+"""``python -m microbench.battery compare --a A1 A2 A3 --b B1 B2 B3``: battery runs of two systems side by
+side (draft §6); ``compare REPORT_A REPORT_B`` is the one-run-per-system form.
 
 - **Equivalence (6.1, 6.4)**: ``equivalence`` checks what makes the two runs comparable: the workload
   (its full spec, workload seed and arrival seed: the same requests in the same order), the prompt form
@@ -11,13 +12,14 @@
   with its 95% half-width) per device and, from ``--price-a``/``--price-b`` (per device-hour, or per
   million output tokens), its cost per million output tokens with the interval the throughput's gives
   (``cost_per_mtok``). A CPU-only run counts its host as one device; the report says so.
-- **Significance (6.3)**: one report per system is one run, so a comparison is always conditional on
-  that (§6.3 asks at least 3 independent runs; an A/A pair of sim runs on this shared machine differed
-  significantly in over a third of the rows). Per trace both runs stored under the same label and stage
-  (the tests' fixed loads; capacity-search levels at rates of their own are listed as unmatched), per
-  metric (TTFT, TPOT, E2E) and percentile (P50, P95, P99): B/A with a seeded bootstrap 95% CI of the
-  percentile ratio, the rank test across all requests with Benjamini–Hochberg across rows, and the
-  verdict (``analysis.effects``: the statistics of the suite's one A/B comparison; lower is better).
+- **Significance (6.3)**: per trace both systems stored under the same label and stage in every run (the
+  tests' fixed loads; capacity-search levels at rates of their own are listed as unmatched), per metric
+  (TTFT, TPOT, E2E) and percentile (P50, P95, P99), B/A with a 95% CI, a rank test, Benjamini–Hochberg
+  across rows and the verdict (``compare_effects``, on ``analysis.effects``; lower is better). With at least
+  2 runs per system the runs are the samples (each run's percentile is one value), so run-to-run variation
+  is in the interval; with 3 or more per system and no stated difference the comparison is
+  *unconditional*. One run per system compares requests and is always conditional ("single run"): an A/A
+  pair of sim runs on this shared machine differed significantly in 99 of 252 rows that way.
 
 One typed record (``BatteryComparison``) is written as ``comparison.json`` and rendered as Markdown and
 HTML (``compare_pages``).
@@ -31,50 +33,52 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-import pandas as pd
 from pydantic import Field
+from scipy import stats
 
-from analysis.effects import CORRECTION, Verdict, bootstrap_ratio_ci, correct_pvalues, rank_pvalue, verdict
+from analysis.effects import min_rank_pvalue
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput
 from benchcore.flags import add_out
 from benchcore.schema import StrictModel
+from microbench.battery.compare_effects import (
+    TraceEffect,
+    method,
+    percentile_effects,
+    run_effects,
+    trace_latencies,
+)
 from microbench.battery.compare_pages import write_pages
 from microbench.battery.report import BatteryReport
-from microbench.loadgen.trace import read_trace
-from microbench.measure.stats import request_latencies
 from microbench.results.layout import hold_folder
 
 __all__ = [
-    "METRICS",
-    "PERCENTILES",
     "BatteryComparison",
     "Check",
     "Price",
     "SystemCost",
-    "TraceEffect",
     "compare_reports",
     "cost_per_mtok",
     "equivalence",
     "parse_price",
-    "percentile_effects",
 ]
 
-METRICS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
-PERCENTILES = (50.0, 95.0, 99.0)
 ONE_RUN = (
-    "one run per system (§6.3 asks at least 3 independent runs): the intervals and tests cover the "
-    "request-to-request variation within each run, not the run-to-run variation of a shared machine"
+    "single run: one run per system (§6.3 asks at least 3 independent runs): the intervals and tests cover "
+    "the request-to-request variation within each run, not the run-to-run variation of a shared machine"
 )
-_SKIPPED_LABELS = ("plan-probe", "warmup", "capacity/e2e-probe")  # preparation, not a test's load
+FEW_RUNS = (
+    "fewer than 3 runs per system (§6.3 asks at least 3 independent runs): the intervals cover run-to-run "
+    "variation, estimated from {n} runs"
+)
 
 
 class Check(StrictModel):
-    """One item of §6's equivalence list, as the two reports state it."""
+    """One item of §6's equivalence list, as every run of both systems states it (distinct values joined)."""
 
     item: str
     ref: str = Field(..., description="6.1 (MUST: refuse) or 6.2/6.4 (stated as a condition)")
@@ -93,11 +97,12 @@ class Price(StrictModel):
 
 
 class SystemCost(StrictModel):
-    """6.2 for one run: its maximum throughput, per device, and what a million output tokens cost."""
+    """6.2 for one system: its maximum throughput, per device, and what a million output tokens cost."""
 
     name: str
-    max_output_tps: float | None
-    max_output_tps_ci: float | None
+    runs: int = 1
+    max_output_tps: float | None = Field(..., description="one run's capacity, or the mean of the runs'")
+    max_output_tps_ci: float | None = Field(..., description="95% half-width: the run's, or across runs (t)")
     devices: int
     device: str
     tps_per_device: float | None
@@ -106,38 +111,20 @@ class SystemCost(StrictModel):
     usd_per_mtok_range: tuple[float, float] | None = None
 
 
-class TraceEffect(StrictModel):
-    """One metric's percentile in one trace stage of both runs, and what the statistics say."""
-
-    label: str
-    stage: str
-    metric: str
-    q: float
-    n_a: int
-    n_b: int
-    a: float
-    b: float
-    ratio: float | None
-    ci: tuple[float | None, float | None]
-    p_value: float | None
-    p_adjusted: float | None = None
-    verdict: Verdict = "undecided"
-
-
 class BatteryComparison(StrictModel):
     """Everything ``compare`` found: equivalence, normalisation, effects, and its verdict."""
 
-    version: Literal[1] = 1
-    run_a: str
-    run_b: str
-    status: Literal["conditional"] = Field(
-        default="conditional", description="one run per system is never unconditional (§6.3: ≥ 3 runs)"
+    version: Literal[2] = 2
+    runs_a: list[str]
+    runs_b: list[str]
+    status: Literal["conditional", "unconditional"] = Field(
+        ..., description="unconditional: at least 3 runs per system (§6.3) and no stated difference"
     )
     conditions: list[str] = Field(default_factory=list, description="each difference, named")
     checks: list[Check]
     costs: list[SystemCost]
     effects: list[TraceEffect]
-    unmatched: dict[str, list[str]] = Field(default_factory=dict, description="trace labels of one run only")
+    unmatched: dict[str, list[str]] = Field(default_factory=dict, description="trace labels not in every run")
     method: str = ""
 
 
@@ -188,45 +175,65 @@ def _spec_id(name: str, spec: dict[str, Any]) -> str:
     return f"{name} (spec sha256 {digest})"
 
 
-def equivalence(a: BatteryReport, b: BatteryReport) -> list[Check]:
-    """§6's equivalence list for two reports: which items match (the MUSTs refuse when they do not)."""
-    da, db = a.disclosures, b.disclosures
-    items: list[tuple[str, str, Any, Any, bool]] = [
-        ("workload (name and full spec)", "6.1", _spec_id(a.workload, a.workload_spec),
-         _spec_id(b.workload, b.workload_spec), True),
-        ("workload seed", "6.1", da and da.workload_seed, db and db.workload_seed, True),
-        ("arrival seed", "6.1", a.seed, b.seed, True),
-        ("load model and durations (profile)", "6.1", a.profile, b.profile, True),
-        ("prompt form and token space", "6.1",
-         da and {k: v for k, v in da.prompts.items() if k in ("form", "token_space")},
-         db and {k: v for k, v in db.prompts.items() if k in ("form", "token_space")}, True),
-        ("SUT boundary", "6.1", a.system.sut_boundary, b.system.sut_boundary, True),
-        ("warm-up procedure", "6.4", a.warmup.cold_start, b.warmup.cold_start, True),
-        ("tests run", "6.4", sorted(t.name for t in a.tests), sorted(t.name for t in b.tests), False),
-        ("prompt salt (token contents; lengths and order are the seed's)", "6.1",
-         da and da.prompts.get("salt"), db and db.prompts.get("salt"), False),
-        ("hardware", "6.2", (a.system.hardware, a.system.accelerators),
-         (b.system.hardware, b.system.accelerators), False),
-        ("engine", "6.4", (a.system.engine_kind, a.system.engine_version, a.system.model),
-         (b.system.engine_kind, b.system.engine_version, b.system.model), False),
-        ("engine settings", "6.4", a.system.engine_settings, b.system.engine_settings, False),
-        ("guardrails", "6.4", a.system.guardrails, b.system.guardrails, False),
-    ]  # fmt: skip
+def _items(r: BatteryReport) -> list[tuple[str, str, Any, bool]]:
+    """§6's equivalence list as one report states it: (item, section, value, a difference refuses)."""
+    d = r.disclosures
     return [
-        Check(item=item, ref=ref, same=_text(va) == _text(vb), a=_text(va), b=_text(vb), refuses=refuses)
-        for item, ref, va, vb, refuses in items
-    ]
+        ("workload (name and full spec)", "6.1", _spec_id(r.workload, r.workload_spec), True),
+        ("workload seed", "6.1", d and d.workload_seed, True),
+        ("arrival seed", "6.1", r.seed, True),
+        ("load model and durations (profile)", "6.1", r.profile, True),
+        ("prompt form and token space", "6.1",
+         d and {k: v for k, v in d.prompts.items() if k in ("form", "token_space")}, True),
+        ("SUT boundary", "6.1", r.system.sut_boundary, True),
+        ("warm-up procedure", "6.4", r.warmup.cold_start, True),
+        ("tests run", "6.4", sorted(t.name for t in r.tests), False),
+        ("prompt salt (token contents; lengths and order are the seed's)", "6.1",
+         d and d.prompts.get("salt"), False),
+        ("hardware", "6.2", (r.system.hardware, r.system.accelerators), False),
+        ("engine", "6.4", (r.system.engine_kind, r.system.engine_version, r.system.model), False),
+        ("engine settings", "6.4", r.system.engine_settings, False),
+        ("guardrails", "6.4", r.system.guardrails, False),
+    ]  # fmt: skip
 
 
-def _cost(name: str, report: BatteryReport, price: Price | None) -> SystemCost:
-    cap = report.capacity
-    tps = None if cap is None else cap.max_output_tps
-    ci = None if cap is None else cap.max_output_tps_ci
-    gpus = report.system.accelerators
+def _runs(x: BatteryReport | Sequence[BatteryReport]) -> list[BatteryReport]:
+    return [x] if isinstance(x, BatteryReport) else list(x)
+
+
+def equivalence(
+    a: BatteryReport | Sequence[BatteryReport], b: BatteryReport | Sequence[BatteryReport]
+) -> list[Check]:
+    """§6's equivalence list over every run of A and of B: an item is the same when every run states one
+    value (the MUSTs refuse when they do not, also between two runs of one system)."""
+    items_a, items_b = [_items(r) for r in _runs(a)], [_items(r) for r in _runs(b)]
+    checks = []
+    for i, (item, ref, _, refuses) in enumerate(items_a[0]):
+        va = list(dict.fromkeys(_text(items[i][2]) for items in items_a))
+        vb = list(dict.fromkeys(_text(items[i][2]) for items in items_b))
+        same = len(set(va) | set(vb)) == 1
+        checks.append(
+            Check(item=item, ref=ref, same=same, a=" | ".join(va), b=" | ".join(vb), refuses=refuses)
+        )
+    return checks
+
+
+def _cost(name: str, reports: list[BatteryReport], price: Price | None) -> SystemCost:
+    caps = [r.capacity for r in reports if r.capacity is not None and r.capacity.max_output_tps is not None]
+    tps = ci = None
+    if len(reports) == 1 and caps:
+        tps, ci = caps[0].max_output_tps, caps[0].max_output_tps_ci
+    elif len(caps) >= 2:
+        values = [c.max_output_tps for c in caps if c.max_output_tps is not None]
+        tps = sum(values) / len(values)
+        sd = math.sqrt(sum((v - tps) ** 2 for v in values) / (len(values) - 1))
+        ci = float(stats.t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values))
+    gpus = reports[0].system.accelerators
     devices = gpus or 1
     usd, span = cost_per_mtok(tps, ci, devices, price)
     return SystemCost(
         name=name,
+        runs=len(reports),
         max_output_tps=tps,
         max_output_tps_ci=ci,
         devices=devices,
@@ -236,62 +243,6 @@ def _cost(name: str, report: BatteryReport, price: Price | None) -> SystemCost:
         usd_per_mtok=usd,
         usd_per_mtok_range=span,
     )
-
-
-def trace_latencies(run: Path) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (trace label, stage) of a battery folder: the latencies of its measured (not warm-up) requests."""
-    found = {}
-    for header in sorted((run / "traces").rglob("header.json")):
-        label = header.parent.relative_to(run / "traces").as_posix()
-        if label.startswith(_SKIPPED_LABELS):
-            continue
-        _, frame = read_trace(header.parent)
-        frame = frame[~frame["warmup"].astype(bool)]
-        lat = request_latencies(frame)
-        for stage in frame["stage"].unique():
-            found[(label, str(stage))] = lat[(frame["stage"] == stage).to_numpy()].reset_index(drop=True)
-    return found
-
-
-def percentile_effects(
-    a: dict[tuple[str, str], pd.DataFrame], b: dict[tuple[str, str], pd.DataFrame], n_boot: int = 2000
-) -> list[TraceEffect]:
-    """Every metric × percentile of every (label, stage) both runs hold (lower is better), corrected across
-    the rank tests of all (label, stage, metric)."""
-    effects: list[TraceEffect] = []
-    tests: list[float] = []
-    for key in sorted(set(a) & set(b)):
-        for column, metric in METRICS.items():
-            xa = a[key].loc[a[key]["ok"], column].to_numpy(dtype=float)
-            xb = b[key].loc[b[key]["ok"], column].to_numpy(dtype=float)
-            xa, xb = xa[np.isfinite(xa)], xb[np.isfinite(xb)]
-            if xa.size < 2 or xb.size < 2:
-                continue
-            p = rank_pvalue(xa, xb)
-            tests.append(p)
-            for q in PERCENTILES:
-                pa, pb = float(np.percentile(xa, q)), float(np.percentile(xb, q))
-                low, high = bootstrap_ratio_ci(
-                    xa, xb, seed=[len(effects), int(q)], n_boot=n_boot, quantile=q / 100
-                )
-                effects.append(
-                    TraceEffect(
-                        label=key[0], stage=key[1], metric=metric, q=q, n_a=xa.size, n_b=xb.size, a=pa, b=pb,
-                        ratio=pb / pa if pa > 0 else None,
-                        ci=(low if math.isfinite(low) else None, high if math.isfinite(high) else None),
-                        p_value=p if math.isfinite(p) else None,
-                    )
-                )  # fmt: skip
-    adjusted = iter(correct_pvalues(tests))
-    by_test: dict[tuple[str, str, str], float] = {}
-    for e in effects:
-        key3 = (e.label, e.stage, e.metric)
-        if key3 not in by_test:
-            by_test[key3] = next(adjusted)
-        e.p_adjusted = by_test[key3] if math.isfinite(by_test[key3]) else None
-        ci = (e.ci[0] if e.ci[0] is not None else math.nan, e.ci[1] if e.ci[1] is not None else math.nan)
-        e.verdict = verdict(e.ratio or math.nan, ci, e.p_adjusted if e.p_adjusted is not None else math.nan)
-    return effects
 
 
 def _read(run: Path) -> BatteryReport:
@@ -307,43 +258,61 @@ def _read(run: Path) -> BatteryReport:
 
 
 def compare_reports(
-    run_a: Path,
-    run_b: Path,
+    runs_a: Path | Sequence[Path],
+    runs_b: Path | Sequence[Path],
     price_a: Price | None = None,
     price_b: Price | None = None,
     allow_differences: bool = False,
 ) -> BatteryComparison:
-    """Compare two battery folders; ``BadInput`` naming each difference that makes them incomparable."""
-    a, b = _read(run_a), _read(run_b)
+    """Compare the battery folders of two systems (one or several runs each); ``BadInput`` naming each
+    difference that makes them incomparable, or a run count the statistics cannot use."""
+    paths_a = [runs_a] if isinstance(runs_a, Path) else list(runs_a)
+    paths_b = [runs_b] if isinstance(runs_b, Path) else list(runs_b)
+    if not paths_a or not paths_b or (min(len(paths_a), len(paths_b)) == 1 < max(len(paths_a), len(paths_b))):
+        raise BadInput(
+            f"A has {len(paths_a)} run(s), B {len(paths_b)}: give one report per system (a conditional "
+            "single-run comparison) or at least 2 per system (§6.3 asks 3), e.g. --a A1 A2 A3 --b B1 B2 B3"
+        )
+    repeated = sorted({str(p) for p in paths_a + paths_b if (paths_a + paths_b).count(p) > 1})
+    if repeated:
+        raise BadInput(f"{', '.join(repeated)} given more than once: each run is one independent sample")
+    a, b = [_read(p) for p in paths_a], [_read(p) for p in paths_b]
     checks = equivalence(a, b)
     refusing = [c for c in checks if c.refuses and not c.same]
     if refusing and not allow_differences:
         named = "; ".join(f"{c.item} (A: {c.a[:80]}, B: {c.b[:80]})" for c in refusing)
         raise BadInput(
-            "the two runs are not comparable (§6.1: same workload, seeds, load model, SUT boundary): "
-            f"{named}. "
-            "Re-run B with A's --workload/--seed/--profile (and --salt for identical prompts), or pass "
-            "--allow-differences for a comparison that is conditional on them"
+            "the runs are not comparable (§6.1: same workload, seeds, load model, SUT boundary in every run "
+            f"of both systems): {named}. "
+            "Re-run with the first run's --workload/--seed/--profile (and --salt for identical prompts), or "
+            "pass --allow-differences for a comparison that is conditional on them"
         )
-    conditions = [f"{c.item}: A and B differ (§{c.ref})" for c in checks if not c.same]
-    conditions.append(ONE_RUN)
-    lat_a, lat_b = trace_latencies(run_a), trace_latencies(run_b)
-    labels_a, labels_b = {k[0] for k in lat_a}, {k[0] for k in lat_b}
+    conditions = [f"{c.item}: the runs differ (§{c.ref})" for c in checks if not c.same]
+    fewest = min(len(a), len(b))
+    if fewest == 1:
+        conditions.append(ONE_RUN)
+    elif fewest < 3:
+        conditions.append(FEW_RUNS.format(n=fewest))
+    lat_a, lat_b = [trace_latencies(p) for p in paths_a], [trace_latencies(p) for p in paths_b]
+    effects = percentile_effects(lat_a[0], lat_b[0]) if fewest == 1 else run_effects(lat_a, lat_b)
+    shared = {key[0] for key in set.intersection(*(set(r) for r in [*lat_a, *lat_b]))}
     return BatteryComparison(
-        run_a=str(run_a),
-        run_b=str(run_b),
-        status="conditional",
+        runs_a=[str(p) for p in paths_a],
+        runs_b=[str(p) for p in paths_b],
+        status="conditional" if conditions else "unconditional",
         conditions=conditions,
         checks=checks,
         costs=[_cost("A", a, price_a), _cost("B", b, price_b)],
-        effects=percentile_effects(lat_a, lat_b),
-        unmatched={"A": sorted(labels_a - labels_b), "B": sorted(labels_b - labels_a)},
-        method=(
-            "per trace stage both runs hold: B/A of each percentile of the successful measured requests, "
-            "95% CI by a seeded percentile bootstrap of that ratio; p: two-sided Mann–Whitney U over all "
-            f"requests, {CORRECTION}; a verdict of better/worse needs both p < 0.05 and a CI excluding 1. "
-            "Tests that scale their load by each run's own capacity (5.1, 5.3, 5.4) compare at the same "
-            "relative load, not the same rate"
+        effects=effects,
+        unmatched={
+            side: sorted({k[0] for r in lat for k in r} - shared)
+            for side, lat in (("A", lat_a), ("B", lat_b))
+        },
+        method=method(len(a), len(b))
+        + (
+            "; a verdict of better/worse needs both p < 0.05 and a CI excluding 1. Tests that scale their "
+            "load by each run's own capacity (5.1, 5.3, 5.4) compare at the same relative load, not the same "
+            "rate"
         ),
     )
 
@@ -359,20 +328,26 @@ def add_compare_parser(sub: Any) -> None:
     """The ``compare`` subcommand's flags."""
     p = sub.add_parser(
         "compare",
-        help="compare two battery runs (§6): equivalence checked, cost normalised, CIs on percentiles",
-        description="Compare two battery runs as the draft's §6 asks: refuses runs whose workload, seeds, "
-        "load model or SUT boundary differ (or states each difference with --allow-differences), normalises "
-        "throughput per device and by price, and gives B/A of each latency percentile with a bootstrap 95%% "
-        "CI, a rank test and a Benjamini-Hochberg correction. Exit 0 when written, 2 on bad input.",
+        help="compare battery runs of two systems (§6): equivalence, cost per token, CIs on percentiles",
+        description="Compare battery runs of two systems as the draft's §6 asks: refuses runs whose "
+        "workload, seeds, load model or SUT boundary differ (or states each difference with "
+        "--allow-differences), normalises throughput per device and by price, and gives B/A of each "
+        "latency percentile with a bootstrap 95% CI, a rank test and a Benjamini-Hochberg correction. "
+        "Give --a and --b several runs each (§6.3 asks at least 3) so the intervals hold run-to-run "
+        "variation; REPORT_A REPORT_B compares one run each (conditional). Exit 0 when written, 2 on bad "
+        "input.",
     )
-    p.add_argument("report_a", type=Path, metavar="REPORT_A", help="the --out folder of run A (baseline)")
-    p.add_argument("report_b", type=Path, metavar="REPORT_B", help="the --out folder of run B")
+    p.add_argument("reports", type=Path, nargs="*", metavar="REPORT", help="REPORT_A REPORT_B: one run each")
     for arm in ("a", "b"):
+        p.add_argument(
+            f"--{arm}", type=Path, nargs="+", metavar="DIR",
+            help=f"the --out folders of system {arm.upper()}'s runs{' (the baseline)' if arm == 'a' else ''}",
+        )  # fmt: skip
         p.add_argument(
             f"--price-{arm}",
             type=_price_flag,
             metavar="PRICE",
-            help=f"run {arm.upper()}'s price: AMOUNT/device-hour or AMOUNT/Mtok (output tokens)",
+            help=f"system {arm.upper()}'s price: AMOUNT/device-hour or AMOUNT/Mtok (output tokens)",
         )
     p.add_argument(
         "--allow-differences",
@@ -382,14 +357,33 @@ def add_compare_parser(sub: Any) -> None:
     add_out(p, "results/battery-compare-<time>: comparison.json, .md, .html")
 
 
+def _sides(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    if bool(args.reports) == bool(args.a or args.b) or bool(args.a) != bool(args.b):
+        raise BadInput("give the runs as REPORT_A REPORT_B (one each) or as --a DIR... --b DIR..., not both")
+    if args.reports:
+        if len(args.reports) != 2:
+            raise BadInput(
+                f"{len(args.reports)} positional report(s): give exactly REPORT_A REPORT_B, or --a/--b"
+            )
+        return [args.reports[0]], [args.reports[1]]
+    return list(args.a), list(args.b)
+
+
 def run_compare(args: argparse.Namespace) -> int:
     """``compare``: write the comparison into ``args.out`` (locked); 0 when written."""
-    c = compare_reports(args.report_a, args.report_b, args.price_a, args.price_b, args.allow_differences)
+    runs_a, runs_b = _sides(args)
+    c = compare_reports(runs_a, runs_b, args.price_a, args.price_b, args.allow_differences)
     out = args.out or Path("results") / f"battery-compare-{time.strftime('%Y%m%d-%H%M%S')}"
     with hold_folder(out):
         write_model(out / "comparison.json", c)
         write_pages(c, out)
-    print(f"{c.status}: {len(c.effects)} percentile rows, {len(c.conditions)} condition(s); wrote {out}")
+    flagged = sum(e.verdict in ("B better", "B worse") for e in c.effects)
+    print(
+        f"{c.status}: {len(c.effects)} percentile rows ({flagged} better/worse), {len(c.runs_a)} run(s) of "
+        f"A, {len(c.runs_b)} of B, {len(c.conditions)} condition(s); wrote {out}"
+    )
     for line in c.conditions:
         print(f"  condition: {line}")
+    if len(c.runs_a) > 1 and min_rank_pvalue(len(c.runs_a), len(c.runs_b)) >= 0.05:
+        print("  note: with so few runs no row can be called better or worse (4 runs per system can)")
     return 0

@@ -11,7 +11,7 @@ from benchcore.pages import render_page
 if TYPE_CHECKING:
     from microbench.battery.compare import BatteryComparison, SystemCost
 
-__all__ = ["CHECK_COLUMNS", "COST_COLUMNS", "EFFECT_COLUMNS", "markdown", "write_pages"]
+__all__ = ["CHECK_COLUMNS", "COST_COLUMNS", "EFFECT_COLUMNS", "markdown", "runs", "write_pages"]
 
 CHECK_COLUMNS = ["Item", "§", "Same", "A", "B", "If different"]
 COST_COLUMNS = [
@@ -22,9 +22,21 @@ COST_COLUMNS = [
     "Price",
     "US$ per 1M output tokens",
 ]
-EFFECT_COLUMNS = ["Trace", "Stage", "Metric", "n A/B", "A", "B", "B/A", "95% CI", "p (BH)", "Verdict"]
+EFFECT_COLUMNS = [
+    "Trace",
+    "Stage",
+    "Metric",
+    "requests (runs) A/B",
+    "A",
+    "B",
+    "B/A",
+    "95% CI",
+    "p (BH)",
+    "Verdict",
+]
 COST_NOTE = (
-    "Max output: the report's one capacity (sustainable) ± its 95% half-width; cost over that interval. "
+    "Max output: the report's one capacity (sustainable) ± its 95% half-width, or with several runs the mean "
+    "of theirs ± a t 95% half-width across runs; cost over that interval. "
     "A per-device-hour price pays every device for the hour the throughput fills"
 )
 
@@ -47,7 +59,14 @@ def _cost_row(s: SystemCost) -> list[str]:
     if s.usd_per_mtok_range is not None:
         usd += f" ({s.usd_per_mtok_range[0]:.4g} to {s.usd_per_mtok_range[1]:.4g})"
     price = "not given" if s.price is None else s.price.text
-    return [s.name, tps, f"{s.devices} {s.device}", _num(s.tps_per_device, ".1f"), price, usd]
+    return [
+        f"{s.name} ({s.runs} run{'s' if s.runs > 1 else ''})",
+        tps,
+        f"{s.devices} {s.device}",
+        _num(s.tps_per_device, ".1f"),
+        price,
+        usd,
+    ]
 
 
 def _effects(c: BatteryComparison) -> list[list[str]]:
@@ -55,8 +74,9 @@ def _effects(c: BatteryComparison) -> list[list[str]]:
     for e in c.effects:
         ci = "–" if None in e.ci else f"{e.ci[0]:.3f} to {e.ci[1]:.3f}"
         rows.append(
-            [e.label, e.stage, f"{e.metric} P{e.q:g}", f"{e.n_a}/{e.n_b}", f"{e.a * 1e3:.1f} ms",
-             f"{e.b * 1e3:.1f} ms", _num(e.ratio, ".3f"), ci, _num(e.p_adjusted, ".2g"), e.verdict]
+            [e.label, e.stage, f"{e.metric} P{e.q:g}", f"{e.n_a}/{e.n_b} ({e.runs_a}/{e.runs_b})",
+             f"{e.a * 1e3:.1f} ms", f"{e.b * 1e3:.1f} ms", _num(e.ratio, ".3f"), ci,
+             _num(e.p_adjusted, ".2g"), e.verdict]
         )  # fmt: skip
     return rows
 
@@ -66,6 +86,11 @@ def _unmatched(c: BatteryComparison) -> str:
     return "; ".join(parts) or "every trace label is in both runs"
 
 
+def runs(paths: list[str]) -> str:
+    """A system's runs: how many, and their folders."""
+    return f"{len(paths)} run{'s' if len(paths) > 1 else ''}: {', '.join(paths)}"
+
+
 def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -73,7 +98,8 @@ def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def markdown(c: BatteryComparison) -> str:
-    lines = [f"# Battery comparison: B ({c.run_b}) against A ({c.run_a})", "", f"**Status: {c.status}**", ""]
+    lines = ["# Battery comparison: B against A", "", f"- A: {runs(c.runs_a)}", f"- B: {runs(c.runs_b)}", ""]
+    lines += [f"**Status: {c.status}**", ""]
     lines += [f"- condition: {x}" for x in c.conditions] + ([""] if c.conditions else [])
     lines += ["## Equivalence (§6.1, §6.4)", "", *_md_table(CHECK_COLUMNS, _checks(c)), ""]
     lines += ["## Normalisation (§6.2)", "", *_md_table(COST_COLUMNS, [_cost_row(s) for s in c.costs]), ""]
@@ -89,6 +115,8 @@ def html(c: BatteryComparison) -> str:
         title="Battery comparison",
         banner=None,
         c=c,
+        runs_a=runs(c.runs_a),
+        runs_b=runs(c.runs_b),
         check_columns=CHECK_COLUMNS,
         checks=_checks(c),
         cost_columns=COST_COLUMNS,

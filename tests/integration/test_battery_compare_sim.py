@@ -41,7 +41,7 @@ async def test_a_slower_engine_is_worse_on_every_latency_percentile_and_a_reseed
     a = await _battery(tmp_path / "a", SIM)
     b = await _battery(tmp_path / "b", slower)
     c: BatteryComparison = compare_reports(a, b, parse_price("2/h"), parse_price("2/h"))
-    assert c.status == "conditional" and c.conditions[:-1] == ["engine settings: A and B differ (§6.4)"]
+    assert c.status == "conditional" and c.conditions[:-1] == ["engine settings: the runs differ (§6.4)"]
     assert "at least 3 independent runs" in c.conditions[-1]
     ttft = [e for e in c.effects if e.label == "ttft" and e.metric in ("TPOT", "E2E")]
     assert len(ttft) == 6 and all(e.ratio is not None and e.ratio > 1.2 for e in ttft)
@@ -62,3 +62,12 @@ async def test_a_slower_engine_is_worse_on_every_latency_percentile_and_a_reseed
     assert "**Status: conditional**" in md and "B worse" in md and "US$ per 1M output tokens" in md
     assert "<table" in (out / "comparison.html").read_text()
     assert BatteryComparison.model_validate_json((out / "comparison.json").read_text()).effects
+    # two runs per system: each run's percentile is one sample; fewer than §6.3's three is a condition
+    a2, b2 = await _battery(tmp_path / "a2", SIM), await _battery(tmp_path / "b2", slower)
+    runs = tmp_path / "runs"
+    assert main(["compare", "--a", str(a), str(a2), "--b", str(b), str(b2), "--out", str(runs)]) == 0
+    two = BatteryComparison.model_validate_json((runs / "comparison.json").read_text())
+    assert two.runs_a == [str(a), str(a2)] and "fewer than 3 runs per system" in two.conditions[-1]
+    tpot = [e for e in two.effects if e.label == "ttft" and e.metric == "TPOT"]
+    assert tpot and all(e.runs_a == e.runs_b == 2 and e.ratio is not None and e.ratio > 1.2 for e in tpot)
+    assert main(["compare", "--a", str(a), str(a2), "--b", str(reseeded), "--out", str(tmp_path / "x")]) == 2

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from microbench.battery.compare import cost_per_mtok, equivalence, parse_price, percentile_effects
+from microbench.battery.compare import cost_per_mtok, equivalence, parse_price
+from microbench.battery.compare_effects import percentile_effects
 from microbench.battery.disclosures import Disclosures
 from microbench.battery.report import BatteryReport, SystemInfo, WarmupResult
 
@@ -94,3 +95,11 @@ def test_equivalence_names_what_refuses_and_what_is_a_condition() -> None:
     gpu = _report(system=a.system.model_copy(update={"accelerators": 8, "hardware": "8x H100"}))
     hw = next(c for c in equivalence(a, gpu) if c.item == "hardware")
     assert not hw.same and not hw.refuses  # §6.2: normalise, do not refuse
+
+
+def test_equivalence_over_repeated_runs_catches_a_difference_between_two_runs_of_one_system() -> None:
+    a = _report()
+    checks = {c.item: c for c in equivalence([a, a, _report(seed=1)], [a, a, a])}
+    seed = checks["arrival seed"]
+    assert not seed.same and seed.refuses and seed.a == "0 | 1" and seed.b == "0"  # A's third run differs
+    assert all(c.same for c in equivalence([a, a, a], [_report(), _report(), _report()]))
