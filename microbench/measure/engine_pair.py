@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from rich.console import Console
+from rich.markup import escape
 
+from benchcore.cli import EXIT_FAILURES, Stopped
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.kv_connectors import (
     ConnectorPreset,
@@ -28,11 +30,11 @@ from engine_harness.kv_connectors import (
     role_spec,
     torch_cuda_version,
 )
-from engine_harness.launch import EngineProcess
+from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.process_group import parse_cores, pin_group
 from microbench.results.layout import JobFolder
 
-__all__ = ["PairAborted", "alone_engine", "check_runnable", "engine_pair", "pin_engines"]
+__all__ = ["PairAborted", "alone_engine", "check_runnable", "engine_pair", "pin_engines", "run_pair_job"]
 
 
 class PairAborted(RuntimeError):
@@ -131,3 +133,28 @@ def pin_engines(engines: dict[str, EngineProcess], console: Console) -> None:
         if engine.pid is not None and bind and bind != "auto":
             n = pin_group(engine.pid, parse_cores(bind))
             console.print(f"pinned {n} threads of the {role}'s processes to core(s) {bind}")
+
+
+def run_pair_job(
+    run: Callable[[], Awaitable[object]],
+    console: Console,
+    resume: str,
+    kept: str,
+    finish: Callable[[], None],
+) -> int | None:
+    """Run a pair job's runner to its end (the transfer benchmark, the router experiment): Ctrl-C or
+    SIGTERM says how to continue and re-raises (130/143); an engine that died, an aborted pair or a
+    failed write is an error line, ``kept`` (what stays stored) and the resume command, then
+    ``EXIT_FAILURES``; ``finish`` (the report) runs either way. None: the runner finished."""
+    try:
+        asyncio.run(run())  # type: ignore[arg-type]
+    except (KeyboardInterrupt, Stopped):
+        console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
+        raise
+    except (PairAborted, EngineError, OSError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        console.print(f"{kept}; continue with: {escape(resume)}", soft_wrap=True)
+        return EXIT_FAILURES
+    finally:
+        finish()
+    return None

@@ -21,21 +21,17 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
-from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.cli import EXIT_FAILURES, BadInput, run_cli
 from benchcore.console import console as make_console
 from benchcore.flags import add_config, add_out
 from benchcore.provenance import new_run_id, package_versions
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.kv_connectors import CONNECTOR_DISTRIBUTIONS, list_connectors
-from engine_harness.launch import EngineError
-from microbench.measure.engine_pair import PairAborted
+from microbench.measure.engine_pair import run_pair_job
 from microbench.results.layout import RouteFolder, new_manifest
 from microbench.route.config import RouteConfig, RouteConfigError, load_route_config
 from microbench.route.decide import POLICIES
@@ -131,20 +127,14 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
         console.print(f"run folder: {folder.root}", soft_wrap=True)
         resume = f"python -m microbench.route --resume --out {folder.root}"
         runner = RouteRunner(folder, cfg, console)
-        try:
-            asyncio.run(runner.run())
-        except (KeyboardInterrupt, Stopped):
-            console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
-            raise
-        except (PairAborted, EngineError, OSError) as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-            console.print(f"stored replays are kept; continue with: {escape(resume)}", soft_wrap=True)
-            return EXIT_FAILURES
-        finally:
+
+        def finish() -> None:
             report = write_report(folder, cfg)
             console.print("\n".join(report.verdict_lines), soft_wrap=True)
             console.print(f"report: {folder.root / 'report.html'}", soft_wrap=True)
-    return EXIT_FAILURES if runner.failures else 0
+
+        failed = run_pair_job(runner.run, console, resume, "stored replays are kept", finish)
+    return failed or (EXIT_FAILURES if runner.failures else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,26 +18,22 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
-from benchcore.cli import EXIT_FAILURES, BadInput, Stopped, run_cli
+from benchcore.cli import EXIT_FAILURES, BadInput, run_cli
 from benchcore.console import console as make_console
 from benchcore.flags import add_config, add_out, duration
 from benchcore.provenance import git_commit, hardware_info, new_run_id, package_versions
 from engine_harness.engines import engine_kind
 from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.kv_connectors import CONNECTOR_DISTRIBUTIONS, list_connectors
-from engine_harness.launch import EngineError
+from microbench.measure.engine_pair import run_pair_job
 from microbench.results.layout import TransferFolder
 from microbench.results.records import Manifest
 from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
-from microbench.transfer.engine_pair import TransferAborted
 from microbench.transfer.report import finish_run
 from microbench.transfer.runner import TransferRunner
 
@@ -231,18 +227,10 @@ def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:
     console.print(f"run folder: {folder.root}", soft_wrap=True)
     resume = f"python -m microbench.transfer --resume --out {folder.root}"
     runner = TransferRunner(folder, cfg, console)
-    try:
-        asyncio.run(runner.run())
-    except (KeyboardInterrupt, Stopped):
-        console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
-        raise
-    except (TransferAborted, EngineError, OSError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        console.print(f"measured points are kept; continue with: {escape(resume)}", soft_wrap=True)
-        return EXIT_FAILURES
-    finally:
-        finish_run(folder, cfg, console)
-    return EXIT_FAILURES if runner.failures else 0
+    failed = run_pair_job(
+        runner.run, console, resume, "measured points are kept", lambda: finish_run(folder, cfg, console)
+    )
+    return failed or (EXIT_FAILURES if runner.failures else 0)
 
 
 def main(argv: list[str] | None = None) -> int:
