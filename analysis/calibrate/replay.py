@@ -132,19 +132,20 @@ def replay(
             continue
         shape = plan.shape
         streamed = sum(1 for c in plan.chunks if c.context + c.num_tokens >= c.request.num_tokens)
-        extra_ms = settings.stream_fixed_ms + settings.stream_ms_per_token * streamed
-        duration = round((cost.step_ms(shape) + extra_ms) * 1e6)
+        duration = round(cost.step_ms(shape) * 1e6)  # what the engine's step log would say
+        stream = round((settings.stream_fixed_ms + settings.stream_ms_per_token * streamed) * 1e6)
         result.steps.append(
             {
                 "t_start_ns": now,
                 "duration_ns": duration,
+                "stream_ns": stream,
                 "decode_tokens": shape.decode_tokens,
                 "prefill_tokens": shape.prefill_tokens,
                 "num_prefill_reqs": len(shape.chunks),
                 "preemptions": len(plan.preempted),
             }
         )
-        now += duration
+        now += duration + stream
         for out in sched.commit(plan, lambda _req: _TOKEN).outputs:
             result.token_ns[out.request.request_id].append(now)
         for req in plan.admitted:

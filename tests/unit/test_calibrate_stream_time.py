@@ -68,7 +68,7 @@ def test_the_replay_adds_stream_time_per_step_and_streamed_token() -> None:
     two = [ReplayRequest("a", 0, list(range(800)), 2), ReplayRequest("b", 0, list(range(5000, 5800)), 1)]
     steps = replay(two, _settings(max_num_batched_tokens=1024, stream_ms_per_token=0.25)).steps
     # step 1 streams a's first token only (b's prompt is not done); step 2 a's decode and b's first token
-    assert [s["duration_ns"] for s in steps] == [
+    assert [s["duration_ns"] + s["stream_ns"] for s in steps] == [
         round((1 + 0.05 * 1024 + 0.25) * MS),
         round((1 + 0.05 * 576 + 0.1 + 0.5) * MS),
     ]
