@@ -175,20 +175,24 @@ async def checked_endpoint(
 ) -> tuple[str, int | None]: ...
 @overload
 async def checked_endpoint(
-    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool, model_named: bool = False
 ) -> tuple[str, int | None] | None: ...
 async def checked_endpoint(
-    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool = False
+    base_url: str, api_key_env: str | None = None, *, may_be_starting: bool = False, model_named: bool = False
 ) -> tuple[str, int | None] | None:
     """``served_model`` for a URL the user gave: every way it fails is bad input naming what answered and
     the fix (not an OpenAI server, a key refused: ``--api-key-env VAR``, an HTTP error, nothing there).
     The one check of an external endpoint before a job writes anything (sweep, battery, load generator).
-    ``may_be_starting``: a refused connection is an engine still starting (None; the job waits for it)."""
+    ``may_be_starting``: a refused connection is an engine still starting (None; the job waits for it).
+    ``model_named``: the user named the model, so an endpoint without a model list (HTTP 404: a gateway
+    that serves only the API) passes too (None); an HTML page, a silent port or a refused key still fail."""
     try:
         return await served_model(base_url, api_key_env)
     except NotOpenAIServer as exc:
         raise BadInput(f"--url: {exc}") from None
     except aiohttp.ClientResponseError as exc:
+        if model_named and exc.status == 404:
+            return None
         if exc.status not in (401, 403):
             raise BadInput(f"{base_url}/v1/models answered HTTP {exc.status} ({exc.message})") from None
         held = f"the key in ${api_key_env}" if api_key_env else "no API key"

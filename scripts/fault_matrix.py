@@ -26,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from fault_rows_jobs import job_rows
+
 from engine_harness.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,6 +269,7 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
         ),
         Row("engine_harness inspect", "HTML page", ["engine_harness", "inspect", urls["html"]], out=None),
         Row("engine_harness inspect", "ftp:// URL", ["engine_harness", "inspect", urls["ftp"]], out=None),
+        *(Row(**fields) for fields in job_rows(tmp, path, urls)),
     ]
     if ro is not None:
         ro_out = str(ro / "run")

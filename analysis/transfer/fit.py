@@ -8,7 +8,8 @@ Targets, on the valid disaggregated records:
   else). This one becomes the ``measured-local`` link profile.
 * ``handoff`` — what a request pays after its prefill (producer's answer → first token at the proxy):
   the proxy gap, the transfer and the consumer's first step (which grows with context); reported as
-  that, never as a link's bandwidth.
+  that, never as NIXL's bandwidth. It becomes the ``measured-local-handoff`` profile: the transfer cost
+  an offload table must use when it decides per request (the whole hand-off, not the wire alone).
 
 The size axis is the bytes the connector reports it moved (``nixl_bytes_transferred``) where every
 row has them, else ``P × kv_bytes_per_token`` from the served model's ``config.json`` (said in
@@ -33,10 +34,17 @@ from analysis.robust import CannotFit, RobustFit, huber_fit, r_squared
 from benchcore.atomic import atomic_write_bytes
 from benchcore.schema import StrictModel as Record
 
-__all__ = ["NoTransferFit", "TransferFit", "fit_transfer", "link_profile", "write_link"]
+__all__ = ["LINK_NAMES", "NoTransferFit", "TransferFit", "fit_transfer", "link_profile", "write_link"]
 
 Target = Literal["handoff", "kv_xfer"]
 _COLUMNS: dict[Target, str] = {"handoff": "handoff_ms", "kv_xfer": "kv_xfer_ms"}
+# The link profile each fit becomes (``analysis/links/<name>.yaml``) and what its time is, in words.
+LINK_NAMES: dict[Target, str] = {"kv_xfer": "measured-local", "handoff": "measured-local-handoff"}
+_WHAT: dict[Target, str] = {
+    "kv_xfer": "KV transfer (kv_xfer)",
+    "handoff": "the whole hand-off a request pays (handoff: producer's answer → first token at the proxy: "
+    "proxy gap, KV transfer, the consumer's first step; use with --mode bulk)",
+}
 _BYTES = "kv_bytes"  # records_frame: from the engine that ran the transfer
 OUTLIER_WEIGHT = 0.5  # Huber weight below which a time is named an outlier (> 2.7 robust scales off)
 
@@ -195,14 +203,14 @@ def fit_transfer(
 
 
 def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") -> dict[str, Any]:
-    """The fit as an ``analysis/links`` profile named ``measured-local`` (``run``: the run folder, e.g.
-    ``results/<run id>``): a bandwidth only where the slope is resolvable, else the flat mean."""
+    """The fit as an ``analysis/links`` profile named ``LINK_NAMES[fit.target]`` (``run``: the run folder,
+    e.g. ``results/<run id>``): a bandwidth only where the slope is resolvable, else the flat mean."""
     r2 = "–" if fit.r2 is None else f"{fit.r2:.3f}"
     lopo = "–" if fit.lopo_error_pct is None else f"{fit.lopo_error_pct:.1f}%"
     profile: dict[str, Any] = {
-        "name": "measured-local",
+        "name": LINK_NAMES[fit.target],
         "description": (
-            f"KV transfer ({fit.target}) measured between two engines on one host, connector {connector}: "
+            f"{_WHAT[fit.target]} measured between two engines on one host, connector {connector}: "
             f"robust (Huber) fit over P {fit.prefill_tokens}, n={fit.n}, R²={r2}, leave-one-P-out error "
             f"{lopo}, bytes from the {fit.x_source}. "
             f"{fit.verdict[:1].upper()}{fit.verdict[1:]}. {notes}"
@@ -224,5 +232,5 @@ def link_profile(fit: TransferFit, run: str, connector: str, notes: str = "") ->
 
 
 def write_link(path: Path, profile: dict[str, Any]) -> None:
-    header = "# Written by python -m microbench.transfer (the connector's own transfer time); see fit.json.\n"
+    header = "# Written by python -m microbench.transfer; see fit.json and the description.\n"
     atomic_write_bytes(path, (header + yaml.safe_dump(profile, sort_keys=False, allow_unicode=True)).encode())

@@ -11,6 +11,7 @@ Examples::
     python -m microbench.ablate --sweep sweeps/smoke.yaml --arm A=engine: --arm B=engine:enforce_eager=true
     python -m microbench.ablate --config sweeps/ablations/sim-step-cost.yaml --until-resolved 0.05
     python -m microbench.ablate --resume --out results/my-ablation
+    python -m microbench.ablate --config sweeps/ablations/sim-step-cost.yaml --executor ray  # side by side
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine_harness.metrics import MetricsError
 from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
 from microbench.ablate.runner import AblateRunner, ArmFailed, NotComparable
 from microbench.client import aio
+from microbench.executors import add_executor_flags, executor_from_args
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.results.layout import AblateFolder, RunFolder, new_manifest
 
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=duration, metavar="DURATION", help="engine start-up limit")
     add_out(p, "results/<UTC time>-<ablation name>")
     p.add_argument("--resume", action="store_true", help="continue the ablation in --out")
+    add_executor_flags(p.add_argument_group("executor (DESIGN §7, docs/ray.md)"))
     return p
 
 
@@ -146,13 +149,14 @@ def _write_manifests(folder: AblateFolder, config: AblateConfig) -> None:
 
 
 def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
+    executor = executor_from_args(args)
     folder, config, resumed = _resolve(args)
     state["out"] = folder.root
     resume = f"python -m microbench.ablate --resume --out {folder.root}"
     with folder.lock():  # one writer: a second run into this folder is bad input (exit 2)
         if not resumed:
             _write_manifests(folder, config)
-        runner = AblateRunner(folder, config, args.start_timeout)
+        runner = AblateRunner(folder, config, args.start_timeout, executor)
         if differs := config.identity_differs():
             note = f"the arms run different engines: {'; '.join(differs)}"
             runner.console.print(note)

@@ -6,6 +6,12 @@ so slow drift of the machine falls on both arms alike. Each arm's points go to i
 (``arms/<name>/``, through a ``FolderSink``), which ``analysis.compare`` reads like any run; the shard
 skips what a folder holds, so an interrupted ablation resumes where it stopped. With ``until_resolved``
 rounds are added until every cell of every comparison is decided, or the round/time budget is spent.
+
+The shards go to an executor (``microbench.executors``). Counterbalancing in time needs one device: with
+``local`` (the default), or a cluster that cannot hold a round's arms at once, they run in turn in that
+order. Where the executor can place every arm of a chunk size on a device of its own at once (Ray: a GPU
+each, or cores of their own), the arms run side by side, and drift cancels by simultaneity, not by order
+(``round_groups``); each shard's placement is in its arm's manifest (``shards``), the mode in the notes.
 """
 
 from __future__ import annotations
@@ -21,14 +27,16 @@ from benchcore.console import console
 from engine_harness.launch import EngineError
 from microbench.ablate.config import AblateConfig
 from microbench.client.aio import LagMonitor
+from microbench.executors import Executor, Job
+from microbench.executors.local import LocalExecutor
 from microbench.measure.grid import hardware_name, shard_plans
 from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext, measure_shard
+from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.layout import AblateFolder
 
-__all__ = ["AblateRunner", "ArmFailed", "NotComparable", "arm_order"]
+__all__ = ["AblateRunner", "ArmFailed", "NotComparable", "arm_order", "round_groups"]
 
 
 class ArmFailed(RuntimeError):
@@ -44,11 +52,32 @@ def arm_order(names: list[str], round_index: int) -> list[str]:
     return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
+def round_groups(order: list[str], chunks: int, capacity: int) -> list[list[tuple[str, int]]]:
+    """A round's shards (arm, chunk index) as groups run one after another, each group's shards at once.
+
+    Every shard at once where ``capacity`` (shards the executor can run at once, each alone on a device)
+    holds them all; else the arms of one chunk size at once where it holds those; else one at a time, in
+    ``order`` (the counterbalanced order), which is the only case where order matters.
+    """
+    shards = [(name, index) for index in range(chunks) for name in order]
+    if capacity >= len(shards):
+        return [shards]
+    if capacity >= len(order):
+        return [[(name, index) for name in order] for index in range(chunks)]
+    return [[shard] for shard in shards]
+
+
 class AblateRunner:
     def __init__(
-        self, folder: AblateFolder, config: AblateConfig, start_timeout_s: float | None = None
+        self,
+        folder: AblateFolder,
+        config: AblateConfig,
+        start_timeout_s: float | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.folder = folder
+        self.executor: Executor = executor or LocalExecutor()
+        self.capacity = 1
         self.config = config
         self.sinks = {name: FolderSink(folder.arm(name)) for name in config.names}
         self.console = console()
@@ -76,24 +105,50 @@ class AblateRunner:
                 context = ShardContext(
                     session, self.console, self.timing, lag=lag, start_timeout_s=self.start_timeout_s
                 )
-                for r in range(self.config.round_budget()):
-                    await self._round(r, context)
-                    self.rounds_done = r + 1
-                    if self._finished(time.monotonic() - started):
-                        break
+                with self.executor.session(self.timing):
+                    self._placement()
+                    for r in range(self.config.round_budget()):
+                        await self._round(r, context)
+                        self.rounds_done = r + 1
+                        if self._finished(time.monotonic() - started):
+                            break
         finally:
             await lag.stop()
+
+    def _placement(self) -> None:
+        """How the rounds place the arms (in turn, or side by side), printed and noted in the run folder."""
+        self.capacity = self.executor.capacity()
+        arms = len(self.config.names)
+        if self.capacity >= arms:
+            note = (
+                f"{self.executor.name}: the {arms} arms of a round run side by side, each on its own device "
+                f"({self.capacity} at once): drift cancels by simultaneity, not by order; the devices"
+                "' differences do not cancel (each shard's device is in its arm's manifest)"
+            )
+        else:
+            note = (
+                f"{self.executor.name}: the arms of a round run in turn, their order reversed every other "
+                "round: drift cancels by order"
+            )
+        self.console.print(note)
+        self.folder.add_note(note)
 
     async def _round(self, r: int, context: ShardContext) -> None:
         order = arm_order(self.config.names, r)
         self.console.print(f"round {r + 1}: {' '.join(order)}")
-        for index in range(len(self.config.grid.chunks)):
-            for name in order:
-                plan = self._learned(name, dataclasses.replace(self.plans[name][index], repetitions=r + 1))
-                try:
-                    await measure_shard(plan, self.sinks[name], context)
-                except EngineError as exc:
-                    raise ArmFailed(f"arm {name} (chunk {plan.chunk}): {exc}") from exc
+        for group in round_groups(order, len(self.config.grid.chunks), self.capacity):
+            jobs: list[Job] = []
+            for name, index in group:
+                plan = dataclasses.replace(self.plans[name][index], repetitions=r + 1)
+                jobs.append((self._learned(name, plan), self.sinks[name]))
+            try:
+                await self.executor.run_jobs(jobs, context)
+            except EngineError as exc:
+                shards = ", ".join(
+                    f"arm {name} (chunk {plan.chunk})"
+                    for (name, _), (plan, _) in zip(group, jobs, strict=True)
+                )
+                raise ArmFailed(f"{shards}: {exc}") from exc
 
     def _learned(self, name: str, plan: ShardPlan) -> ShardPlan:
         """``plan`` with each D's decode budget raised to the largest one that measured a valid point of
@@ -156,7 +211,7 @@ class AblateRunner:
 
     def finish(self) -> list[Comparison]:
         """Write every comparison into the run folder and note how the rounds ended."""
-        self.console.print(self.timing.report())
+        self.console.print(self.executor.account(self.timing))
         if self.stop_reason:
             self.folder.add_note(f"stopped: {self.stop_reason}")
             self.console.print(f"stopped: {self.stop_reason}")

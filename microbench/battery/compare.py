@@ -271,7 +271,9 @@ def percentile_effects(
             tests.append(p)
             for q in PERCENTILES:
                 pa, pb = float(np.percentile(xa, q)), float(np.percentile(xb, q))
-                low, high = bootstrap_ratio_ci(xa, xb, seed=[len(effects), int(q)], n_boot=n_boot, quantile=q / 100)
+                low, high = bootstrap_ratio_ci(
+                    xa, xb, seed=[len(effects), int(q)], n_boot=n_boot, quantile=q / 100
+                )
                 effects.append(
                     TraceEffect(
                         label=key[0], stage=key[1], metric=metric, q=q, n_a=xa.size, n_b=xb.size, a=pa, b=pb,

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 
 from benchcore.cli import EXIT_FAILURES, BadInput, run_cli
 from benchcore.flags import add_config, add_out, duration
+from benchcore.layered_config import read_yaml
 from benchcore.provenance import new_run_id
 from benchcore.redact import redact_argv
 from engine_harness.flags import add_engine_flags, engine_overrides
@@ -160,10 +160,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _load(path: Path | None, overrides: dict[str, Any]) -> CharacterizeConfig:
     """The layered definition; sections given on the command line merge into the file's key by key."""
     if path is not None and path.is_file():
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError:
-            data = {}
+        data = read_yaml(path, "characterization definition", CharacterizeConfigError) or {}
+        if not isinstance(data, dict):
+            data = {}  # load_characterization names what the file holds instead of a mapping
         for section in ("search", "sweep"):
             if overrides.get(section) is not None and isinstance(data.get(section), dict):
                 overrides[section] = {**data[section], **overrides[section]}

@@ -15,6 +15,7 @@ device, placement, engine version, wall time of every shard). Ray is imported on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 from collections.abc import Sequence
 from typing import Protocol
@@ -25,10 +26,13 @@ from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 
-__all__ = ["EXECUTORS", "Executor", "add_executor_flags", "executor_from_args"]
+__all__ = ["EXECUTORS", "Executor", "Job", "add_executor_flags", "executor_from_args"]
 
 EXECUTORS = ("local", "ray")
 RAY_HINT = "pip install '.[ray]' (scripts/setup.sh installs it unless SETUP_RAY=0)"
+
+
+Job = tuple[ShardPlan, FolderSink]  # a shard and the run folder its points go to
 
 
 class Executor(Protocol):
@@ -37,6 +41,19 @@ class Executor(Protocol):
     name: str
 
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None: ...
+
+    async def run_jobs(self, jobs: Sequence[Job], context: ShardContext) -> None:
+        """Every ``(plan, sink)`` at once where the executor can place them side by side (``capacity``),
+        each into its own run folder (an ablation's arms); ``run`` is ``run_jobs`` with one sink."""
+        ...
+
+    def session(self, timing: Timing) -> contextlib.AbstractContextManager[None]:
+        """Keeps the executor ready for every ``run`` inside (Ray: one start and stop for many rounds)."""
+        ...
+
+    def capacity(self) -> int:
+        """How many shards can run at once, each alone on its device (inside ``session``)."""
+        ...
 
     def account(self, timing: Timing) -> str:
         """Where the run's wall time went, in one line (``timing``: the context's of ``run``)."""
@@ -49,7 +66,8 @@ def add_executor_flags(group: argparse._ArgumentGroup) -> None:
         "--executor",
         choices=EXECUTORS,
         default="local",
-        help="where the shards (one per chunk size) run: local, one after another (default), or ray: "
+        help="where the shards (one per chunk size; in an ablation, per arm and chunk size each round) run: "
+        "local, one after another (default), or ray: "
         "one Ray task per shard, each on its own GPU (CPU-only: its own cores), records streamed back "
         f"into the run folder as they are measured (needs the ray extra: {RAY_HINT})",
     )

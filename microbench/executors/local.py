@@ -7,6 +7,7 @@ recorded in the manifest (``ShardRun``: host, device, engine version, wall time,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -39,8 +40,18 @@ class LocalExecutor:
     def account(self, timing: Timing) -> str:
         return timing.report()  # one shard at a time: the run's phases are the shards' phases
 
+    def session(self, timing: Timing) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def capacity(self) -> int:
+        return 1  # this machine, one shard at a time
+
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
-        for plan in plans:
+        await self.run_jobs([(plan, sink) for plan in plans], context)
+
+    async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
+        """Each shard in turn, in the order given."""
+        for plan, sink in jobs:
             before = points_done(plan, sink)
             if before == len(plan.points()):
                 continue

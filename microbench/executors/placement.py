@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from microbench.results.layout import RunFolder
 from microbench.results.records import ShardRun
@@ -31,6 +31,7 @@ __all__ = [
     "CoreClaim",
     "PlacementError",
     "close_shard",
+    "cluster_capacity",
     "core_text",
     "device_text",
     "host_name",
@@ -58,6 +59,16 @@ def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
     """The GPU ids a process may use (``CUDA_VISIBLE_DEVICES``; empty: none set, or none)."""
     value = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "")
     return [g for g in (part.strip() for part in value.split(",")) if g and g != "-1"]
+
+
+def cluster_capacity(nodes: list[dict[str, Any]], shard_cores: int | None) -> int:
+    """Shards that can run at once, each alone: one per GPU of the alive nodes (``ray.nodes()`` shape);
+    on CPU-only nodes, ``shard_cores`` cores each, never across nodes. At least 1 (one at a time)."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    gpus = int(sum(r.get("GPU", 0) for r in alive))
+    if gpus:
+        return gpus
+    return max(sum(int(r.get("CPU", 0)) // max(shard_cores or 1, 1) for r in alive), 1)
 
 
 def core_text(cores: Iterable[int]) -> str:

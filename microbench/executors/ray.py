@@ -14,6 +14,7 @@ starts for the run and stops after it. Ray is imported here only (the optional `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
@@ -28,7 +29,13 @@ from benchcore.provenance import hardware_info
 from engine_harness.engines import engine_kind
 from engine_harness.telemetry import NvmlSource
 from microbench.executors.local import points_done
-from microbench.executors.placement import close_shard, device_text, record_shard, utc_now
+from microbench.executors.placement import (
+    close_shard,
+    cluster_capacity,
+    device_text,
+    record_shard,
+    utc_now,
+)
 from microbench.executors.relay import Finished, Relay, Started, seed_files
 from microbench.executors.shard_task import TaskOptions, stream_shard
 from microbench.measure.engine_lifecycle import SweepAborted
@@ -78,7 +85,8 @@ class RayExecutor:
         self.address = address
         self.shard_cpus = shard_cpus
         self.options = options  # TaskOptions fields (core_locks, start_timeout_s)
-        self.shards = 0  # submitted by the last run
+        self.shards = 0  # submitted in this process
+        self._open = False  # inside ``session``
 
     def _connect(self) -> bool:
         """Join ``address`` or start a local instance; True when this process started it."""
@@ -117,28 +125,52 @@ class RayExecutor:
             )
         return {"num_cpus": cores}, TaskOptions(cores=cores, **self.options)
 
+    @contextlib.contextmanager
+    def session(self, timing: Timing) -> Iterator[None]:
+        """Ray joined (or a local instance started) for every ``run`` inside, left (stopped) at the end."""
+        if self._open:
+            yield
+            return
+        with timing.phase("Ray start"):
+            started = self._connect()
+        self._open = True
+        try:
+            yield
+        finally:
+            self._open = False
+            if started:
+                with timing.phase("Ray stop"):
+                    ray.shutdown()
+
+    def capacity(self) -> int:
+        """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""
+        _, options = self._resources()
+        return cluster_capacity(ray.nodes(), options.cores)
+
     async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
-        todo = [plan for plan in plans if points_done(plan, sink) < len(plan.points())]
+        await self.run_jobs([(plan, sink) for plan in plans], context)
+
+    async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
+        """Every job a task at once; Ray starts each when a GPU (cores) of its own is free."""
+        todo = [(plan, sink) for plan, sink in jobs if points_done(plan, sink) < len(plan.points())]
         if not todo:
             return
-        if shared := sorted({p.spec.kind for p in todo if not engine_kind(p.spec.kind).launched}):
+        if shared := sorted({p.spec.kind for p, _ in todo if not engine_kind(p.spec.kind).launched}):
             raise BadInput(
                 f"--executor ray starts an engine per shard; a {', '.join(shared)} engine is one engine that "
                 "every shard would share (they would measure each other): use --executor local"
             )
-        with context.timing.phase("Ray start"):
-            started = self._connect()
-        try:
+        named = len({id(sink) for _, sink in todo}) > 1  # several run folders (an ablation's arms)
+        with self.session(context.timing):
             resources, options = self._resources()
             remote = ray.remote(_remote_shard).options(num_returns="streaming", max_retries=0, **resources)
-            self.shards = len(todo)
+            self.shards += len(todo)
             with context.timing.phase("shards"):
-                shards = (self._shard(remote, plan, options, sink, context) for plan in todo)
+                shards = (
+                    self._shard(remote, plan, options, sink, context, f"{sink.run_id} " if named else "")
+                    for plan, sink in todo
+                )
                 lost = await asyncio.gather(*shards)
-        finally:
-            if started:
-                with context.timing.phase("Ray stop"):
-                    ray.shutdown()
         if failed := [why for why in lost if why]:
             raise SweepAborted(
                 f"{len(failed)} of {len(todo)} shard(s) did not finish: {'; '.join(failed)}; every point "
@@ -146,9 +178,15 @@ class RayExecutor:
             )
 
     async def _shard(
-        self, remote: Any, plan: ShardPlan, options: TaskOptions, sink: FolderSink, context: ShardContext
+        self,
+        remote: Any,
+        plan: ShardPlan,
+        options: TaskOptions,
+        sink: FolderSink,
+        context: ShardContext,
+        folder: str = "",
     ) -> str | None:
-        """Run one shard to its end; what went wrong with it (None: it finished)."""
+        """Run one shard to its end; what went wrong with it (None: it finished), named ``folder`` chunk."""
         relay = Relay(sink, context.events)
         before = points_done(plan, sink)
         stream = remote.remote(plan, sink.run_id, seed_files(sink.folder, plan.chunk), options)
@@ -165,9 +203,12 @@ class RayExecutor:
                 if isinstance(message, Finished):
                     # shards overlap in time: each one's account is its own, not summed into the run's
                     spent = Timing(t0=t0, spent=message.spent)
-                    context.console.print(f"chunk {plan.chunk}: {spent.report()}", soft_wrap=True)
+                    context.console.print(f"{folder}chunk {plan.chunk}: {spent.report()}", soft_wrap=True)
                     if message.error:
-                        outcome, why = f"failed: {message.error}", f"chunk {plan.chunk}: {message.error}"
+                        outcome, why = (
+                            f"failed: {message.error}",
+                            f"{folder}chunk {plan.chunk}: {message.error}",
+                        )
         except (KeyboardInterrupt, asyncio.CancelledError):
             outcome = "stopped"
             _drain(stream, relay)  # before the cancel, which turns what is still unread into errors
@@ -175,8 +216,10 @@ class RayExecutor:
             raise
         except ray.exceptions.RayError as exc:  # the task, its worker or its node was lost
             text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            outcome, why = f"failed: {type(exc).__name__}: {text}", f"chunk {plan.chunk}: {text}"
-            context.console.print(f"[red]chunk {plan.chunk}: its Ray task ended: {text}", soft_wrap=True)
+            outcome, why = f"failed: {type(exc).__name__}: {text}", f"{folder}chunk {plan.chunk}: {text}"
+            context.console.print(
+                f"[red]{folder}chunk {plan.chunk}: its Ray task ended: {text}", soft_wrap=True
+            )
         finally:
             if run is not None:
                 points = points_done(plan, sink) - before

@@ -175,7 +175,11 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
             f"--api-key-env {args.api_key_env}: that variable is not set; export it before the run"
         )
     spec, space = _spec(args)
-    model = args.model or (await checked_endpoint(args.url, args.api_key_env))[0]
+    if args.model:  # no model list needed, but whatever answers must be an OpenAI server (or not up yet)
+        await checked_endpoint(args.url, args.api_key_env, may_be_starting=True, model_named=True)
+        model = args.model
+    else:
+        model = (await checked_endpoint(args.url, args.api_key_env))[0]
     workload, prompt_disclosure = _prompts(args, model, spec, space)
     requests = workload.requests()
     stages: list[Stage] = []

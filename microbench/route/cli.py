@@ -11,7 +11,8 @@ total latency) with the A/B statistics of ``analysis.effects``. The table is an 
 Examples::
 
     python -m microbench.route --config sweeps/route-cpu.yaml
-    python -m microbench.route --table results/reference-cpu/policy/offload_policy_measured-local_bulk.json
+    python -m microbench.route \\
+        --table results/reference-cpu/policy/offload_policy_measured-local-handoff_bulk.json
     python -m microbench.route --policies colocated table --reps 2
     python -m microbench.route --resume --out results/<run>        # replays without a valid record again
     python -m microbench.route --report --out results/<run>        # only re-render the report

@@ -1,5 +1,6 @@
 """The end of a transfer run: ``transfer_table.csv``, ``breakdown.csv``, ``fit.json``,
-``link-measured-local.yaml``, the figure and a console summary — all computed from what is on disk
+``link-measured-local.yaml`` (NIXL's transfer), ``link-measured-local-handoff.yaml`` (the whole hand-off),
+the figure and a console summary — all computed from what is on disk
 (records and ``idle_cpu.json``), so a resumed or partial run reports too. The notes are built from
 what was measured (idle CPU, contention factors, which connector metric was present), not asserted.
 """
@@ -18,6 +19,7 @@ from rich.table import Table
 from analysis.transfer.breakdown import breakdown_table
 from analysis.transfer.figure import breakdown_figure
 from analysis.transfer.fit import (
+    LINK_NAMES,
     NoTransferFit,
     TransferFit,
     fit_transfer,
@@ -104,11 +106,12 @@ def finish_run(folder: TransferFolder, cfg: TransferConfig, console: Console) ->
     body = {t: f.model_dump(mode="json") for t, f in fits.items()}
     atomic_write_bytes(folder.root / "fit.json", (json.dumps(body, indent=2) + "\n").encode())
     notes = contention_notes(agg, folder.read_idle())
+    for fit in fits.values():  # a NoTransferFit has no line to draw
+        if isinstance(fit, TransferFit):
+            profile = link_profile(fit, run_reference(folder.root), cfg.connector, "; ".join(notes) + ".")
+            write_link(folder.root / f"link-{LINK_NAMES[fit.target]}.yaml", profile)
     kv_xfer = fits.get("kv_xfer")
-    link = kv_xfer if isinstance(kv_xfer, TransferFit) else None  # a NoTransferFit has no line to draw
-    if link is not None:
-        profile = link_profile(link, run_reference(folder.root), cfg.connector, "; ".join(notes) + ".")
-        write_link(folder.root / "link-measured-local.yaml", profile)
+    link = kv_xfer if isinstance(kv_xfer, TransferFit) else None
     footnotes = _footnotes(agg, cfg)
     try:
         fig = breakdown_figure(

@@ -54,6 +54,10 @@ def silent_url() -> Iterator[str]:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], list[str]]] = {
     "loadgen": (loadgen, ["run", "--workload", "synthetic-uniform", "--rate", "5", "--requests", "3"]),
+    "loadgen --model": (  # a named model skips the model list, never the check of what answers
+        loadgen,
+        ["run", "--workload", "synthetic-uniform", "--rate", "5", "--requests", "3", "--model", "sim"],
+    ),
     "battery": (battery, ["run", "--engine", "external", "--tests", "ttft"]),
     "sweep": (sweep, ["--engine", "external", "--model", "sim", "--chunk", "512", "--D", "0", "--P", "256"]),
 }

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from microbench.ablate.config import AblateConfig, AblateConfigError, load_ablation
-from microbench.ablate.runner import arm_order
+from microbench.ablate.runner import arm_order, round_groups
 
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "ablations").glob("*.yaml"))
 
@@ -92,3 +92,15 @@ def test_an_arm_may_run_another_engine_kind() -> None:
 def test_a_setting_the_arms_kind_does_not_read_is_named() -> None:
     with pytest.raises(AblateConfigError, match="arm sg: kind 'vllm' does not read 'mixed_chunk'"):
         load_ablation(None, {"arms": {"A": {}, "sg": {"mixed_chunk": True}}})
+
+
+def test_a_round_runs_side_by_side_only_where_every_shard_of_a_group_has_a_device() -> None:
+    order = ["B", "A"]  # an odd round: counterbalanced order
+    assert round_groups(order, 2, 1) == [[("B", 0)], [("A", 0)], [("B", 1)], [("A", 1)]]  # in turn
+    assert round_groups(order, 2, 3) == [[("B", 0), ("A", 0)], [("B", 1), ("A", 1)]]  # a chunk's arms at once
+    assert round_groups(order, 2, 4) == [[("B", 0), ("A", 0), ("B", 1), ("A", 1)]]  # the whole round
+    assert round_groups(["A", "B", "C"], 1, 2) == [
+        [("A", 0)],
+        [("B", 0)],
+        [("C", 0)],
+    ]  # never part of a chunk

@@ -17,7 +17,14 @@ from benchcore.cli import BadInput
 from engine_harness.engines import EngineSpec
 from microbench.executors import add_executor_flags, executor_from_args
 from microbench.executors import relay as relay_module
-from microbench.executors.placement import CoreClaim, PlacementError, core_text, record_shard, visible_gpus
+from microbench.executors.placement import (
+    CoreClaim,
+    PlacementError,
+    cluster_capacity,
+    core_text,
+    record_shard,
+    visible_gpus,
+)
 from microbench.executors.relay import Files, Relay, SinkCall, seed_files
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardEvents
@@ -219,3 +226,15 @@ def test_a_dead_workers_scratch_folder_is_removed_and_a_live_ones_kept(
         (folder / "runs").mkdir(parents=True)
     shard_task._remove_orphans()
     assert live.is_dir() and not gone.exists()
+
+
+def test_cluster_capacity_counts_shards_that_can_each_be_alone() -> None:
+    def node(alive: bool = True, **resources: float) -> dict[str, Any]:
+        return {"Alive": alive, "Resources": resources}
+
+    assert cluster_capacity([node(CPU=16, GPU=4), node(CPU=16, GPU=4), node(False, GPU=8)], 1) == 8
+    assert cluster_capacity([node(CPU=2)], 1) == 2  # this box, a core per shard
+    assert cluster_capacity([node(CPU=2)], 2) == 1  # the default: a whole node per shard
+    assert cluster_capacity([node(CPU=3), node(CPU=3)], 2) == 2  # a shard never spans nodes
+    assert cluster_capacity([node(CPU=1)], 2) == 1  # never below one at a time
+    assert cluster_capacity([], None) == 1

@@ -144,11 +144,11 @@ def test_fit_recovers_setup_and_bandwidth_and_writes_a_link_profile_the_analysis
     lo, hi = fit.bandwidth_ci_gbit_s or (0, 0)
     assert lo < 10.0 < hi
     assert fit.kv_bytes_per_token_measured == pytest.approx(kv)
-    path = tmp_path / "measured-local.yaml"
+    path = tmp_path / "measured-local-handoff.yaml"
     write_link(path, link_profile(fit, "results/run-1", "nixl-cpu"))
     link = LinkProfile.model_validate(yaml.safe_load(path.read_text()))
-    assert link.name == "measured-local" and link.basis == "measured" and link.run == "results/run-1"
-    assert link.describe() == "measured-local: measured (run results/run-1)"
+    assert link.name == "measured-local-handoff" and link.basis == "measured" and link.run == "results/run-1"
+    assert link.describe() == "measured-local-handoff: measured (run results/run-1)"
     assert link.transfer_ms(8192 * kv) == pytest.approx(5.0 + 8192 * kv * 8 / 10e9 * 1e3, rel=0.03)
 
 

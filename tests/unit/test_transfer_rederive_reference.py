@@ -34,7 +34,9 @@ def test_a_committed_transfer_run_re_derives_its_tables_fits_and_link_exactly(
     )
     for part in ("transfer_table.csv", "breakdown.csv", "fit.json"):
         assert (run / part).read_text() == (stored / part).read_text(), part
-    link, want = (yaml.safe_load((d / "link-measured-local.yaml").read_text()) for d in (run, stored))
-    assert link.pop("run") == str(run.resolve()) and want.pop("run") == f"results/{name}"
-    assert link.pop("source").replace(str(run.resolve()), f"results/{name}") == want.pop("source")
-    assert link == want and len(folder.records()) >= 15
+    for file in ("link-measured-local.yaml", "link-measured-local-handoff.yaml"):
+        link, want = (yaml.safe_load((d / file).read_text()) for d in (run, stored))
+        assert link.pop("run") == str(run.resolve()) and want.pop("run") == f"results/{name}"
+        assert link.pop("source").replace(str(run.resolve()), f"results/{name}") == want.pop("source")
+        assert link == want, file
+    assert len(folder.records()) >= 15

@@ -21,7 +21,8 @@ final attempt); ``invalid/<mode>/…_a<n>.json`` (every invalid or failed attemp
 ``raw/<mode>/…parquet`` (every stamp); ``metrics/<mode>/…json`` (both engines' counters before and after);
 ``engine-producer.log`` / ``engine-consumer.log`` / ``engine-alone.log``; ``idle_cpu.json`` (each engine's
 idle CPU per stage); ``kv-storage/`` (storage connectors only); ``transfer_table.csv``, ``breakdown.csv``,
-``fit.json``, ``link-measured-local.yaml`` and ``transfer_breakdown.png``.
+``fit.json``, ``link-measured-local.yaml``, ``link-measured-local-handoff.yaml`` and
+``transfer_breakdown.png``.
 
 The battery (``BatteryFolder``): ``state/`` (finished tests, the capacity ledger), ``traces/``, the
 reports (``report.json``, ``report.md``, ``report.html``, ``figures/``).
