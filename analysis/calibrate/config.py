@@ -9,7 +9,9 @@ default, a prefill step replacing the decodes; SGLang ``--enable-mixed-chunk``).
 as *matched* (read from the run) or *defaulted* (the engine's default, said so), as seed 003 §9 asks.
 
 ``SimSettings.sim_params()`` is the same configuration as the simulated engine's ``--params`` YAML, so the
-replay (``analysis.calibrate.replay``) and a sim server started from it schedule and price steps alike.
+replay (``analysis.calibrate.replay``) and a sim server started from it schedule and price steps alike
+(the stream time per step, ``analysis.calibrate.stream_time``, goes in as the sim's host work per step;
+its per-streamed-token part has no sim counterpart and is the replay's alone).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from pydantic import Field
 
+from analysis.calibrate.stream_time import fit_stream_time
 from analysis.frontend import fit_frontend
 from analysis.models import StepFit, fit_step_model
 from analysis.table import load_manifest, load_records
@@ -64,6 +67,12 @@ class SimSettings(StrictModel):
     frontend_fixed_ms: float = Field(
         ge=0, description="the rest of the API server's and the network's time per request (ms)"
     )
+    stream_fixed_ms: float = Field(
+        0.0, ge=0, description="time per step the engine's step log leaves out (API server, hand-off; ms)"
+    )
+    stream_ms_per_token: float = Field(
+        0.0, ge=0, description="the API server's time per token a step streams (ms; stream_time.py)"
+    )
     step: StepModel
     fit: FitSummary
     matched: list[str] = Field(default_factory=list, description="settings read from the run (name=value)")
@@ -80,6 +89,7 @@ class SimSettings(StrictModel):
             "enable_prefix_caching": self.enable_prefix_caching,
             "max_model_len": self.max_model_len,
             "frontend_ns_per_token": self.frontend_ns_per_token,
+            "host_ms": self.stream_fixed_ms,
             "step": self.step.model_dump(),
         }
 
@@ -190,6 +200,22 @@ def fit_to_sim(
     except ValueError as exc:
         per_token, fixed = 0.0, 0.0
         defaulted.append(f"frontend=0 ({exc})")
+    try:
+        stream = fit_stream_time(records)
+        stream_fixed, stream_token = max(0.0, stream.fixed_ms), max(0.0, stream.per_token_ms)
+        slope = (
+            f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
+            if stream.per_token_ci_ms
+            else "0 (one decode batch size: no slope)"
+        )
+        low, high = stream.fixed_ci_ms
+        matched.append(
+            f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
+            f"token (client gap − engine step, n={stream.n}, D={list(stream.batch_sizes)}; negatives: 0)"
+        )
+    except ValueError as exc:
+        stream_fixed, stream_token = 0.0, 0.0
+        defaulted.append(f"stream time=0 ({exc})")
     return SimSettings(
         kind=kind,
         mode=mode,
@@ -201,6 +227,8 @@ def fit_to_sim(
         max_model_len=max_len,
         frontend_ns_per_token=per_token,
         frontend_fixed_ms=fixed,
+        stream_fixed_ms=stream_fixed,
+        stream_ms_per_token=stream_token,
         step=step,
         fit=FitSummary(
             run=str(run_dir),
@@ -216,7 +244,7 @@ def fit_to_sim(
 
 
 def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
-    """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's median
+    """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's fastest
     ``GET /health``): no token reaches a client sooner than one round trip after its request left, so
     the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
     if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:

@@ -2,7 +2,8 @@
 
 The output folder holds the predicted trace in the trace format (``header.json``, ``trace.parquet``,
 ``trace.csv``: the same reader reads it), the replay's step log (``steps.parquet``: per step its start,
-duration, decode and prefill tokens), the configuration it ran (``sim-settings.json``, and ``sim.yaml``:
+duration as the engine's step log would say it, the API server's time after it (``stream_ns``), decode
+and prefill tokens), the configuration it ran (``sim-settings.json``, and ``sim.yaml``:
 the same as ``python -m engine_harness.sim --params`` reads it, to run a live sim engine alike).
 """
 
@@ -64,7 +65,10 @@ def predict_trace(trace_dir: str | Path, settings: SimSettings, out_dir: str | P
     (which the caller has locked). ``ValueError`` for a trace the engine cannot serve."""
     trace_dir, out = Path(trace_dir), Path(out_dir)
     real_header, frame = read_trace(trace_dir)
-    rtt = (real_header.network.get("rtt_ms") or {}).get("median")
+    # the fastest of the client's round-trip probes: the network's own time (a slower probe on a busy host
+    # measured the host's load at that moment, not a delay every request pays)
+    probes = real_header.network.get("rtt_ms") or {}
+    rtt = probes.get("min", probes.get("median"))
     settings = with_round_trip(settings, rtt)
     requests = replay_requests(frame, settings)
     if not requests:

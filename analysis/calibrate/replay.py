@@ -7,7 +7,9 @@ a request reaches the engine at its recorded send plus the API server's time for
 (``frontend_fixed_ms + frontend_ns_per_token × P``: the fit cannot tell the request's way in from the
 first token's way back, and the way in is where it decides which step a request joins), joins the
 waiting queue, and is considered when the next step is planned; an idle engine starts a step the moment
-a request arrives; every token of a step reaches the client at the step's end.
+a request arrives; a step lasts its step-model time plus the time the engine's step log leaves out (the
+API server's, per step and per token the step streams: ``analysis.calibrate.stream_time``); every token
+of a step reaches the client at the step's end.
 
 What is replayed, per request of the real trace that completed (``status == "ok"``): its send time, its
 prompt length (the server's ``usage.prompt_tokens``, else the requested one), its output length (the
@@ -129,18 +131,21 @@ def replay(
             now = requests[i].arrival_ns
             continue
         shape = plan.shape
-        duration = round(cost.step_ms(shape) * 1e6)
+        streamed = sum(1 for c in plan.chunks if c.context + c.num_tokens >= c.request.num_tokens)
+        duration = round(cost.step_ms(shape) * 1e6)  # what the engine's step log would say
+        stream = round((settings.stream_fixed_ms + settings.stream_ms_per_token * streamed) * 1e6)
         result.steps.append(
             {
                 "t_start_ns": now,
                 "duration_ns": duration,
+                "stream_ns": stream,
                 "decode_tokens": shape.decode_tokens,
                 "prefill_tokens": shape.prefill_tokens,
                 "num_prefill_reqs": len(shape.chunks),
                 "preemptions": len(plan.preempted),
             }
         )
-        now += duration
+        now += duration + stream
         for out in sched.commit(plan, lambda _req: _TOKEN).outputs:
             result.token_ns[out.request.request_id].append(now)
         for req in plan.admitted:

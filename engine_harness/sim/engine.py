@@ -6,11 +6,17 @@ step log. It knows nothing of HTTP: a caller ``submit``s a request and reads tok
 
 Timing: a step of model duration ``d`` occupies ``d × time_scale`` wall seconds (``time_scale`` 0: no
 waiting at all, only a yield to the event loop). The event loop's timers have millisecond granularity, so
-the last ``busy_wait_ms`` (+1 ms) pass in short naps between loop yields (see ``_wait_until``).
+the last ``busy_wait_ms`` (+1 ms) pass in short naps between loop yields (see ``wait_until``).
 Tokens are handed to their streams when the step ends; while the engine runs back to back, a step starts
 where the previous one ended, so host work between steps counts in the step and wall times follow the
-model. ``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times as
-they happened (a step the host made late is logged late); ``model_duration_s`` is unscaled.
+model. The next step starts at the previous one's *planned* end, so a late wake-up (tens of µs on a
+loaded box) is not carried into every later step: over a busy period of thousands of steps the engine's
+clock stays on the model's (step boundaries, and so which step a request joins, as a virtual-time replay
+of the model puts them): the next step waits that much less. A host stall longer than ``_RESYNC_NS``
+moves the clock on instead, as it would a real engine's (catching up on it would log steps far shorter
+than their model, which a step fit would read as truth). ``StepRecord.t_start_ns``/``duration_ns`` are
+``time.perf_counter_ns()`` wall (scaled) times as they happened (a step the host made late is logged
+late); ``model_duration_s`` is unscaled.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from engine_harness.step_model import StepShape
 __all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
 
 _NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
+_RESYNC_NS = 1_000_000  # a step ending this much after its planned end (a host stall): the clock moves on
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,14 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def _next_start(t0: int, model_s: float, scale: float, t1: int) -> int:
+    """Where the next back-to-back step starts: this step's planned end (``t0`` + its scaled model time),
+    unless the step ended more than ``_RESYNC_NS`` after it (a host stall) or nothing is waited (scale 0):
+    then its actual end ``t1``."""
+    planned = t0 + int(model_s * scale * 1e9)
+    return planned if scale > 0 and t1 - planned <= _RESYNC_NS else t1
 
 
 class SimEngine:
@@ -231,7 +246,8 @@ class SimEngine:
             done, plan, host_next = plan, None, 0.0
             if not cfg.async_scheduling:
                 await self._sleep(t0, host + device_s, scale, spin_ns)
-                t1 = prev_end = time.perf_counter_ns()  # the step's end; committing is the next one's time
+                t1 = time.perf_counter_ns()  # the step's end; committing is the next one's time
+                prev_end = _next_start(t0, host + device_s, scale, t1)
                 result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
             else:
                 # the device work first; then the next step is planned and launched (its host work overlaps
@@ -244,19 +260,20 @@ class SimEngine:
                     host_next = host_s(cfg, plan.shape) if plan is not None else 0.0
                 if host_next > device_s:
                     await self._sleep(t0, host_next, scale, spin_ns)
-                t1 = prev_end = time.perf_counter_ns()
+                t1 = time.perf_counter_ns()
+                prev_end = _next_start(t0, max(device_s, host_next), scale, t1)
             whole_s, reported_s = step_times(cfg, device_s, host, host_next)
             self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1)
 
     async def _sleep(self, t0: int, model_s: float, scale: float, spin_ns: int) -> None:
         """Until ``model_s`` model seconds after ``t0`` (no waiting at all at time scale 0)."""
         if scale > 0:
-            await self._wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
+            await self.wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
         else:
             await asyncio.sleep(0)
 
     @staticmethod
-    async def _wait_until(deadline_ns: int, spin_ns: int) -> None:
+    async def wait_until(deadline_ns: int, spin_ns: int) -> None:
         """Sleep until ``deadline_ns``: a timer for the bulk, then short blocking naps between loop yields.
 
         The event loop's timers round up to whole milliseconds, so the timer aims ``spin_ns`` + 1 ms early;

@@ -236,7 +236,12 @@ class SimServer:
             return _error(fault[2], fault[0], fault[1], self.faults.retry_after(fault[0]))
         rid = new_request_id(kind)
         if self.config.frontend_ns_per_token:  # the API server's per-token work before the engine sees it
-            await asyncio.sleep(self.config.frontend_ns_per_token * len(params.prompt_token_ids) / 1e9)
+            # as precisely as a step's end (a loop timer alone ends up to 1 ms late: which step the request
+            # joins would turn on the timer's rounding, not on the modelled time)
+            deadline = time.perf_counter_ns() + int(
+                self.config.frontend_ns_per_token * len(params.prompt_token_ids)
+            )
+            await SimEngine.wait_until(deadline, int(self.config.busy_wait_ms * 1e6))
         external = await self._load_remote_kv(body, len(params.prompt_token_ids))
         stream = self.engine.submit(
             params.prompt_token_ids,

@@ -4,9 +4,9 @@ The sim runs as a process (engine kind ``sim``) with a known step model and a kn
 prompt token; the interference sweep measures it on a small grid (its own sim process) and is fitted
 (``fit_to_sim``); the load generator records a Poisson workload against a second sim process of the same
 model; the trace is predicted in virtual time and compared. The loop must recover reality: the fitted
-model, E2E MAPE ≤ 2% (TTFT ≤ 10%: see below), the same step composition as the sim's own step log, and a
-predicted trace the trace reader reads. On a loaded box the
-sim's own steps run late (its ground-truth log says by how much: the stretch); the prediction must then
+model, E2E MAPE ≤ 2% (TTFT ≤ 2% where reality had no host stall: see below), the same step composition
+as the sim's own step log, and a predicted trace the trace reader reads. On a loaded box the sim's own
+steps run late (its ground-truth log says by how much: the stretch); the prediction must then
 not be slower than reality, and the 2% bar is judged where reality held its model within 1%.
 """
 
@@ -96,15 +96,21 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     # Reality's own deviation from its model, from its ground-truth step log: on a loaded box the sim's
     # steps run late (the process waits for a core), and no prediction from the model can know by how much.
     stretch = sim_steps["duration_ns"].sum() / (sim_steps["model_duration_s"].sum() * 1e9)
-    figures = f"stretch {stretch:.3f}, TTFT MAPE {ttft.mape_pct:.1f}%, E2E MAPE {e2e.mape_pct:.1f}%"
+    # a host stall: a step ending over 1 ms past its model time; the sim's clock then moves on, and every
+    # later step boundary (which step a request joins) departs from the model's by as much
+    stalls = int((sim_steps["duration_ns"] - sim_steps["model_duration_s"] * 1e9 > 1e6).sum())
+    figures = (
+        f"stretch {stretch:.3f}, {stalls} stalls, TTFT MAPE {ttft.mape_pct:.1f}%, E2E {e2e.mape_pct:.1f}%"
+    )
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
     # batched worse than the engine would be)
     assert e2e.bias_pct <= 2.0 and ttft.bias_pct is not None and ttft.bias_pct <= 5.0, figures
     if stretch <= 1.01:  # reality held its model: the loop recovers it
         assert e2e.pearson_r is not None and e2e.pearson_r > 0.98, figures
         assert e2e.mape_pct <= 2.0, figures  # issue #36's bar (measured on a quiet box: 0.7%)
-        # TTFT misses issue #36's 2%: which step a request joins turns on sub-millisecond arrival times,
-        # and one 15 ms step is a tenth of a short prompt's TTFT (measured on a quiet box: 6.1%)
-        assert ttft.mape_pct <= 10.0, figures
+        # TTFT turns on which 15 ms step a request joins: a tenth of a short prompt's TTFT. Issue #36's 2%
+        # where reality held its model step by step (no host stall); else each stall re-phases the step
+        # grid (measured on this 2-core box shared by 8 jobs, 21-35 stalls in 15 s: 3.7-7.3%)
+        assert ttft.mape_pct <= (2.0 if stalls == 0 else 10.0), figures
     for name in ("calibration.md", "calibration.html", "calibration_qq.png", "calibration_scatter.png"):
         assert (report_dir / name).stat().st_size > 0

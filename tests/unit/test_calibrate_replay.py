@@ -59,7 +59,7 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def _write(path: Path, rows: list[dict[str, Any]], rtt_ms: float | None = None) -> Path:
     header = TraceHeader(
         created_at="2026-11-25T00:00:00+00:00", session_start_unix_ns=0, stages=[], saturated=False,
-        network={"rtt_ms": {"median": rtt_ms}} if rtt_ms is not None else {},
+        network={"rtt_ms": {"min": rtt_ms, "median": 10 * rtt_ms}} if rtt_ms is not None else {},
     )  # fmt: skip
     write_trace_files(path, header, _frame(rows))
     return path

@@ -1,0 +1,85 @@
+"""The API server's time per streamed token: what the client's decode gap holds beyond the engine's step.
+
+A decode stream's token gap at the client is one engine cycle: the step the engine times (its step log,
+which the step model is fitted to) plus what the engine's timer leaves out, chiefly the API server's work
+on the step's outputs (detokenizing, serializing one SSE event per stream) and the hand-off between them.
+Per valid sweep record with decodes running, the run folder stores both sides of the same moment: the
+client's median gap right before the injection (``local_baseline.tpot_p50_ms``) and the engine's median
+decode-only step right before the first prefill step (``interference.decode_step_ms``). Their difference,
+``excess_ms``, is fitted by OLS as ``fixed_ms + per_token_ms × D`` (``D`` streamed tokens per decode step);
+with one decode batch size only, the slope cannot be told apart and ``per_token_ms`` is 0 (said so).
+The replay adds ``fixed_ms + per_token_ms × (tokens the step streams)`` to every step it prices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+
+from microbench.results.records import RunRecord
+
+__all__ = ["StreamTimeFit", "fit_stream_time", "stream_time_rows"]
+
+
+@dataclass(frozen=True)
+class StreamTimeFit:
+    """``excess_ms = fixed_ms + per_token_ms × D`` per decode step, with 95% CIs."""
+
+    fixed_ms: float
+    fixed_ci_ms: tuple[float, float]
+    per_token_ms: float
+    per_token_ci_ms: tuple[float, float] | None  # None: one decode batch size, no slope fitted
+    n: int
+    batch_sizes: tuple[int, ...]
+
+
+def stream_time_rows(records: list[RunRecord]) -> pd.DataFrame:
+    """One row per valid record with decodes and both medians: ``D``, ``client_gap_ms`` (the local
+    baseline's median gap), ``engine_step_ms`` (the engine's median decode step) and their difference
+    ``excess_ms``."""
+    rows = [
+        {
+            "D": r.config.decode_batch_size,
+            "client_gap_ms": r.local_baseline.tpot_p50_ms,
+            "engine_step_ms": r.interference.decode_step_ms,
+        }
+        for r in records
+        if r.validity.valid
+        and r.config.decode_batch_size > 0
+        and r.local_baseline is not None
+        and r.local_baseline.tpot_p50_ms is not None
+        and r.interference.decode_step_ms is not None
+    ]
+    frame = pd.DataFrame(rows, columns=["D", "client_gap_ms", "engine_step_ms"])
+    frame["excess_ms"] = frame["client_gap_ms"] - frame["engine_step_ms"]
+    return frame
+
+
+def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
+    """Fit the per-step time the engine's step log leaves out (see the module). ``ValueError`` when fewer
+    than two records have both a client median gap and an engine decode step (no engine step log)."""
+    frame = stream_time_rows(records)
+    if len(frame) < 2:
+        raise ValueError(
+            "the time per streamed token needs two valid records or more with decodes, a client baseline "
+            "and the engine's decode steps (an engine step log)"
+        )
+    y = frame["excess_ms"].to_numpy(float)
+    sizes = tuple(sorted({int(d) for d in frame["D"]}))
+    if len(sizes) < 2:
+        fit = sm.OLS(y, np.ones((len(y), 1))).fit()
+        low, high = fit.conf_int(0.05)[0]
+        return StreamTimeFit(float(fit.params[0]), (float(low), float(high)), 0.0, None, len(y), sizes)
+    fit = sm.OLS(y, sm.add_constant(frame["D"].to_numpy(float))).fit()
+    ci = fit.conf_int(0.05)
+    return StreamTimeFit(
+        float(fit.params[0]),
+        (float(ci[0][0]), float(ci[0][1])),
+        float(fit.params[1]),
+        (float(ci[1][0]), float(ci[1][1])),
+        len(y),
+        sizes,
+    )
