@@ -14,9 +14,7 @@ from microbench.measure import engine_pair as shared
 from microbench.results.layout import TransferFolder
 from microbench.transfer.config import TransferConfig
 
-__all__ = ["TransferAborted", "alone_engine", "check_runnable", "engine_pair"]
-
-TransferAborted = shared.PairAborted
+__all__ = ["alone_engine", "check_runnable", "engine_pair"]
 
 
 def check_runnable(cfg: TransferConfig, preset: ConnectorPreset) -> None:

@@ -7,7 +7,7 @@ Each stage: one unrecorded warm-up per mode, the idle CPU of every engine sample
 (``engine_harness.idle_cpu``), then every point without a valid record on disk; an invalid point is
 retried once. A point whose engine died or hung (no progress for the stall timeout,
 ``engine_harness.watchdog``) is recorded with that engine's log tail and stops the run
-(``TransferAborted``).
+(``PairAborted``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from engine_harness.idle_cpu import deprioritize_spinners, sample_idle_cpu
 from engine_harness.kv_connectors import load_connector
 from engine_harness.launch import EngineProcess, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
+from microbench.measure.engine_pair import PairAborted
 from microbench.measure.pd_proxy import PDProxy
 from microbench.results.layout import TransferFolder, point_stem
 from microbench.results.transfer import Mode, TransferRecord
 from microbench.transfer.config import TransferConfig
-from microbench.transfer.engine_pair import TransferAborted, alone_engine, check_runnable, engine_pair
+from microbench.transfer.engine_pair import alone_engine, check_runnable, engine_pair
 from microbench.transfer.measure import Measured, PointContext, measure_point
 
 Point = tuple[Mode, int, int]
@@ -155,10 +156,10 @@ class TransferRunner:
         m = await measure_point(ctx, mode, self.cfg.warmup_tokens, 0)
         if m.record.failed_phase is not None:
             self._abort_if_stuck(m, engines, f"warm-up ({mode})")
-            raise TransferAborted(f"warm-up ({mode}) failed: {'; '.join(m.record.reasons)}")
+            raise PairAborted(f"warm-up ({mode}) failed: {'; '.join(m.record.reasons)}")
         if not m.record.valid:
             log = self.folder.role_log("consumer" if mode == "disaggregated" else "producer")
-            raise TransferAborted(
+            raise PairAborted(
                 f"warm-up ({mode}) is not a valid hand-off: {'; '.join(m.record.reasons)}; check the "
                 f"connector set-up in {log}"
             )
@@ -202,7 +203,7 @@ class TransferRunner:
         for role, engine in engines.items():
             if not engine.alive():
                 code = engine.proc.returncode if engine.proc is not None else None
-                raise TransferAborted(
+                raise PairAborted(
                     f"the {role} engine died during {what} (exit code {code}): "
                     f"{'; '.join(m.record.reasons)}; last lines of {engine.log_path}:\n"
                     f"{log_tail(engine.log_path, 15) if engine.log_path else ''}"
@@ -213,7 +214,7 @@ class TransferRunner:
             if hung is not None and hung.pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(hung.pid, signal.SIGCONT)  # a stopped engine cannot act on SIGTERM
-            raise TransferAborted(
+            raise PairAborted(
                 f"{what}: {'; '.join(m.record.reasons)}. The run stops (every later point would wait on it); "
                 f"see {self.folder.role_log(role)}, then continue with --resume"
             )

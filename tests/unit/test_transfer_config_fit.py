@@ -242,10 +242,11 @@ def test_a_missing_connector_package_is_refused_before_any_engine_with_this_plat
 ) -> None:
     from engine_harness.kv_connectors import ConnectorPreset
     from microbench.measure import engine_pair
-    from microbench.transfer.engine_pair import TransferAborted, check_runnable
+    from microbench.measure.engine_pair import PairAborted
+    from microbench.transfer.engine_pair import check_runnable
 
     monkeypatch.setattr(engine_pair, "torch_cuda_version", lambda: "13.0")
     preset = ConnectorPreset(name="nixl-x", run_here=True, requires=["json", "no_such_module_xyz"])
-    with pytest.raises(TransferAborted, match=r"\['no_such_module_xyz'\].*pip install no_such_module_xyz"):
+    with pytest.raises(PairAborted, match=r"\['no_such_module_xyz'\].*pip install no_such_module_xyz"):
         check_runnable(TransferConfig(), preset)
     check_runnable(TransferConfig(), preset.model_copy(update={"requires": ["json"]}))  # all there: runs
