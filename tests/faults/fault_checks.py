@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -166,3 +167,22 @@ def fill_disk(monkeypatch: pytest.MonkeyPatch, full: Callable[[Path], bool]) -> 
 def remount(mnt: Path, opts: str) -> None:
     """Change a mounted test filesystem (``small_fs``), e.g. ``size=64m`` (space freed) or ``ro``."""
     subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True)
+
+
+def frozen_sweep(cfg: Path, out: Path, freeze_after: tuple[int, ...], timeout_s: float) -> None:
+    """Run the sweep of ``cfg`` into ``out`` as a subprocess and freeze its engine (SIGSTOP, 3 s, SIGCONT)
+    just inside the next point after each count of stored points; asserts exit 0."""
+    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for n_done in freeze_after:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("runs/*/*.json"))) < n_done:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)  # inside the next point
+        (engine,) = psutil.Process(proc.pid).children()
+        os.killpg(engine.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.killpg(engine.pid, signal.SIGCONT)
+    text, _ = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, text[-3000:]

@@ -5,15 +5,9 @@ invalid (``microbench.results.validity``) and measured again. Both runs on the s
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
-from fault_checks import Place
+from fault_checks import Place, frozen_sweep
 
 from analysis.models import fit_step_model
 from analysis.table import load_records
@@ -28,20 +22,7 @@ def _sweep(place: Place, name: str, freeze_after: tuple[int, ...] = ()) -> Path:
     """One sweep into ``tmp/name``; the engine frozen for 3 s just after each count of stored points."""
     out = place.tmp / name
     cfg = place.sweep_yaml(SIM, name=f"{name}.yaml", max_attempts=3, **GRID)
-    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for n_done in freeze_after:
-        deadline = time.monotonic() + 120
-        while len(list(out.glob("runs/*/*.json"))) < n_done:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
-        time.sleep(0.3)  # inside the next point
-        (engine,) = psutil.Process(proc.pid).children()
-        os.killpg(engine.pid, signal.SIGSTOP)
-        time.sleep(3.0)
-        os.killpg(engine.pid, signal.SIGCONT)
-    text, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, text[-3000:]
+    frozen_sweep(cfg, out, freeze_after, timeout_s=300)
     return out
 
 

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_checks import STEP_ARGS, Place, assert_clear_error, assert_intact, assert_no_engine_left, start_sim
+from fault_checks import (
+    STEP_ARGS,
+    Place,
+    assert_clear_error,
+    assert_intact,
+    assert_no_engine_left,
+    frozen_sweep,
+    start_sim,
+)
 
 from engine_harness.launch import free_port
 from microbench.results.faults import infrastructure_reasons
@@ -201,20 +209,7 @@ def test_an_engine_frozen_mid_point_leaves_no_valid_point_with_the_stall(place: 
     # observation; the attempt holding it is invalid, naming the stall; the sweep still completes.
     cfg = place.sweep_yaml(max_attempts=3)
     out = place.tmp / "run"
-    cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for n_done in (2, 6):
-        deadline = time.monotonic() + 120
-        while len(list(out.glob("runs/*/*.json"))) < n_done:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
-        time.sleep(0.3)  # inside the next point
-        (engine,) = psutil.Process(proc.pid).children()
-        os.killpg(engine.pid, signal.SIGSTOP)
-        time.sleep(3.0)
-        os.killpg(engine.pid, signal.SIGCONT)
-    text, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, text[-3000:]
+    frozen_sweep(cfg, out, (2, 6), timeout_s=240)
     records = assert_intact(out)
     assert len(records) == 12 and all(r.validity.valid for r in records)
     verdicts = {
