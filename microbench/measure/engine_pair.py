@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,6 +23,7 @@ from rich.markup import escape
 from benchcore.cli import EXIT_FAILURES, Stopped
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.kv_connectors import (
+    ConnectorError,
     ConnectorPreset,
     install_hint,
     load_connector,
@@ -32,13 +33,44 @@ from engine_harness.kv_connectors import (
 )
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.process_group import parse_cores, pin_group
+from engine_harness.settings import EngineSettings
 from microbench.results.layout import JobFolder
 
-__all__ = ["PairAborted", "alone_engine", "check_runnable", "engine_pair", "pin_engines", "run_pair_job"]
+__all__ = [
+    "PairAborted",
+    "alone_engine",
+    "check_runnable",
+    "connector_preset",
+    "engine_pair",
+    "pin_engines",
+    "run_pair_job",
+    "worker_spec",
+]
 
 
 class PairAborted(RuntimeError):
     """The run cannot go on: an engine died, or the set-up is impossible here."""
+
+
+def connector_preset(name: str) -> ConnectorPreset:
+    """The named KV-connector preset of a pair job's definition; ValueError (a validator's) naming why not."""
+    try:
+        return load_connector(name)
+    except ConnectorError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def worker_spec(
+    settings: EngineSettings, chunk: int | None, cores: str | None, extra_args: Sequence[str] = ()
+) -> EngineSpec:
+    """One engine of a pair from the job's engine settings: its token budget (None: the preset's own),
+    its cores where the kind binds its threads, and the arguments only this worker gets."""
+    spec = settings.resolve(chunk_size=chunk)
+    if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
+        spec = spec.model_copy(update={"cpu_threads_bind": cores})
+    if extra_args:
+        spec = spec.model_copy(update={"extra_args": [*spec.extra_args, *extra_args]})
+    return spec
 
 
 def check_runnable(kind: str, preset: ConnectorPreset) -> None:

@@ -12,9 +12,10 @@ from pydantic import Field, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import StrictModel
-from engine_harness.engines import EngineSpec, engine_kind
-from engine_harness.kv_connectors import ConnectorError, ConnectorPreset, load_connector
+from engine_harness.engines import EngineSpec
+from engine_harness.kv_connectors import ConnectorPreset
 from engine_harness.settings import EngineSettings
+from microbench.measure.engine_pair import connector_preset, worker_spec
 from microbench.route.decide import POLICIES, PolicyName
 from microbench.route.workload import RouteWorkload
 
@@ -70,22 +71,13 @@ class RouteConfig(StrictModel):
         return self
 
     def connector_preset(self) -> ConnectorPreset:
-        try:
-            return load_connector(self.connector)
-        except ConnectorError as exc:
-            raise ValueError(str(exc)) from None
-
-    def _spec(self, chunk: int | None, cores: str | None, args: list[str]) -> EngineSpec:
-        spec = self.engine.resolve(chunk_size=chunk)
-        if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
-            spec = spec.model_copy(update={"cpu_threads_bind": cores})
-        return spec.model_copy(update={"extra_args": [*spec.extra_args, *args]})
+        return connector_preset(self.connector)
 
     def prefill_spec(self) -> EngineSpec:
-        return self._spec(self.prefill_chunk, self.prefill_cores, self.prefill_args)
+        return worker_spec(self.engine, self.prefill_chunk, self.prefill_cores, self.prefill_args)
 
     def decode_spec(self) -> EngineSpec:
-        return self._spec(self.decode_chunk, self.decode_cores, self.decode_args)
+        return worker_spec(self.engine, self.decode_chunk, self.decode_cores, self.decode_args)
 
     def chunk(self) -> int:
         """The decode worker's token budget: the chunk the table is asked at."""

@@ -15,9 +15,10 @@ from pydantic import Field, field_validator, model_validator
 
 from benchcore.layered_config import load_layered
 from benchcore.schema import FolderName, StrictModel
-from engine_harness.engines import EngineSpec, engine_kind
-from engine_harness.kv_connectors import ConnectorError, ConnectorPreset, load_connector
+from engine_harness.engines import EngineSpec
+from engine_harness.kv_connectors import ConnectorPreset
 from engine_harness.settings import EngineSettings
+from microbench.measure.engine_pair import connector_preset, worker_spec
 from microbench.results.transfer import Mode
 
 __all__ = ["TransferConfig", "TransferConfigError", "load_transfer_config"]
@@ -110,27 +111,18 @@ class TransferConfig(StrictModel):
         return self
 
     def connector_preset(self) -> ConnectorPreset:
-        try:
-            return load_connector(self.connector)
-        except ConnectorError as exc:
-            raise ValueError(str(exc)) from None
-
-    def _spec(self, chunk: int | None, cores: str | None) -> EngineSpec:
-        spec = self.engine.resolve(chunk_size=chunk)  # None: the preset's own
-        if engine_kind(spec.kind).cpu_thread_binding and cores is not None:
-            spec = spec.model_copy(update={"cpu_threads_bind": cores})
-        return spec
+        return connector_preset(self.connector)
 
     def producer_spec(self) -> EngineSpec:
         chunk = self.producer_chunk
         if chunk is None and self.connector_preset().producer_must_not_chunk:
-            base = self._spec(None, None).chunk_size or 0
+            base = worker_spec(self.engine, None, None).chunk_size or 0
             chunk = max(base, max(self.prefill_tokens), self.warmup_tokens)
-        spec = self._spec(chunk, self.producer_cores)
+        spec = worker_spec(self.engine, chunk, self.producer_cores)
         return spec.model_copy(update={"extra_args": [*spec.extra_args, *self.producer_args]})
 
     def consumer_spec(self) -> EngineSpec:
-        spec = self._spec(self.consumer_chunk, self.consumer_cores)
+        spec = worker_spec(self.engine, self.consumer_chunk, self.consumer_cores)
         return spec.model_copy(update={"extra_args": [*spec.extra_args, *self.consumer_args]})
 
     def pair_modes(self) -> list[Mode]:
