@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from pydantic import Field
@@ -38,6 +38,9 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from benchcore.schema import StrictModel
+
+Samples = Sequence[float] | np.ndarray  # one arm's repetitions, as stored or as an array
+Key = TypeVar("Key", bound=tuple[int, ...])  # a cell, or a configuration × load level × figure
 
 __all__ = [
     "CORRECTION",
@@ -62,12 +65,12 @@ QUANTILE = 0.25  # the location of repetitions of one measurement: the first qua
 LOCATION = "first quartile"
 
 
-def _finite(values: Sequence[float]) -> np.ndarray:
+def _finite(values: Samples) -> np.ndarray:
     x = np.asarray(values, dtype=float)
     return x[np.isfinite(x)]
 
 
-def location(values: Sequence[float], quantile: float = QUANTILE) -> float:
+def location(values: Samples, quantile: float = QUANTILE) -> float:
     """The figure an arm is summarised by: by default the first quartile of its finite values (NaN: none).
     Values that differ by nature (requests of a mix) rather than by host noise take the median (0.5)."""
     x = _finite(values)
@@ -75,8 +78,8 @@ def location(values: Sequence[float], quantile: float = QUANTILE) -> float:
 
 
 def bootstrap_ratio_ci(
-    a: Sequence[float],
-    b: Sequence[float],
+    a: Samples,
+    b: Samples,
     seed: int | Sequence[int] = 0,
     n_boot: int = 4000,
     level: float = 0.95,
@@ -98,7 +101,7 @@ def bootstrap_ratio_ci(
     return float(low), float(high)
 
 
-def rank_pvalue(a: Sequence[float], b: Sequence[float]) -> float:
+def rank_pvalue(a: Samples, b: Samples) -> float:
     """Two-sided Mann–Whitney U p-value (exact for small samples without ties); NaN with an empty arm."""
     xa, xb = _finite(a), _finite(b)
     if xa.size == 0 or xb.size == 0:
@@ -113,7 +116,7 @@ def min_rank_pvalue(n_a: int, n_b: int) -> float:
     return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
 
 
-def min_detectable_effect(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> float:
+def min_detectable_effect(a: Samples, b: Samples, alpha: float = 0.05) -> float:
     """Relative change (0.1 = 10%) detectable at ``alpha`` with 80% power; ``inf`` when the rank test
     cannot reach ``alpha`` with these repetitions, NaN with fewer than two positive values in an arm."""
     xa, xb = _finite(a), _finite(b)
@@ -179,14 +182,14 @@ class Effect(StrictModel):
 
 
 def compare_samples(
-    a: Mapping[tuple[int, ...], Sequence[float]],
-    b: Mapping[tuple[int, ...], Sequence[float]],
+    a: Mapping[Key, Sequence[float]],
+    b: Mapping[Key, Sequence[float]],
     *,
     alpha: float = 0.05,
     tolerance: float = 0.1,
     seed: int = 0,
     quantile: float = QUANTILE,
-) -> dict[tuple[int, ...], Effect]:
+) -> dict[Key, Effect]:
     """The effect per key (a cell, or a configuration × load level × figure) of either side, sorted; the
     p-values corrected together; each key's bootstrap seeded with ``[seed, *key]``. A key without a finite
     value on one side is "only in" the other."""

@@ -100,7 +100,7 @@ def _mode(kind: str, spec: dict[str, Any], scheduling: str | None) -> SchedulerM
     if kind == "sim" and "--mode" in args[:-1]:
         mode = args[args.index("--mode") + 1]
         if mode in ("vllm", "sglang", "sglang-mixed"):
-            return mode  # type: ignore[return-value]
+            return mode
     if spec.get("mixed_chunk") and kind in ("sglang", "sim"):
         return "sglang-mixed"
     if kind == "sglang" or scheduling == "exclusive":

@@ -32,7 +32,7 @@ __all__ = [
     "read_dataset",
 ]
 
-DATASET_VERSION = 1
+DATASET_VERSION: Literal[1] = 1
 METRICS = ("ttft_s", "nttft_s_per_token", "itl_s", "e2e_s")
 PERCENTILES = ("mean", "p50", "p90", "p99")
 

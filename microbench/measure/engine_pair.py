@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -168,7 +169,7 @@ def pin_engines(engines: dict[str, EngineProcess], console: Console) -> None:
 
 
 def run_pair_job(
-    run: Callable[[], Awaitable[object]],
+    run: Callable[[], Coroutine[Any, Any, object]],
     console: Console,
     resume: str,
     kept: str,
@@ -179,7 +180,7 @@ def run_pair_job(
     failed write is an error line, ``kept`` (what stays stored) and the resume command, then
     ``EXIT_FAILURES``; ``finish`` (the report) runs either way. None: the runner finished."""
     try:
-        asyncio.run(run())  # type: ignore[arg-type]
+        asyncio.run(run())
     except (KeyboardInterrupt, Stopped):
         console.print(f"[yellow]stopped; continue with: {escape(resume)}", soft_wrap=True)
         raise
