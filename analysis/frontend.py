@@ -2,7 +2,10 @@
 
 ``frontend_ms`` of a record is the client's send → first token less the engine's own queue and prefill
 times (its ``/metrics`` histograms): request serialization, the API server's parsing, tokenization and
-hand-off, and the first token's way back. It grows with the prompt: ``frontend_ms = fixed + per_token × P``.
+hand-off, and the first token's way back. It grows with the prompt: ``frontend_ms = fixed + per_token × P``,
+fitted robustly (``analysis.robust.huber_fit``): on a loaded host a few injections wait for a core and take
+3–10× the usual time (a CPU sweep's 512-token injections: 4.4–8.4 ms, and three at 19–20 ms), which
+least squares would spread into every request's fixed part.
 """
 
 from __future__ import annotations
@@ -10,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import statsmodels.api as sm
 
-from analysis.robust import r_squared
+from analysis.robust import huber_fit, r_squared
 from microbench.results.records import RunRecord
 
 __all__ = ["FrontendFit", "fit_frontend"]
@@ -30,8 +32,8 @@ class FrontendFit:
 
 
 def fit_frontend(records: list[RunRecord]) -> FrontendFit:
-    """OLS of the measured front-end time (send → engine queue, and the first token's way back: the
-    client's TTFT less the engine's queue and prefill times) on P, over valid records."""
+    """Robust (Huber) fit of the measured front-end time (send → engine queue, and the first token's way
+    back: the client's TTFT less the engine's queue and prefill times) on P, over valid records."""
     rows = [
         (r.config.new_prefill_tokens, r.interference.frontend_ms)
         for r in records
@@ -44,12 +46,12 @@ def fit_frontend(records: list[RunRecord]) -> FrontendFit:
         )
     p = np.array([r[0] for r in rows], float)
     y = np.array([r[1] for r in rows], float)
-    fit = sm.OLS(y, sm.add_constant(p)).fit()
-    low, high = fit.conf_int(0.05)[1]
+    fit = huber_fit(y, np.column_stack([np.ones_like(p), p]))
+    low, high = fit.conf_int[1]
     return FrontendFit(
         float(fit.params[1]) * 1e6,
         (float(low) * 1e6, float(high) * 1e6),
         float(fit.params[0]),
-        r_squared(y, fit.fittedvalues),
+        r_squared(y, fit.fitted),
         len(rows),
     )
