@@ -39,10 +39,10 @@ __all__ = [
 
 LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
 TRACE_COLUMNS = (
-    "request_id", "stage", "warmup", "worker", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
-    "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens", "input_tokens",
-    "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns", "headers_ns",
-    "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
+    "request_id", "stage", "warmup", "worker", "client_id", "tenant_id", "slo_class", "session_id",
+    "round_index", "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens",
+    "input_tokens", "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns",
+    "headers_ns", "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
     "tokens_from_usage", "finish_reason", "status", "http_status", "error",
 )  # fmt: skip
 INT_COLUMNS = (
