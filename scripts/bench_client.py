@@ -313,7 +313,7 @@ def _print(report: dict[str, Any]) -> None:
         print(f"{name} deferred parse: {report['figures'][name]['parse_us_per_chunk']:.3g} µs/chunk")
 
 
-QUICK = {"reps": 5, "streams": 16, "tokens": 2000, "paced_streams": 64, "paced_tokens": 300}
+QUICK = {"reps": 4, "streams": 16, "tokens": 1000, "paced_streams": 64, "paced_tokens": 200}
 
 
 def main() -> None:
