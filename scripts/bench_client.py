@@ -46,6 +46,7 @@ import numpy as np
 from aiohttp import web
 
 from engine_harness.launch import free_port
+from engine_harness.process_group import _die_with_parent
 from microbench.client import aio
 from microbench.client.streams import StreamRecord, stream_request
 
@@ -179,7 +180,7 @@ def _get_json(url: str) -> Any:
 def _start_server(step_ms: float, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(step_ms)]
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: (_die_with_parent(), os.sched_setaffinity(0, {cpu})))
     base = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
