@@ -22,7 +22,7 @@ from analysis.table import write_interference_table
 from benchcore.atomic import write_model
 from benchcore.cli import BadInput, run_cli
 from microbench.results.layout import RunFolder, attempt_stem, job_folder
-from microbench.results.records import RunRecord, read_record
+from microbench.results.records import RunRecord, UnreadableRecord, read_record
 from microbench.results.validity import judged
 
 __all__ = ["differences", "main", "rederive_run"]
@@ -100,7 +100,10 @@ def _derive(folder: RunFolder, path: Path) -> RunRecord:
 
 
 def _run(args: argparse.Namespace) -> int:
-    changed = rederive_run(args.run, write=not args.check)
+    try:
+        changed = rederive_run(args.run, write=not args.check)
+    except UnreadableRecord as exc:
+        raise BadInput(f"{exc}; nothing was rewritten") from None  # every record is read before any write
     total = sum(1 for _ in _sweep_folder(args.run).stored_record_paths())
     for name, diff in changed.items():
         print(f"{name}: {len(diff)} field(s) differ, e.g. {diff[0]}")

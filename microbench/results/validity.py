@@ -28,8 +28,9 @@ invalid with a reason naming that reference (``IN_CELL``). Repetitions do the sa
 far closer than a step and its peers (CPU noise: ±30 %); ``CELL_FACTOR`` is the 3× beyond which
 ``analysis.table`` already leaves a repetition out of its cell. The sweep measures such a point again
 within ``max_attempts`` (``RunFolder.judge_cell``, on every pass and on ``--resume``) and
-``analysis.rederive`` applies the same function. Freezing only lengthens a prefill, so a frozen repetition drags the median of the others of a
-cell up, never down: one slow reference hides a freeze at worst, it never flags a sound point.
+``analysis.rederive`` applies the same function. Freezing only lengthens a prefill, so a frozen
+repetition drags the median of the others of a cell up, never down: one slow reference hides a freeze at
+worst, it never flags a sound point.
 
 Not the engine's CPU counters: the sim engine and a GPU engine waiting on its device accrue little CPU
 time while they work, so little CPU time over a window does not say "frozen"; and an external engine's
