@@ -1,13 +1,16 @@
 """Issue #33: a point too short to judge by its own steps (a bare prefill of one or two chunks) is judged
 against its cell's other repetitions (``microbench.results.validity``), and the run folder takes a point
-so judged back to be measured again, within ``max_attempts`` (``RunFolder.judge_cell``); hand-built
-records, known answers."""
+so judged back to be measured again, within ``max_attempts`` (``RunFolder.judge_cell``), in the driver's
+folder too when a Ray worker judged it (``executors.relay``); hand-built records, known answers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from microbench.executors.relay import Relay, RelaySink
+from microbench.measure.shard import ShardEvents
+from microbench.measure.sink import FolderSink
 from microbench.results.layout import RunFolder
 from microbench.results.records import RunRecord
 from microbench.results.validity import IN_CELL, judged, stalled_in_cell
@@ -101,3 +104,19 @@ def test_a_sound_cell_is_left_as_it_is(tmp_path: Path) -> None:
         _store(folder, _record(rep, ms))
     assert folder.judge_cell(512, 0, 1024, max_attempts=3) == []
     assert all(folder.is_done(512, 0, 1024, rep) for rep in range(3))
+
+
+def test_a_point_taken_back_on_a_worker_leaves_the_drivers_run_folder_too(tmp_path: Path) -> None:
+    driver = RunFolder(tmp_path / "run")
+    for rep, ms in enumerate([40.0, 3040.0, 44.0]):
+        _store(driver, _record(rep, ms))
+    seed = [(p.relative_to(driver.root).as_posix(), p.read_bytes()) for p in driver.point_paths()]
+    messages: list[object] = []
+    worker = RelaySink(RunFolder(tmp_path / "scratch" / "run"), messages.append, seed)
+    (stored,) = worker.judge_cell(512, 0, 1024, max_attempts=3)
+    assert stored.taken_back and not stored.final
+    relay = Relay(FolderSink(driver), ShardEvents(), points=3)
+    for message in messages:
+        relay.apply(message)
+    assert driver.stored_record(512, 0, 1024, 1) is None and not driver.is_done(512, 0, 1024, 1)
+    assert driver.invalid_path(512, "D0_P1024_r1_a0").is_file() and relay.points == 2
