@@ -17,6 +17,7 @@ from microbench.executors.placement import (
     device_text,
     host_name,
     record_shard,
+    running_code,
     utc_now,
     visible_gpus,
 )
@@ -51,6 +52,7 @@ class LocalExecutor:
 
     async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
         """Each shard in turn, in the order given."""
+        code = running_code()
         for plan, sink in jobs:
             before = points_done(plan, sink)
             if before == len(plan.points()):
@@ -59,6 +61,7 @@ class LocalExecutor:
             cores = sorted(os.sched_getaffinity(0))
             run = ShardRun(
                 chunk=plan.chunk,
+                part=plan.part,
                 executor="local",
                 host=host_name(),
                 pid=os.getpid(),
@@ -66,6 +69,8 @@ class LocalExecutor:
                 gpus=gpus,
                 cores=cores,
                 cores_exclusive=True,  # one shard at a time
+                code=code,
+                driver_code=code,  # this process is the driver
                 started_utc=utc_now(),
             )
             record_shard(sink.folder, run)

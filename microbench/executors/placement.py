@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from benchcore.provenance import code_identity
 from microbench.results.layout import RunFolder
 from microbench.results.records import ShardRun
 
@@ -36,15 +37,22 @@ __all__ = [
     "device_text",
     "host_name",
     "record_shard",
+    "running_code",
     "utc_now",
     "visible_gpus",
 ]
 
 CORE_LOCKS = Path("/tmp/microbench-cores")  # node-wide: every shard on this node, whichever run it is
+REPO = Path(__file__).resolve().parents[2]  # this process's checkout (a Ray node's own, on a worker)
 
 
 class PlacementError(RuntimeError):
     """A shard cannot be isolated on its node (no free cores, no GPU of its own): refused, not measured."""
+
+
+def running_code() -> str:
+    """The code this process runs (``benchcore.provenance.code_identity`` of its checkout)."""
+    return code_identity(REPO)
 
 
 def host_name() -> str:
@@ -151,10 +159,13 @@ class CoreClaim:
 
 
 def record_shard(folder: RunFolder, run: ShardRun) -> None:
-    """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same chunk, start, pid)."""
+    """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same shard, start, pid)."""
     manifest = folder.read_manifest()
-    key = (run.chunk, run.started_utc, run.pid, run.host)
-    manifest.shards = [s for s in manifest.shards if (s.chunk, s.started_utc, s.pid, s.host) != key] + [run]
+
+    def key(s: ShardRun) -> tuple[object, ...]:
+        return s.chunk, s.part, s.started_utc, s.pid, s.host
+
+    manifest.shards = [s for s in manifest.shards if key(s) != key(run)] + [run]
     folder.write_manifest(manifest)
 
 

@@ -34,6 +34,7 @@ from microbench.executors.placement import (
     cluster_capacity,
     device_text,
     record_shard,
+    running_code,
     utc_now,
 )
 from microbench.executors.relay import Finished, Relay, Started, seed_files
@@ -84,7 +85,7 @@ class RayExecutor:
     def __init__(self, address: str | None = None, shard_cpus: int | None = None, **options: Any) -> None:
         self.address = address
         self.shard_cpus = shard_cpus
-        self.options = options  # TaskOptions fields (core_locks, start_timeout_s)
+        self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
 
@@ -203,11 +204,11 @@ class RayExecutor:
                 if isinstance(message, Finished):
                     # shards overlap in time: each one's account is its own, not summed into the run's
                     spent = Timing(t0=t0, spent=message.spent)
-                    context.console.print(f"{folder}chunk {plan.chunk}: {spent.report()}", soft_wrap=True)
+                    context.console.print(f"{folder}shard {plan.name}: {spent.report()}", soft_wrap=True)
                     if message.error:
                         outcome, why = (
                             f"failed: {message.error}",
-                            f"{folder}chunk {plan.chunk}: {message.error}",
+                            f"{folder}shard {plan.name}: {message.error}",
                         )
         except (KeyboardInterrupt, asyncio.CancelledError):
             outcome = "stopped"
@@ -216,9 +217,9 @@ class RayExecutor:
             raise
         except ray.exceptions.RayError as exc:  # the task, its worker or its node was lost
             text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            outcome, why = f"failed: {type(exc).__name__}: {text}", f"{folder}chunk {plan.chunk}: {text}"
+            outcome, why = f"failed: {type(exc).__name__}: {text}", f"{folder}shard {plan.name}: {text}"
             context.console.print(
-                f"[red]{folder}chunk {plan.chunk}: its Ray task ended: {text}", soft_wrap=True
+                f"[red]{folder}shard {plan.name}: its Ray task ended: {text}", soft_wrap=True
             )
         finally:
             if run is not None:
@@ -230,6 +231,7 @@ class RayExecutor:
     def _started(plan: ShardPlan, message: Started, options: TaskOptions, sink: FolderSink) -> ShardRun:
         run = ShardRun(
             chunk=plan.chunk,
+            part=plan.part,
             executor="ray",
             host=message.host,
             node_id=message.node_id,
@@ -238,6 +240,8 @@ class RayExecutor:
             gpus=message.gpus,
             cores=message.cores,
             cores_exclusive=bool(message.gpus) or options.cores is not None,
+            code=message.code,
+            driver_code=options.driver_code,
             started_utc=utc_now(),
         )
         record_shard(sink.folder, run)

@@ -52,6 +52,7 @@ class Started:
     gpus: list[str]
     cores: list[int]
     hardware: str  # the node's, as records name it (``RunConfig.gpu``)
+    code: str  # the code the worker runs (``placement.running_code``)
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,11 @@ class RelaySink:
         self.inner.note(text)
         self.emit(SinkCall("note", (text,)))
 
-    def engine_log(self, chunk: int) -> Path:
-        return self.inner.engine_log(chunk)
+    def engine_log(self, shard: str) -> Path:
+        return self.inner.engine_log(shard)
 
-    def telemetry_path(self, chunk: int) -> Path:
-        return self.inner.telemetry_path(chunk)
+    def telemetry_path(self, shard: str) -> Path:
+        return self.inner.telemetry_path(shard)
 
     def engine_started(self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames) -> None:
         self.inner.engine_started(chunk, version, argv, metrics)  # derive reads the metric names here

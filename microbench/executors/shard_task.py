@@ -1,11 +1,13 @@
 """The body of a remote shard, as a generator of relay messages (``relay``); Ray-free, so it is testable.
 
 ``stream_shard`` claims the shard's place on its node (its own cores on a CPU-only node, pinned; a GPU
-shard has the GPU Ray gave it), then runs ``measure_shard`` on an event loop in a thread of its own with
-a ``RelaySink`` over a scratch run folder, and yields every message that sink and the shard's events emit
-as it is emitted: the driver writes each stored point before the next is measured. When the consumer
-stops (Ray cancelled the task, the driver went away), the shard's loop is cancelled, which stops its
-engine. The scratch folder is deleted at the end; nothing of the worker's own files (e.g. Ray's token
+shard has the GPU Ray gave it) and checks that the node runs the driver's code (a node with another
+checkout or version would measure with other code under the driver's run: the shard ends as failed,
+naming both, before its engine starts), then runs ``measure_shard`` on an event loop in a thread of its
+own with a ``RelaySink`` over a scratch run folder, and yields every message that sink and the shard's
+events emit as it is emitted: the driver writes each stored point before the next is measured. When the
+consumer stops (Ray cancelled the task, the driver went away), the shard's loop is cancelled, which stops
+its engine. The scratch folder is deleted at the end; nothing of the worker's own files (e.g. Ray's token
 under the home folder) is ever sent.
 """
 
@@ -34,6 +36,7 @@ from microbench.executors.placement import (
     CoreClaim,
     PlacementError,
     host_name,
+    running_code,
     visible_gpus,
 )
 from microbench.executors.relay import Finished, RelayEvents, RelaySink, Started
@@ -50,9 +53,11 @@ SCRATCH_PREFIX = "microbench-shard-"  # + <worker pid>-<chunk>-<random>, in the 
 
 @dataclass(frozen=True)
 class TaskOptions:
-    """How a remote shard places itself: ``cores`` to own on a CPU-only node (None: a GPU shard)."""
+    """How a remote shard places itself: ``cores`` to own on a CPU-only node (None: a GPU shard); the
+    driver's code (``placement.running_code``), which the shard's must equal (None: not checked)."""
 
     cores: int | None = None
+    driver_code: str | None = None
     core_locks: Path = CORE_LOCKS
     start_timeout_s: float | None = None
     node_id: str | None = None
@@ -129,7 +134,16 @@ def stream_shard(
             raise PlacementError(
                 f"a GPU shard on {host_name()} was given no GPU (CUDA_VISIBLE_DEVICES is empty)"
             )
-        yield Started(host_name(), os.getpid(), options.node_id, gpus, cores, plan.hardware)
+        code = running_code()
+        yield Started(host_name(), os.getpid(), options.node_id, gpus, cores, plan.hardware, code)
+        if options.driver_code is not None and code != options.driver_code:
+            yield Finished(
+                [],
+                error=f"{host_name()} runs other code than the driver ({code}; the driver: "
+                f"{options.driver_code}): check out the driver's commit there (or install its version) "
+                "and --resume",
+            )
+            return
         out: queue.Queue[object] = queue.Queue()
         sink = RelaySink(RunFolder(scratch / run_id), out.put, seed)  # records name the run, not the scratch
         runner = _Loop(plan, sink, out, options)
