@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchcore.provenance import code_identity
-from microbench.results.layout import RunFolder
+from microbench.results.layout import JobFolder
 from microbench.results.records import ShardRun
 
 __all__ = [
@@ -158,7 +158,7 @@ class CoreClaim:
         self.release()
 
 
-def record_shard(folder: RunFolder, run: ShardRun) -> None:
+def record_shard(folder: JobFolder, run: ShardRun) -> None:
     """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same shard, start, pid)."""
     manifest = folder.read_manifest()
 
@@ -170,7 +170,7 @@ def record_shard(folder: RunFolder, run: ShardRun) -> None:
 
 
 def close_shard(
-    folder: RunFolder, run: ShardRun, t0: float, points: int, outcome: str, engine_version: str | None
+    folder: JobFolder, run: ShardRun, t0: float, points: int, outcome: str, engine_version: str | None
 ) -> None:
     """Store how ``run`` ended (wall time since ``t0``, points made final, outcome); best effort: a disk
     too full for the manifest must not hide the shard's own error, and every point is stored already."""

@@ -30,12 +30,14 @@ __all__ = [
     "EventCall",
     "Files",
     "Finished",
+    "FolderWatch",
     "Relay",
     "RelayEvents",
     "RelaySink",
     "SinkCall",
     "Started",
     "seed_files",
+    "write_files",
 ]
 
 Emit = Callable[[object], None]
@@ -89,17 +91,36 @@ def _write_order(rel: str) -> int:
     return 2 if rel.startswith("runs/") else 1 if rel.startswith("invalid/") else 0
 
 
-def _listing(root: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel.startswith(_SHIPPED_AT_END):
-                continue
-            st = path.stat()
-            out[rel] = (st.st_size, st.st_mtime_ns)
-    return out
+class FolderWatch:
+    """The files written under ``root`` since the last look (``changed``), but those in ``skip``."""
+
+    def __init__(self, root: Path, skip: tuple[str, ...]) -> None:
+        self.root, self.skip = root, skip
+        self._seen = self._listing()
+
+    def _listing(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                path = Path(dirpath) / name
+                rel = path.relative_to(self.root).as_posix()
+                if not rel.startswith(self.skip):
+                    st = path.stat()
+                    out[rel] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def changed(self) -> list[tuple[str, bytes]]:
+        now = self._listing()
+        changed = [rel for rel, stat in now.items() if self._seen.get(rel) != stat]
+        self._seen = now
+        return [(rel, (self.root / rel).read_bytes()) for rel in sorted(changed)]
+
+
+def write_files(root: Path, files: list[tuple[str, bytes]], order: Callable[[str], int]) -> None:
+    """Write ``files`` (relative path, bytes) under ``root``, atomically, in ``order`` (a unit's marker
+    last: it is done only once everything it derives from is there); a path leaving ``root`` is refused."""
+    for rel, data in sorted(files, key=lambda f: order(f[0])):
+        atomic_write_bytes(_inside(root, rel), data)
 
 
 def seed_files(folder: RunFolder, chunk: int) -> list[tuple[str, bytes]]:
@@ -120,14 +141,10 @@ class RelaySink:
             atomic_write_bytes(_inside(scratch.root, rel), data)
         self.inner = FolderSink(scratch)
         self.emit = emit
-        self._seen = _listing(scratch.root)
+        self._watch = FolderWatch(scratch.root, _SHIPPED_AT_END)
 
     def _written(self) -> list[tuple[str, bytes]]:
-        root = self.inner.folder.root
-        now = _listing(root)
-        changed = [rel for rel, stat in now.items() if self._seen.get(rel) != stat]
-        self._seen = now
-        return [(rel, (root / rel).read_bytes()) for rel in sorted(changed, key=_write_order)]
+        return sorted(self._watch.changed(), key=lambda f: _write_order(f[0]))
 
     def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
         return self.inner.is_done(chunk, d, p, rep)
@@ -202,8 +219,7 @@ class Relay:
 
     def apply(self, message: object) -> None:
         if isinstance(message, Files | Finished):
-            for rel, data in sorted(message.files, key=lambda f: _write_order(f[0])):
-                atomic_write_bytes(_inside(self.sink.folder.root, rel), data)
+            write_files(self.sink.folder.root, message.files, _write_order)
         if isinstance(message, Files) and message.stored is not None:
             self.points += message.stored.done
             self.events.stored(message.stored)

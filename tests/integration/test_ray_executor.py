@@ -1,6 +1,8 @@
 """``--executor ray`` on a local Ray instance against the sim engine (issue #39): a sweep split into two
-shards that run at once on cores of their own equals the sequential run; a shard whose Ray task is
-killed mid-run loses nothing it stored, and ``--resume`` measures only what it had left."""
+shards that run at once on cores of their own equals the sequential run, as do two shards of one chunk
+size and a characterization's search and configurations; a worker running other code than the driver
+measures nothing; a shard whose Ray task is killed mid-run loses nothing it stored, and ``--resume``
+measures only what it had left."""
 
 from __future__ import annotations
 
@@ -150,6 +152,39 @@ def test_a_worker_running_other_code_than_the_driver_fails_its_shard_before_any_
     for s in shards:
         assert s["driver_code"].endswith("@ 0000000") and s["code"] != s["driver_code"]
         assert s["outcome"].startswith("failed: ") and "runs other code than the driver" in s["outcome"]
+
+
+CHARACTERIZE = Path(__file__).resolve().parents[2] / "sweeps" / "characterize" / "sim-memory.yaml"
+SMALL_RUN = ["--range", "35903:35906", "--initial", "35903", "--configs", "found,default", "--users", "1,2"]
+SMALL_RUN += ["--level-duration", "1s", "--max-level-duration", "1s"]
+
+
+def test_a_characterization_on_ray_equals_the_sequential_run(tmp_path: Path, ray_instance) -> None:
+    from microbench.characterize.cli import main as characterize
+
+    seq, par = tmp_path / "seq", tmp_path / "ray"
+    assert characterize(["--config", str(CHARACTERIZE), "--out", str(seq), *SMALL_RUN]) == 0
+    assert characterize(["--config", str(CHARACTERIZE), "--out", str(par), *SMALL_RUN, *RAY]) == 0
+    for sub in ("search", "levels", "raw", "engines"):  # the search's probes alike, each level's stamps
+        assert _files(par, sub) == _files(seq, sub), sub
+    assert json.loads((par / "search" / "search.json").read_text())["found"] == 35904
+    a, b = pd.read_parquet(seq / "rows.parquet"), pd.read_parquet(par / "rows.parquet")
+    assert list(a.columns) == list(b.columns) and (a.dtypes == b.dtypes).all()
+    keys = ["config", "users", "budget", "max_num_seqs", "engine", "device"]
+    assert (
+        a[keys]
+        .sort_values(keys[:2], ignore_index=True)
+        .equals(b[keys].sort_values(keys[:2], ignore_index=True))
+    )
+    assert len(b) == 4 and (b["run_id"] == "ray").all() and (b["succeeded"] > 0).all()
+    shards = {s["part"]: s for s in _manifest(par)["shards"]}
+    assert shards.keys() == {"search", "found", "default"}
+    assert shards["found"]["chunk"] == 35904 and shards["found"]["points"] == 2  # levels, for a sweep
+    for s in shards.values():
+        assert s["executor"] == "ray" and s["outcome"] == "done" and s["code"] == s["driver_code"]
+        assert len(s["cores"]) == 1 and s["engine_version"].startswith("sim")
+    assert {s["part"] for s in _manifest(seq)["shards"]} == {"search", "found", "default"}
+    assert set(os.listdir(tmp_path)) == {"seq", "ray"}
 
 
 def _worker_of(run: Path, chunk: int, points: int, proc: subprocess.Popen[str]) -> int:

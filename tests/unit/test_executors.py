@@ -208,7 +208,8 @@ async def test_the_ray_executor_refuses_an_engine_every_shard_would_share(tmp_pa
     ray_executor = pytest.importorskip("microbench.executors.ray")
     plan = dataclasses.replace(_plan("vllm"), spec=EngineSpec(kind="external", url="http://127.0.0.1:1"))
     with pytest.raises(BadInput, match="use --executor local"):
-        await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), None)  # type: ignore[arg-type]
+        context = argparse.Namespace(console=None, timing=None, events=None)  # refused before any use
+        await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), context)  # type: ignore[arg-type]
 
 
 def test_a_dead_workers_scratch_folder_is_removed_and_a_live_ones_kept(
@@ -263,7 +264,7 @@ def test_a_shard_on_a_node_with_other_code_ends_before_its_engine_starts(
 class _NoLoop:
     """A shard loop that ends at once (what the shard's body does is not this test's subject)."""
 
-    def __init__(self, plan: Any, sink: Any, out: Any, options: Any) -> None:
+    def __init__(self, name: str, body: Any, out: Any) -> None:
         from microbench.executors import shard_task
         from microbench.executors.relay import Finished
 
