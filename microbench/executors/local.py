@@ -31,12 +31,7 @@ from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.records import ShardRun
 
-__all__ = ["LocalExecutor", "points_done"]
-
-
-def points_done(plan: ShardPlan, sink: FolderSink) -> int:
-    """Points of ``plan`` that ``sink`` holds as final."""
-    return sum(1 for d, p, r in plan.points() if sink.is_done(plan.chunk, d, p, r))
+__all__ = ["LocalExecutor"]
 
 
 class LocalExecutor:
