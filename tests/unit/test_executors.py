@@ -175,7 +175,8 @@ def test_the_default_path_never_imports_ray() -> None:
     import sys
 
     code = (
-        "import sys, microbench.sweep.cli, microbench.executors.local, microbench.executors.shard_task\n"
+        "import sys, microbench.sweep.cli, microbench.characterize.cli, microbench.characterize.shards\n"
+        "import microbench.executors.local, microbench.executors.shard_task\n"
         "from microbench.executors import executor_from_args\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
