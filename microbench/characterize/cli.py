@@ -264,6 +264,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 new_manifest(folder, config.model_dump(mode="json"), spec, seed=config.seed)
             )
         runner = CharacterizeRunner(folder, config, console)
+        runner.timing = timing
         try:
             code = asyncio.run(_measure(runner, executor, console, timing))
         except (EngineError, SweepAborted) as exc:

@@ -33,6 +33,7 @@ from microbench.client.requests import ApiSettings
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.measure.runs import Run, run_of
+from microbench.measure.timing import Timing
 from microbench.results.layout import CharacterizeFolder
 
 __all__ = ["CharacterizeRunner"]
@@ -70,6 +71,7 @@ class CharacterizeRunner:
         self.rows = rows or self.append_rows
         self.stored = stored
         self.engine_version: str | None = None  # of the last engine started
+        self.timing = Timing()  # where the wall time went: engine starts, the levels' windows
         self._about: dict[str, object] = {}
 
     def append_rows(self, rows: list[DatasetRow]) -> None:
@@ -81,9 +83,14 @@ class CharacterizeRunner:
     @contextlib.asynccontextmanager
     async def engine(self, spec: EngineSpec, log_name: str) -> AsyncIterator[EngineProcess]:
         timeout = self.config.start_timeout_s or START_TIMEOUT_S
-        async with EngineProcess(spec, self.folder.engine_log(log_name), startup_timeout_s=timeout) as engine:
+        engine = EngineProcess(spec, self.folder.engine_log(log_name), startup_timeout_s=timeout)
+        try:
+            with self.timing.phase("engine start"):
+                await engine.start()
             self.engine_version = engine.version
             yield engine
+        finally:
+            await engine.stop()
 
     # -- the batch-budget search ---------------------------------------------------------------------
 
@@ -167,8 +174,9 @@ class CharacterizeRunner:
                 )
                 level = next(s for s in stages if s.name == "level")
                 self.console.print(f"  {label}: {level.in_flight_limit} users for {level.duration_s:.0f} s …")
-                async with LoadSession(settings) as session:
-                    result = run_of(await session.run(stages))
+                with self.timing.phase("measurement windows"):  # warm-up requests included
+                    async with LoadSession(settings) as session:
+                        result = run_of(await session.run(stages))
                 if not await engine.responsive(10.0):  # a level against a dead engine measures nothing
                     raise EngineError(
                         f"the engine died during {label} (its log: {engine.log_path}); the levels before it "

@@ -108,6 +108,7 @@ class _Body:
         )  # fmt: skip
 
     async def measure(self, timing: Timing) -> None:
+        self.runner.timing = timing  # sent back at the end: the shard's own account
         if self.spec is None:
             await self.runner.search()
         else:
