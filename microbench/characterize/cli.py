@@ -4,7 +4,9 @@
 batches all pass, each candidate started for real; (2) the concurrency sweep, 1, 2, 4 … N closed-loop
 users, of the configurations named (the found setting, the default, others); (3) the dataset rows, in the
 run folder's rows.parquet and, with --dataset, appended to a table shared across runs. Read them with
-``python -m analysis.characterize``.
+``python -m analysis.characterize``. The search and each swept configuration are shards (one engine
+configuration each): ``--executor ray`` runs the configurations side by side, each on a device of its own
+(docs/ray.md).
 
 Examples::
 
@@ -14,6 +16,8 @@ Examples::
     python -m microbench.characterize --config sweeps/characterize/cpu-small-kv.yaml \\
         --dataset results/characterization.parquet
     python -m microbench.characterize --resume --out results/<run-id>
+    python -m microbench.characterize --config sweeps/characterize/sim-memory.yaml --configs found,default \
+        --executor ray  # the two configurations at once
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,10 @@ from engine_harness.launch import EngineError, model_problem
 from microbench.characterize.budget import BudgetSearch
 from microbench.characterize.config import CharacterizeConfig, CharacterizeConfigError, load_characterization
 from microbench.characterize.runner import CharacterizeRunner
+from microbench.characterize.shards import search_job, sweep_job
+from microbench.executors import Executor, add_executor_flags, executor_from_args
+from microbench.measure.engine_lifecycle import SweepAborted
+from microbench.measure.timing import Timing
 from microbench.results.layout import CharacterizeFolder, new_manifest
 
 __all__ = ["build_parser", "main"]
@@ -108,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset", type=Path, metavar="FILE", help="also append the rows to this shared Parquet table"
     )
     p.add_argument("--start-timeout", type=duration, metavar="DURATION", help="engine start-up limit")
+    add_executor_flags(p.add_argument_group("executor (DESIGN §7, docs/ray.md)"))
     add_out(p, "results/<UTC time>-<name>")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     return p
@@ -208,10 +216,46 @@ def _refused(search: BudgetSearch) -> str | None:
     )
 
 
+async def _measure(runner: CharacterizeRunner, executor: Executor, console: Console, timing: Timing) -> int:
+    """The search, then the sweeps, each a shard run by ``executor``; the exit code."""
+    config = runner.config
+    found = None
+    code = 0
+    with executor.session(timing):
+        if config.search.enabled:
+            await executor.run_tasks([search_job(runner)], console, timing)
+            search = runner.stored_search()
+            if search is None:  # the shard ended without a result and without an error
+                raise SweepAborted("the search stored no result")
+            if (refused := _refused(search)) is not None:
+                raise BadInput(refused)
+            found = search.found_candidate
+            if found is None:
+                last = search.probes[-1].why if search.probes else "no probe ran"
+                console.print(f"[red]search: no setting passed, even the minimum ({last})", soft_wrap=True)
+                code = EXIT_FAILURES
+            else:
+                console.print(
+                    f"search: found {search.plan.dimension} = {search.found} ({found.label}) in "
+                    f"{search.wall_s:.0f} s, {len(search.probes)} probes"
+                )
+        if config.sweep.enabled:
+            jobs = []
+            for name in config.sweep.configs:
+                if name == "found" and found is None:
+                    console.print("[yellow]sweep found: skipped, the search found no passing setting")
+                    continue
+                jobs.append(sweep_job(runner, name, config.sweep_spec(name, found)))
+            await executor.run_tasks(jobs, console, timing)
+    return code
+
+
 def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
+    executor = executor_from_args(args)
     folder, config, resumed = _resolve(args)
     state["out"] = folder.root
     console = Console(stderr=True, highlight=False)
+    timing = Timing()
     with folder.lock():
         if not resumed:
             spec = config.base_spec().model_dump(mode="json", exclude={"env"})
@@ -220,40 +264,17 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 new_manifest(folder, config.model_dump(mode="json"), spec, seed=config.seed)
             )
         runner = CharacterizeRunner(folder, config, console)
-        found = None
-        code = 0
+        runner.timing = timing
         try:
-            if config.search.enabled:
-                search = asyncio.run(runner.search())
-                if (refused := _refused(search)) is not None:
-                    raise BadInput(refused)
-                found = search.found_candidate
-                if found is None:
-                    last = search.probes[-1].why if search.probes else "no probe ran"
-                    console.print(
-                        f"[red]search: no setting passed, even the minimum ({last})", soft_wrap=True
-                    )
-                    code = EXIT_FAILURES
-                else:
-                    console.print(
-                        f"search: found {search.plan.dimension} = {search.found} ({found.label}) in "
-                        f"{search.wall_s:.0f} s, {len(search.probes)} probes"
-                    )
-            if config.sweep.enabled:
-                for name in config.sweep.configs:
-                    if name == "found" and found is None:
-                        console.print("[yellow]sweep found: skipped, the search found no passing setting")
-                        continue
-                    t0 = time.perf_counter()
-                    asyncio.run(runner.sweep(name, config.sweep_spec(name, found)))
-                    console.print(f"sweep {name}: {time.perf_counter() - t0:.0f} s")
-        except EngineError as exc:
+            code = asyncio.run(_measure(runner, executor, console, timing))
+        except (EngineError, SweepAborted) as exc:
             console.print(f"[red]error: {exc}", soft_wrap=True)
             console.print(
                 f"what was measured is kept; continue with: python -m microbench.characterize --resume "
                 f"--out {folder.root}"
             )
             return EXIT_FAILURES
+        console.print(executor.account(timing), soft_wrap=True)
         console.print(f"run folder: {folder.root} (rows: {folder.rows_path.name})")
         return code
 

@@ -5,6 +5,9 @@ Engines are started through ``engine_harness.launch.EngineProcess`` (one per sea
 configuration; each with its own log under ``engines/``); load comes from the load generator
 (``LoadSession``) through the shared ``measure`` rules; the dataset rows go to ``rows.parquet`` in the run
 folder and, when the definition names one, to the shared dataset (``analysis.characterize.dataset``).
+The search and each swept configuration are a shard of the run (``shards``: run by an executor, in this
+process or as a Ray task whose runner works in a scratch folder and sends what it ``stored`` and its
+``rows`` back to the driver).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -29,6 +33,7 @@ from microbench.client.requests import ApiSettings
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.measure.runs import Run, run_of
+from microbench.measure.timing import Timing
 from microbench.results.layout import CharacterizeFolder
 
 __all__ = ["CharacterizeRunner"]
@@ -37,26 +42,55 @@ START_TIMEOUT_S = 600.0
 
 
 class CharacterizeRunner:
-    """Runs ``config`` into ``folder`` (whose manifest is written and lock held by the caller)."""
+    """Runs ``config`` into ``folder`` (whose manifest is written and lock held by the caller).
 
-    def __init__(self, folder: CharacterizeFolder, config: CharacterizeConfig, console: Console) -> None:
+    ``hardware``: the machine measuring (``benchcore.provenance.hardware_info``; default the manifest's);
+    ``rows``: where the dataset rows go (default ``append_rows`` to ``rows.parquet`` and the dataset);
+    ``stored``: told after each probe, search result and level is stored in ``folder``.
+    """
+
+    def __init__(
+        self,
+        folder: CharacterizeFolder,
+        config: CharacterizeConfig,
+        console: Console,
+        hardware: dict[str, Any] | None = None,
+        rows: Callable[[list[DatasetRow]], None] | None = None,
+        stored: Callable[[], None] = lambda: None,
+    ) -> None:
         self.folder = folder
         self.config = config
         self.console = console
         manifest = folder.read_manifest()
         self.run_id = manifest.run_id
-        gpus = manifest.hardware.get("gpus") or []
-        device = str(gpus[0]) if gpus else str(manifest.hardware.get("cpu", "unknown CPU"))
+        hardware = hardware if hardware is not None else manifest.hardware
+        gpus = hardware.get("gpus") or []
+        device = str(gpus[0]) if gpus else str(hardware.get("cpu", "unknown CPU"))
         base = config.base_spec()
         self.device = config.device or (f"sim on {device}" if base.kind == "sim" else device)
-        self.search_result: BudgetSearch | None = None
+        self.rows = rows or self.append_rows
+        self.stored = stored
+        self.engine_version: str | None = None  # of the last engine started
+        self.timing = Timing()  # where the wall time went: engine starts, the levels' windows
         self._about: dict[str, object] = {}
+
+    def append_rows(self, rows: list[DatasetRow]) -> None:
+        """The rows into the run folder's ``rows.parquet`` and, when the definition names one, the dataset."""
+        append_rows(self.folder.rows_path, rows)
+        if self.config.dataset is not None:
+            append_rows(self.config.dataset, rows)
 
     @contextlib.asynccontextmanager
     async def engine(self, spec: EngineSpec, log_name: str) -> AsyncIterator[EngineProcess]:
         timeout = self.config.start_timeout_s or START_TIMEOUT_S
-        async with EngineProcess(spec, self.folder.engine_log(log_name), startup_timeout_s=timeout) as engine:
+        engine = EngineProcess(spec, self.folder.engine_log(log_name), startup_timeout_s=timeout)
+        try:
+            with self.timing.phase("engine start"):
+                await engine.start()
+            self.engine_version = engine.version
             yield engine
+        finally:
+            await engine.stop()
 
     # -- the batch-budget search ---------------------------------------------------------------------
 
@@ -67,14 +101,18 @@ class CharacterizeRunner:
             out[record.candidate.label] = record
         return out
 
+    def stored_search(self) -> BudgetSearch | None:
+        """The search result stored for this definition's search (None: none yet, or another search's)."""
+        if not self.folder.search_path.is_file():
+            return None
+        stored = BudgetSearch.model_validate_json(self.folder.search_path.read_text())
+        return stored if stored.plan == self.config.search_plan() else None
+
     async def search(self) -> BudgetSearch:
         plan = self.config.search_plan()
-        if self.folder.search_path.is_file():
-            stored = BudgetSearch.model_validate_json(self.folder.search_path.read_text())
-            if stored.plan == plan:
-                self.console.print(f"search: stored result kept ({plan.dimension} = {stored.found})")
-                self.search_result = stored
-                return stored
+        if (stored := self.stored_search()) is not None:
+            self.console.print(f"search: stored result kept ({plan.dimension} = {stored.found})")
+            return stored
         known = self._known_probes()
         self.console.print(
             f"search: {plan.dimension} in [{plan.minimum}, {plan.maximum}] from {plan.initial} "
@@ -89,6 +127,7 @@ class CharacterizeRunner:
 
         def on_probe(record: ProbeRecord) -> None:
             write_model(self.folder.probe_path(record.candidate.label), record)
+            self.stored()
             mark = "[green]pass[/green]" if record.passed else "[red]fail[/red]"
             self.console.print(f"  probe {record.candidate.label}: {mark}: {record.why}", soft_wrap=True)
 
@@ -96,12 +135,12 @@ class CharacterizeRunner:
             plan, start, self.config.base_spec().model_name, known=known, on_probe=on_probe
         )
         write_model(self.folder.search_path, result)
-        self.search_result = result
+        self.stored()
         return result
 
     # -- the users sweep -----------------------------------------------------------------------------
 
-    def _done_levels(self, name: str) -> dict[int, UserLevel]:
+    def done_levels(self, name: str) -> dict[int, UserLevel]:
         out = {}
         for users in self.config.sweep.users:
             path = self.folder.level_path(name, users)
@@ -113,7 +152,7 @@ class CharacterizeRunner:
         return f"{self.config.name}:{name}-B{spec.chunk_size or 'engine'}-S{spec.max_num_seqs or 'engine'}"
 
     async def sweep(self, name: str, spec: EngineSpec) -> list[UserLevel]:
-        done = self._done_levels(name)
+        done = self.done_levels(name)
         if len(done) == len(self.config.sweep.users):
             self.console.print(f"sweep {name}: every level stored")
             return [done[u] for u in self.config.sweep.users]
@@ -135,8 +174,9 @@ class CharacterizeRunner:
                 )
                 level = next(s for s in stages if s.name == "level")
                 self.console.print(f"  {label}: {level.in_flight_limit} users for {level.duration_s:.0f} s …")
-                async with LoadSession(settings) as session:
-                    result = run_of(await session.run(stages))
+                with self.timing.phase("measurement windows"):  # warm-up requests included
+                    async with LoadSession(settings) as session:
+                        result = run_of(await session.run(stages))
                 if not await engine.responsive(10.0):  # a level against a dead engine measures nothing
                     raise EngineError(
                         f"the engine died during {label} (its log: {engine.log_path}); the levels before it "
@@ -148,10 +188,8 @@ class CharacterizeRunner:
                 if result is not None:
                     self.folder.write_raw(self.folder.raw_level(name, level.users), result.frame)
                 write_model(self.folder.level_path(name, level.users), level)
-                row = self.dataset_row(name, spec, engine.version, level)
-                append_rows(self.folder.rows_path, [row])
-                if self.config.dataset is not None:
-                    append_rows(self.config.dataset, [row])
+                self.stored()
+                self.rows([self.dataset_row(name, spec, engine.version, level)])
                 r = level.row
                 self.console.print(
                     f"  u{level.users}: {r.succeeded}/{r.requests} ok, {r.output_tps:.0f} tok/s, TTFT p50 "

@@ -1,7 +1,8 @@
 """Where a run's shards execute (DESIGN §7): ``local`` in turn, or ``ray`` across a cluster.
 
 A job resolves its run into shards (``microbench.measure.plan.ShardPlan``: one engine configuration ×
-chunk size each) and hands them, with its run folder's ``FolderSink``, to an ``Executor``:
+chunk size each, or a group of its D values) and hands them, with its run folder's ``FolderSink``, to an
+``Executor`` (a job that measures something else hands it ``job.ShardJob``s: the characterization):
 
 - ``local`` (``local.LocalExecutor``, the default): ``measure_shard`` on each in turn, in this process;
 - ``ray`` (``ray.RayExecutor``, the optional ``[ray]`` extra): each shard a Ray task that owns a GPU (or,
@@ -20,13 +21,16 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Protocol
 
+from rich.console import Console
+
 from benchcore.cli import BadInput
+from microbench.executors.job import ShardJob
 from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 
-__all__ = ["EXECUTORS", "Executor", "Job", "add_executor_flags", "executor_from_args"]
+__all__ = ["EXECUTORS", "Executor", "Job", "ShardJob", "add_executor_flags", "executor_from_args"]
 
 EXECUTORS = ("local", "ray")
 RAY_HINT = "pip install '.[ray]' (scripts/setup.sh installs it unless SETUP_RAY=0)"
@@ -45,6 +49,11 @@ class Executor(Protocol):
     async def run_jobs(self, jobs: Sequence[Job], context: ShardContext) -> None:
         """Every ``(plan, sink)`` at once where the executor can place them side by side (``capacity``),
         each into its own run folder (an ablation's arms); ``run`` is ``run_jobs`` with one sink."""
+        ...
+
+    async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None:
+        """Shards of any job (``ShardJob``: a characterization's too) as ``run_jobs`` runs interference
+        shards; ``run_jobs`` is ``run_tasks`` of their ``shard_task.interference_job``."""
         ...
 
     def session(self, timing: Timing) -> contextlib.AbstractContextManager[None]:

@@ -12,26 +12,26 @@ import os
 import time
 from collections.abc import Sequence
 
+from rich.console import Console
+
+from microbench.executors.job import ShardJob
 from microbench.executors.placement import (
     close_shard,
     device_text,
     host_name,
     record_shard,
+    running_code,
     utc_now,
     visible_gpus,
 )
+from microbench.executors.shard_task import interference_job
 from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext, measure_shard
+from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.records import ShardRun
 
-__all__ = ["LocalExecutor", "points_done"]
-
-
-def points_done(plan: ShardPlan, sink: FolderSink) -> int:
-    """Points of ``plan`` that ``sink`` holds as final."""
-    return sum(1 for d, p, r in plan.points() if sink.is_done(plan.chunk, d, p, r))
+__all__ = ["LocalExecutor"]
 
 
 class LocalExecutor:
@@ -51,28 +51,37 @@ class LocalExecutor:
 
     async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
         """Each shard in turn, in the order given."""
-        for plan, sink in jobs:
-            before = points_done(plan, sink)
-            if before == len(plan.points()):
+        shards = [interference_job(plan, sink, context) for plan, sink in jobs]
+        await self.run_tasks(shards, context.console, context.timing)
+
+    async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None:
+        """Each shard in turn, in this process, in the order given; finished ones are skipped."""
+        code = running_code()
+        for job in jobs:
+            before = job.done()
+            if before == job.total:
                 continue
-            gpus = visible_gpus(plan.spec.env) or visible_gpus()
+            gpus = visible_gpus(job.spec.env) or visible_gpus()
             cores = sorted(os.sched_getaffinity(0))
             run = ShardRun(
-                chunk=plan.chunk,
+                chunk=job.chunk,
+                part=job.part,
                 executor="local",
                 host=host_name(),
                 pid=os.getpid(),
-                device=device_text(plan.hardware, gpus, cores),
+                device=device_text(job.hardware, gpus, cores),
                 gpus=gpus,
                 cores=cores,
                 cores_exclusive=True,  # one shard at a time
+                code=code,
+                driver_code=code,  # this process is the driver
                 started_utc=utc_now(),
             )
-            record_shard(sink.folder, run)
+            record_shard(job.folder, run)
             t0 = time.perf_counter()
             outcome = "done"
             try:
-                await measure_shard(plan, sink, context)
+                await job.local()
             except (KeyboardInterrupt, asyncio.CancelledError):
                 outcome = "stopped"
                 raise
@@ -80,5 +89,4 @@ class LocalExecutor:
                 outcome = f"failed: {exc}"
                 raise
             finally:
-                version = sink.folder.read_manifest().engine_version
-                close_shard(sink.folder, run, t0, points_done(plan, sink) - before, outcome, version)
+                close_shard(job.folder, run, t0, job.done() - before, outcome, job.engine_version())

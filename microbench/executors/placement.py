@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from microbench.results.layout import RunFolder
+from benchcore.provenance import code_identity
+from microbench.results.layout import JobFolder
 from microbench.results.records import ShardRun
 
 __all__ = [
@@ -36,15 +37,22 @@ __all__ = [
     "device_text",
     "host_name",
     "record_shard",
+    "running_code",
     "utc_now",
     "visible_gpus",
 ]
 
 CORE_LOCKS = Path("/tmp/microbench-cores")  # node-wide: every shard on this node, whichever run it is
+REPO = Path(__file__).resolve().parents[2]  # this process's checkout (a Ray node's own, on a worker)
 
 
 class PlacementError(RuntimeError):
     """A shard cannot be isolated on its node (no free cores, no GPU of its own): refused, not measured."""
+
+
+def running_code() -> str:
+    """The code this process runs (``benchcore.provenance.code_identity`` of its checkout)."""
+    return code_identity(REPO)
 
 
 def host_name() -> str:
@@ -150,16 +158,19 @@ class CoreClaim:
         self.release()
 
 
-def record_shard(folder: RunFolder, run: ShardRun) -> None:
-    """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same chunk, start, pid)."""
+def record_shard(folder: JobFolder, run: ShardRun) -> None:
+    """Store ``run`` in the manifest's ``shards``, replacing its earlier state (same shard, start, pid)."""
     manifest = folder.read_manifest()
-    key = (run.chunk, run.started_utc, run.pid, run.host)
-    manifest.shards = [s for s in manifest.shards if (s.chunk, s.started_utc, s.pid, s.host) != key] + [run]
+
+    def key(s: ShardRun) -> tuple[object, ...]:
+        return s.chunk, s.part, s.started_utc, s.pid, s.host
+
+    manifest.shards = [s for s in manifest.shards if key(s) != key(run)] + [run]
     folder.write_manifest(manifest)
 
 
 def close_shard(
-    folder: RunFolder, run: ShardRun, t0: float, points: int, outcome: str, engine_version: str | None
+    folder: JobFolder, run: ShardRun, t0: float, points: int, outcome: str, engine_version: str | None
 ) -> None:
     """Store how ``run`` ended (wall time since ``t0``, points made final, outcome); best effort: a disk
     too full for the manifest must not hide the shard's own error, and every point is stored already."""

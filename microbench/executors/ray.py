@@ -18,26 +18,28 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ray
 import ray.exceptions
+from rich.console import Console
 
 from benchcore.cli import BadInput
 from benchcore.provenance import hardware_info
 from engine_harness.engines import engine_kind
 from engine_harness.telemetry import NvmlSource
-from microbench.executors.local import points_done
+from microbench.executors.job import JobRelay, ShardJob
 from microbench.executors.placement import (
     close_shard,
     cluster_capacity,
     device_text,
     record_shard,
+    running_code,
     utc_now,
 )
-from microbench.executors.relay import Finished, Relay, Started, seed_files
-from microbench.executors.shard_task import TaskOptions, stream_shard
+from microbench.executors.relay import Finished, Started
+from microbench.executors.shard_task import TaskOptions, interference_job
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.measure.grid import hardware_name
 from microbench.measure.plan import ShardPlan
@@ -49,17 +51,16 @@ from microbench.results.records import ShardRun
 __all__ = ["RayExecutor", "cluster_shape"]
 
 
-def _remote_shard(
-    plan: ShardPlan, run_id: str, seed: list[tuple[str, bytes]], options: TaskOptions
+def _remote(
+    task: Callable[..., Iterator[object]], args: tuple[Any, ...], options: TaskOptions
 ) -> Iterator[object]:
-    """On the worker: the shard's messages, with the node it landed on."""
+    """On the worker: the shard's messages, told the node it landed on and its hardware."""
     node = ray.get_runtime_context().get_node_id()
     hardware = hardware_name(hardware_info(NvmlSource.gpu_names()))  # this node's, as records name it
-    plan = dataclasses.replace(plan, hardware=hardware)
-    yield from stream_shard(plan, run_id, seed, dataclasses.replace(options, node_id=node))
+    yield from task(*args, dataclasses.replace(options, node_id=node, hardware=hardware))
 
 
-def _drain(stream: Any, relay: Relay) -> None:
+def _drain(stream: Any, relay: JobRelay) -> None:
     """Write what the shard has already sent and this process has not read yet (a stop came between)."""
     next_ready = getattr(stream, "_next_sync", None)  # Ray's generator, without waiting for more
     while next_ready is not None:
@@ -84,7 +85,7 @@ class RayExecutor:
     def __init__(self, address: str | None = None, shard_cpus: int | None = None, **options: Any) -> None:
         self.address = address
         self.shard_cpus = shard_cpus
-        self.options = options  # TaskOptions fields (core_locks, start_timeout_s)
+        self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
 
@@ -152,25 +153,29 @@ class RayExecutor:
 
     async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
         """Every job a task at once; Ray starts each when a GPU (cores) of its own is free."""
-        todo = [(plan, sink) for plan, sink in jobs if points_done(plan, sink) < len(plan.points())]
+        shards = [interference_job(plan, sink, context) for plan, sink in jobs]
+        await self.run_tasks(shards, context.console, context.timing)
+
+    async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None:
+        """Every shard with something left a Ray task at once; a lost one does not stop the others, and the
+        end names every one that did not finish (``SweepAborted``)."""
+        todo = [job for job in jobs if job.done() < job.total]
         if not todo:
             return
-        if shared := sorted({p.spec.kind for p, _ in todo if not engine_kind(p.spec.kind).launched}):
+        if shared := sorted({j.spec.kind for j in todo if not engine_kind(j.spec.kind).launched}):
             raise BadInput(
                 f"--executor ray starts an engine per shard; a {', '.join(shared)} engine is one engine that "
                 "every shard would share (they would measure each other): use --executor local"
             )
-        named = len({id(sink) for _, sink in todo}) > 1  # several run folders (an ablation's arms)
-        with self.session(context.timing):
+        named = len({job.folder.root for job in todo}) > 1  # several run folders (an ablation's arms)
+        with self.session(timing):
             resources, options = self._resources()
-            remote = ray.remote(_remote_shard).options(num_returns="streaming", max_retries=0, **resources)
+            remote = ray.remote(_remote).options(num_returns="streaming", max_retries=0, **resources)
             self.shards += len(todo)
-            with context.timing.phase("shards"):
-                shards = (
-                    self._shard(remote, plan, options, sink, context, f"{sink.run_id} " if named else "")
-                    for plan, sink in todo
+            with timing.phase("shards"):
+                lost = await asyncio.gather(
+                    *(self._shard(remote, job, options, console, named) for job in todo)
                 )
-                lost = await asyncio.gather(*shards)
         if failed := [why for why in lost if why]:
             raise SweepAborted(
                 f"{len(failed)} of {len(todo)} shard(s) did not finish: {'; '.join(failed)}; every point "
@@ -178,18 +183,13 @@ class RayExecutor:
             )
 
     async def _shard(
-        self,
-        remote: Any,
-        plan: ShardPlan,
-        options: TaskOptions,
-        sink: FolderSink,
-        context: ShardContext,
-        folder: str = "",
+        self, remote: Any, job: ShardJob, options: TaskOptions, console: Console, named: bool
     ) -> str | None:
-        """Run one shard to its end; what went wrong with it (None: it finished), named ``folder`` chunk."""
-        relay = Relay(sink, context.events)
-        before = points_done(plan, sink)
-        stream = remote.remote(plan, sink.run_id, seed_files(sink.folder, plan.chunk), options)
+        """Run one shard to its end; what went wrong with it (None: it finished)."""
+        label = f"{job.folder.root.name} shard {job.name}" if named else f"shard {job.name}"
+        relay = job.relay()
+        before = job.done()
+        stream = remote.remote(job.task, job.args(), options)
         run: ShardRun | None = None
         t0 = time.perf_counter()
         outcome, why = "done", None
@@ -197,18 +197,15 @@ class RayExecutor:
             async for ref in stream:
                 message = await ref
                 if isinstance(message, Started):
-                    run = self._started(plan, message, options, sink)
+                    run = self._started(job, message, options)
                     t0 = time.perf_counter()
                 relay.apply(message)
                 if isinstance(message, Finished):
                     # shards overlap in time: each one's account is its own, not summed into the run's
                     spent = Timing(t0=t0, spent=message.spent)
-                    context.console.print(f"{folder}chunk {plan.chunk}: {spent.report()}", soft_wrap=True)
+                    console.print(f"{label}: {spent.report()}", soft_wrap=True)
                     if message.error:
-                        outcome, why = (
-                            f"failed: {message.error}",
-                            f"{folder}chunk {plan.chunk}: {message.error}",
-                        )
+                        outcome, why = f"failed: {message.error}", f"{label}: {message.error}"
         except (KeyboardInterrupt, asyncio.CancelledError):
             outcome = "stopped"
             _drain(stream, relay)  # before the cancel, which turns what is still unread into errors
@@ -216,20 +213,18 @@ class RayExecutor:
             raise
         except ray.exceptions.RayError as exc:  # the task, its worker or its node was lost
             text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            outcome, why = f"failed: {type(exc).__name__}: {text}", f"{folder}chunk {plan.chunk}: {text}"
-            context.console.print(
-                f"[red]{folder}chunk {plan.chunk}: its Ray task ended: {text}", soft_wrap=True
-            )
+            outcome, why = f"failed: {type(exc).__name__}: {text}", f"{label}: {text}"
+            console.print(f"[red]{label}: its Ray task ended: {text}", soft_wrap=True)
         finally:
             if run is not None:
-                points = points_done(plan, sink) - before
-                close_shard(sink.folder, run, t0, points, outcome, relay.engine_version)
+                close_shard(job.folder, run, t0, job.done() - before, outcome, relay.engine_version)
         return why
 
     @staticmethod
-    def _started(plan: ShardPlan, message: Started, options: TaskOptions, sink: FolderSink) -> ShardRun:
+    def _started(job: ShardJob, message: Started, options: TaskOptions) -> ShardRun:
         run = ShardRun(
-            chunk=plan.chunk,
+            chunk=job.chunk,
+            part=job.part,
             executor="ray",
             host=message.host,
             node_id=message.node_id,
@@ -238,7 +233,9 @@ class RayExecutor:
             gpus=message.gpus,
             cores=message.cores,
             cores_exclusive=bool(message.gpus) or options.cores is not None,
+            code=message.code,
+            driver_code=options.driver_code,
             started_utc=utc_now(),
         )
-        record_shard(sink.folder, run)
+        record_shard(job.folder, run)
         return run

@@ -30,12 +30,14 @@ __all__ = [
     "EventCall",
     "Files",
     "Finished",
+    "FolderWatch",
     "Relay",
     "RelayEvents",
     "RelaySink",
     "SinkCall",
     "Started",
     "seed_files",
+    "write_files",
 ]
 
 Emit = Callable[[object], None]
@@ -52,6 +54,7 @@ class Started:
     gpus: list[str]
     cores: list[int]
     hardware: str  # the node's, as records name it (``RunConfig.gpu``)
+    code: str  # the code the worker runs (``placement.running_code``)
 
 
 @dataclass(frozen=True)
@@ -90,17 +93,36 @@ def _write_order(rel: str) -> int:
     return 2 if rel.startswith("runs/") else 1 if rel.startswith("invalid/") else 0
 
 
-def _listing(root: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel.startswith(_SHIPPED_AT_END):
-                continue
-            st = path.stat()
-            out[rel] = (st.st_size, st.st_mtime_ns)
-    return out
+class FolderWatch:
+    """The files written under ``root`` since the last look (``changed``), but those in ``skip``."""
+
+    def __init__(self, root: Path, skip: tuple[str, ...]) -> None:
+        self.root, self.skip = root, skip
+        self._seen = self._listing()
+
+    def _listing(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                path = Path(dirpath) / name
+                rel = path.relative_to(self.root).as_posix()
+                if not rel.startswith(self.skip):
+                    st = path.stat()
+                    out[rel] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def changed(self) -> list[tuple[str, bytes]]:
+        now = self._listing()
+        changed = [rel for rel, stat in now.items() if self._seen.get(rel) != stat]
+        self._seen = now
+        return [(rel, (self.root / rel).read_bytes()) for rel in sorted(changed)]
+
+
+def write_files(root: Path, files: list[tuple[str, bytes]], order: Callable[[str], int]) -> None:
+    """Write ``files`` (relative path, bytes) under ``root``, atomically, in ``order`` (a unit's marker
+    last: it is done only once everything it derives from is there); a path leaving ``root`` is refused."""
+    for rel, data in sorted(files, key=lambda f: order(f[0])):
+        atomic_write_bytes(_inside(root, rel), data)
 
 
 def seed_files(folder: RunFolder, chunk: int) -> list[tuple[str, bytes]]:
@@ -121,14 +143,10 @@ class RelaySink:
             atomic_write_bytes(_inside(scratch.root, rel), data)
         self.inner = FolderSink(scratch)
         self.emit = emit
-        self._seen = _listing(scratch.root)
+        self._watch = FolderWatch(scratch.root, _SHIPPED_AT_END)
 
     def _written(self) -> list[tuple[str, bytes]]:
-        root = self.inner.folder.root
-        now = _listing(root)
-        changed = [rel for rel, stat in now.items() if self._seen.get(rel) != stat]
-        self._seen = now
-        return [(rel, (root / rel).read_bytes()) for rel in sorted(changed, key=_write_order)]
+        return sorted(self._watch.changed(), key=lambda f: _write_order(f[0]))
 
     def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
         return self.inner.is_done(chunk, d, p, rep)
@@ -159,11 +177,11 @@ class RelaySink:
         self.inner.note(text)
         self.emit(SinkCall("note", (text,)))
 
-    def engine_log(self, chunk: int) -> Path:
-        return self.inner.engine_log(chunk)
+    def engine_log(self, shard: str) -> Path:
+        return self.inner.engine_log(shard)
 
-    def telemetry_path(self, chunk: int) -> Path:
-        return self.inner.telemetry_path(chunk)
+    def telemetry_path(self, shard: str) -> Path:
+        return self.inner.telemetry_path(shard)
 
     def engine_started(self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames) -> None:
         self.inner.engine_started(chunk, version, argv, metrics)  # derive reads the metric names here
@@ -213,8 +231,7 @@ class Relay:
 
     def apply(self, message: object) -> None:
         if isinstance(message, Files | Finished):
-            for rel, data in sorted(message.files, key=lambda f: _write_order(f[0])):
-                atomic_write_bytes(_inside(self.sink.folder.root, rel), data)
+            write_files(self.sink.folder.root, message.files, _write_order)
         if isinstance(message, Files):
             for rel in message.removed:
                 _inside(self.sink.folder.root, rel).unlink(missing_ok=True)

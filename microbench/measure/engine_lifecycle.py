@@ -51,14 +51,15 @@ class EngineLifecycle:
         self.start_timeout_s = start_timeout_s
 
     @contextlib.asynccontextmanager
-    async def running(self, spec: EngineSpec, chunk: int) -> AsyncIterator[EngineProcess]:
-        """The engine ``spec`` (for ``chunk``), started with step reporting on, stopped on every exit path."""
+    async def running(self, spec: EngineSpec, chunk: int, shard: str) -> AsyncIterator[EngineProcess]:
+        """The engine ``spec`` (for ``chunk``), started with step reporting on, stopped on every exit path;
+        its log and telemetry named ``shard`` (``ShardPlan.name``)."""
         kind_settings = EngineProcess.kind_of(spec).step_settings
         if kind_settings:
             spec = spec.model_copy(update=kind_settings)
         kind = EngineProcess.kind_of(spec)
         timeout = self.start_timeout_s or (START_TIMEOUT_S if kind.launched else EXTERNAL_TIMEOUT_S)
-        log = self.sink.engine_log(chunk) if kind.launched else None  # an external engine logs elsewhere
+        log = self.sink.engine_log(shard) if kind.launched else None  # an external engine logs elsewhere
         engine = EngineProcess(spec, log, startup_timeout_s=timeout)
         with self.timing.phase("engine start"):
             await engine.start()
@@ -76,19 +77,19 @@ class EngineLifecycle:
         finally:
             sampler.stop()
             try:
-                self._write_telemetry(sampler, chunk, ended_by)
+                self._write_telemetry(sampler, shard, ended_by)
             finally:
                 await engine.stop()
 
-    def _write_telemetry(self, sampler: TelemetrySampler, chunk: int, ended_by: BaseException | None) -> None:
-        """The telemetry table of ``chunk``. Written while the shard ends on an error (a dead engine, a full
+    def _write_telemetry(self, sampler: TelemetrySampler, shard: str, ended_by: BaseException | None) -> None:
+        """The telemetry table of ``shard``. Written while the shard ends on an error (a dead engine, a full
         disk, Ctrl-C), a failure of its own is reported beside that error, never in its place."""
         try:
-            sampler.write_parquet(self.sink.telemetry_path(chunk))
+            sampler.write_parquet(self.sink.telemetry_path(shard))
         except OSError as exc:
             if ended_by is None:
                 raise
-            self.console.print(f"[yellow]chunk {chunk}: telemetry not written ({escape(str(exc))})[/]")
+            self.console.print(f"[yellow]shard {shard}: telemetry not written ({escape(str(exc))})[/]")
 
     def _record(self, chunk: int, engine: EngineProcess) -> None:
         self.sink.engine_started(chunk, engine.version, engine.argv, engine.metrics)

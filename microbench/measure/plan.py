@@ -2,20 +2,23 @@
 
 A ``ShardPlan`` carries everything the shard would otherwise look up per point (the engine spec for this
 chunk, the hardware name, the scheduling mode, decode budgets per D), so a job resolves it once per run
-and an executor can ship it to another process as it is.
+and an executor can ship it to another process as it is. ``split_plans`` cuts a chunk size's shard into
+shards of groups of its D values, to fill more devices than there are chunk sizes: each part starts its
+own engine and measures its D values with the whole run's P values, seeds and repetitions, so the records
+are the ones one shard per chunk size would have stored.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.step_model import Scheduling
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.records import ProtocolRules, RunConfig
 
-__all__ = ["ShardPlan"]
+__all__ = ["ShardPlan", "split_plans"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,13 @@ class ShardPlan:
     max_attempts: int = 3
     hardware: str = ""  # the RunConfig's ``gpu``: GPU names, or "CPU: <model>"
     token_range: str | None = None  # LO:HI ids for prompts; default: from the model
+    part: str | None = None  # the D values of a chunk size split over several shards ("D2_8"; split_plans)
+
+    @property
+    def name(self) -> str:
+        """The shard's name: its chunk size, and its D values when the chunk is split (``512-D2_8``); its
+        engine's log and telemetry carry it."""
+        return str(self.chunk) if self.part is None else f"{self.chunk}-{self.part}"
 
     def points(self) -> list[tuple[int, int, int]]:
         """(D, P, repetition) in measuring order: per D, per repetition, every P."""
@@ -67,3 +77,27 @@ class ShardPlan:
             decode_max_tokens=budget if d else 0,
             scheduling=self.scheduling,
         )
+
+
+def split_plans(plans: list[ShardPlan], shards: int) -> list[ShardPlan]:
+    """``plans`` (one per chunk size) as about ``shards`` shards: each chunk size's D values dealt round-robin
+    into ``shards // len(plans)`` groups (the batched levels; D = 0, bare prefills with no decode batch and
+    a fraction of a batched level's time, joins the smallest group), never more groups than batched levels.
+    Each part pays its own engine start but runs beside the others, so filling idle devices shortens the
+    run as long as a group takes longer than a start; with no more devices than chunk sizes nothing splits.
+    """
+    groups = shards // max(len(plans), 1)
+    out = []
+    for plan in plans:
+        batched = [d for d in plan.decode_batch_sizes if d]
+        n = min(groups, len(batched))
+        if n < 2:
+            out.append(plan)
+            continue
+        parts = [batched[i::n] for i in range(n)]
+        if 0 in plan.decode_batch_sizes:
+            parts[-1] = [0, *parts[-1]]
+        for ds in parts:
+            ordered = [d for d in plan.decode_batch_sizes if d in ds]  # the run's D order within the part
+            out.append(replace(plan, decode_batch_sizes=ordered, part="D" + "_".join(map(str, ordered))))
+    return out

@@ -109,7 +109,7 @@ class Shard:
     async def run(self) -> None:
         chunk = self.plan.chunk
         self.ctx.events.describe(f"chunk {chunk}: starting the engine")
-        async with self.engines.running(self.plan.spec, chunk) as engine:
+        async with self.engines.running(self.plan.spec, chunk, self.plan.name) as engine:
             await self._run_engine(engine)
 
     async def _run_engine(self, engine: EngineProcess) -> None:

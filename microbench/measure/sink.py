@@ -82,9 +82,9 @@ class PointSink(Protocol):
 
     def note(self, text: str) -> None: ...
 
-    def engine_log(self, chunk: int) -> Path | None: ...
+    def engine_log(self, shard: str) -> Path | None: ...
 
-    def telemetry_path(self, chunk: int) -> Path: ...
+    def telemetry_path(self, shard: str) -> Path: ...
 
     def engine_started(
         self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames
@@ -172,11 +172,11 @@ class FolderSink:
     def note(self, text: str) -> None:
         self.folder.add_note(text)
 
-    def engine_log(self, chunk: int) -> Path:
-        return self.folder.engine_log(chunk)
+    def engine_log(self, shard: str) -> Path:
+        return self.folder.engine_log(shard)
 
-    def telemetry_path(self, chunk: int) -> Path:
-        return self.folder.telemetry_path(chunk)
+    def telemetry_path(self, shard: str) -> Path:
+        return self.folder.telemetry_path(shard)
 
     def engine_started(self, chunk: int, version: str | None, argv: list[str], metrics: MetricNames) -> None:
         manifest = self.folder.read_manifest()

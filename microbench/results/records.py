@@ -276,6 +276,7 @@ class ShardRun(StrictModel):
     another): the executor writes it when the shard starts and again when it ends (DESIGN §7)."""
 
     chunk: int
+    part: str | None = Field(None, description="its D values, where the chunk size was split (``D2_8``)")
     executor: Literal["local", "ray"]
     host: str
     node_id: str | None = Field(None, description="the Ray node it ran on")
@@ -285,6 +286,12 @@ class ShardRun(StrictModel):
     cores: list[int] = Field(default_factory=list, description="the cores the shard and its engine ran on")
     cores_exclusive: bool = Field(description="no other shard of the run could run on these cores/GPUs")
     engine_version: str | None = None
+    code: str | None = Field(
+        None, description="the code the shard ran: package version @ git commit (+ uncommitted changes)"
+    )
+    driver_code: str | None = Field(
+        None, description="the code of the process that ran the job; a shard whose code differs is refused"
+    )
     started_utc: str
     wall_s: float | None = Field(None, description="from the shard's start to its end (None: running)")
     points: int = Field(0, description="points of the shard that became final in this execution")

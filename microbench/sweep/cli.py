@@ -108,7 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument(
         "--enforce-eager", action="store_true", default=None, help="disable CUDA graphs (seed 002's ablation)"
     )
-    add_executor_flags(p.add_argument_group("executor (DESIGN §7, docs/ray.md)"))
+    executor = p.add_argument_group("executor (DESIGN §7, docs/ray.md)")
+    add_executor_flags(executor)
+    executor.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="split the run into about N shards, each on its own engine and device: a chunk size's D values "
+        "in groups when N exceeds the chunk sizes (default: as many as the executor runs at once, so "
+        "--executor ray fills every GPU; local: one shard per chunk size)",
+    )
     out = p.add_argument_group("output")
     add_out(out, "results/<UTC time>-<sweep name>")
     out.add_argument(
@@ -274,6 +283,8 @@ def _problem(exc: Exception) -> str:
 
 def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
     executor = executor_from_args(args)
+    if args.shards is not None and args.shards < 1:
+        raise BadInput(f"--shards must be ≥ 1, got {args.shards}")
     folder, sweep, resumed = _resolve_run(args)
     state["out"] = folder.root
     resume = f"python -m microbench.sweep --resume --out {folder.root}"
@@ -285,7 +296,7 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
                 raise BadInput(
                     f"cannot write the run folder {folder.root}: {exc}; choose another --out"
                 ) from None
-        runner = SweepRunner(folder, sweep, args.start_timeout, executor)
+        runner = SweepRunner(folder, sweep, args.start_timeout, executor, args.shards)
         try:
             aio.run(runner.run())
         except (KeyboardInterrupt, Stopped):

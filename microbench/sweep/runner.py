@@ -19,7 +19,7 @@ from microbench.client.aio import LagMonitor
 from microbench.executors import Executor
 from microbench.executors.local import LocalExecutor
 from microbench.measure.grid import SweepConfig, hardware_name, shard_plans
-from microbench.measure.plan import ShardPlan
+from microbench.measure.plan import ShardPlan, split_plans
 from microbench.measure.shard import ShardContext, ShardEvents
 from microbench.measure.sink import FolderSink, Stored
 from microbench.measure.timing import Timing
@@ -72,9 +72,11 @@ class SweepRunner:
         sweep: SweepConfig,
         start_timeout_s: float | None = None,
         executor: Executor | None = None,
+        shards: int | None = None,
     ) -> None:
         self.folder = folder
         self.executor: Executor = executor or LocalExecutor()
+        self.shards = shards  # None: as many as the executor runs at once
         self.sweep = sweep
         self.sink = FolderSink(folder)
         self.console = console()
@@ -107,7 +109,15 @@ class SweepRunner:
                     context = ShardContext(
                         session, self.console, self.timing, display, lag, start_timeout_s=self.start_timeout_s
                     )
-                    await self.executor.run(self.plans, self.sink, context)
+                    with self.executor.session(self.timing):
+                        plans = split_plans(self.plans, self.shards or self.executor.capacity())
+                        if len(plans) > len(self.plans):
+                            self.console.print(
+                                f"{len(plans)} shards, each chunk size's D values in groups: "
+                                f"{', '.join(plan.name for plan in plans)}",
+                                soft_wrap=True,
+                            )
+                        await self.executor.run(plans, self.sink, context)
             finally:
                 self.invalid_attempts = display.invalid_attempts
                 await lag.stop()

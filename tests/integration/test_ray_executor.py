@@ -1,6 +1,8 @@
 """``--executor ray`` on a local Ray instance against the sim engine (issue #39): a sweep split into two
-shards that run at once on cores of their own equals the sequential run; a shard whose Ray task is
-killed mid-run loses nothing it stored, and ``--resume`` measures only what it had left."""
+shards that run at once on cores of their own equals the sequential run, as do two shards of one chunk
+size and a characterization's search and configurations; a worker running other code than the driver
+measures nothing; a shard whose Ray task is killed mid-run loses nothing it stored, and ``--resume``
+measures only what it had left."""
 
 from __future__ import annotations
 
@@ -50,7 +52,20 @@ def _manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
 
 
-def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance for the in-process runs of this module (the executor joins a running one and
+    leaves it running): a start and a stop (≈4 s) for all of them."""
+    import ray
+
+    ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(
+    tmp_path: Path, monkeypatch, ray_instance
+) -> None:
     monkeypatch.chdir(tmp_path)  # nothing may be written outside --out
     sweep = _sweep_file(tmp_path, [256, 2048])
     seq, par = tmp_path / "out" / "seq", tmp_path / "out" / "ray"
@@ -80,6 +95,7 @@ def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(tmp_path: Path, mon
         assert s["executor"] == "ray" and s["outcome"] == "done" and s["points"] == 8
         assert s["cores_exclusive"] and len(s["cores"]) == 1 and s["engine_version"].startswith("sim")
         assert s["node_id"] and s["wall_s"] > 0 and s["device"].startswith("CPU cores")
+        assert s["code"] == s["driver_code"] and " @ " in s["code"]  # the worker ran the driver's code
     spans = [(dt.datetime.fromisoformat(s["started_utc"]).timestamp(), s["wall_s"]) for s in shards.values()]
     (t0, w0), (t1, w1) = spans
     if t0 <= t1 + w1 and t1 <= t0 + w0:  # they ran at once (the usual case): never on one core
@@ -89,6 +105,86 @@ def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(tmp_path: Path, mon
     if token.is_file() and (secret := token.read_bytes().strip()):
         assert not [p for p in par.rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert set(os.listdir(tmp_path)) == {"sweep.yaml", "out"}  # nothing written beside --out
+
+
+def _same_run(seq: Path, par: Path) -> None:
+    """``par`` holds the records and table ``seq`` holds, every record valid and of ``par``'s run."""
+    assert _files(par, "runs") == _files(seq, "runs")
+    for path in (par / "runs").rglob("*.json"):
+        record = read_record(path, RunRecord)
+        assert record.validity.valid and record.run_id == par.name
+    a, b = pd.read_csv(seq / "interference_table.csv"), pd.read_csv(par / "interference_table.csv")
+    assert list(a.columns) == list(b.columns) and (a.dtypes == b.dtypes).all()
+    keys = ["chunk_size", "decode_batch_size", "new_prefill_tokens", "repetitions"]
+    assert a[keys].equals(b[keys])
+
+
+def test_two_shards_of_one_chunk_size_merge_into_the_sequential_run(tmp_path: Path, ray_instance) -> None:
+    sweep = yaml.safe_load(_sweep_file(tmp_path, [256, 2048]).read_text())
+    sweep.update(chunks=[512], decode_batch_sizes=[0, 2, 4])
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(sweep))
+    seq, par = tmp_path / "seq", tmp_path / "split"
+    assert main(["--config", str(tmp_path / "one.yaml"), "--out", str(seq)]) == 0
+    assert main(["--config", str(tmp_path / "one.yaml"), "--out", str(par), *RAY, "--shards", "2"]) == 0
+    _same_run(seq, par)
+    assert len(_files(par, "runs")) == 12
+    shards = {s["part"]: s for s in _manifest(par)["shards"]}
+    assert shards.keys() == {"D2", "D0_4"}  # D 0's bare prefills ride with the smaller group
+    assert all(s["chunk"] == 512 and s["outcome"] == "done" for s in shards.values())
+    assert shards["D2"]["points"] == 4 and shards["D0_4"]["points"] == 8
+    # each part's engine has a log of its own; the sequential run's one engine, one log
+    assert {p.name for p in par.glob("engine-*.log")} == {"engine-512-D2.log", "engine-512-D0_4.log"}
+    assert {p.name for p in seq.glob("engine-*.log")} == {"engine-512.log"}
+    assert [s["part"] for s in _manifest(seq)["shards"]] == [None]  # local: one shard per chunk size
+
+
+def test_a_worker_running_other_code_than_the_driver_fails_its_shard_before_any_engine(
+    tmp_path: Path, monkeypatch, ray_instance
+) -> None:
+    from microbench.executors import ray as ray_executor
+
+    # the driver's view faked; the Ray workers are other processes and see this checkout as it is
+    monkeypatch.setattr(ray_executor, "running_code", lambda: "pd-interference-bench 0.1.0 @ 0000000")
+    run = tmp_path / "run"
+    assert main(["--config", str(_sweep_file(tmp_path, [256])), "--out", str(run), *RAY]) == 1
+    shards = _manifest(run)["shards"]
+    assert len(shards) == 2 and not list(run.glob("engine-*.log")) and not (run / "runs").exists()
+    for s in shards:
+        assert s["driver_code"].endswith("@ 0000000") and s["code"] != s["driver_code"]
+        assert s["outcome"].startswith("failed: ") and "runs other code than the driver" in s["outcome"]
+
+
+CHARACTERIZE = Path(__file__).resolve().parents[2] / "sweeps" / "characterize" / "sim-memory.yaml"
+SMALL_RUN = ["--range", "35903:35906", "--initial", "35903", "--configs", "found,default", "--users", "1,2"]
+SMALL_RUN += ["--level-duration", "1s", "--max-level-duration", "1s"]
+
+
+def test_a_characterization_on_ray_equals_the_sequential_run(tmp_path: Path, ray_instance) -> None:
+    from microbench.characterize.cli import main as characterize
+
+    seq, par = tmp_path / "seq", tmp_path / "ray"
+    assert characterize(["--config", str(CHARACTERIZE), "--out", str(seq), *SMALL_RUN]) == 0
+    assert characterize(["--config", str(CHARACTERIZE), "--out", str(par), *SMALL_RUN, *RAY]) == 0
+    for sub in ("search", "levels", "raw", "engines"):  # the search's probes alike, each level's stamps
+        assert _files(par, sub) == _files(seq, sub), sub
+    assert json.loads((par / "search" / "search.json").read_text())["found"] == 35904
+    a, b = pd.read_parquet(seq / "rows.parquet"), pd.read_parquet(par / "rows.parquet")
+    assert list(a.columns) == list(b.columns) and (a.dtypes == b.dtypes).all()
+    keys = ["config", "users", "budget", "max_num_seqs", "engine", "device"]
+    assert (
+        a[keys]
+        .sort_values(keys[:2], ignore_index=True)
+        .equals(b[keys].sort_values(keys[:2], ignore_index=True))
+    )
+    assert len(b) == 4 and (b["run_id"] == "ray").all() and (b["succeeded"] > 0).all()
+    shards = {s["part"]: s for s in _manifest(par)["shards"]}
+    assert shards.keys() == {"search", "found", "default"}
+    assert shards["found"]["chunk"] == 35904 and shards["found"]["points"] == 2  # levels, for a sweep
+    for s in shards.values():
+        assert s["executor"] == "ray" and s["outcome"] == "done" and s["code"] == s["driver_code"]
+        assert len(s["cores"]) == 1 and s["engine_version"].startswith("sim")
+    assert {s["part"] for s in _manifest(seq)["shards"]} == {"search", "found", "default"}
+    assert set(os.listdir(tmp_path)) == {"seq", "ray"}
 
 
 def _worker_of(run: Path, chunk: int, points: int, proc: subprocess.Popen[str]) -> int:

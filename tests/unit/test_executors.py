@@ -175,7 +175,8 @@ def test_the_default_path_never_imports_ray() -> None:
     import sys
 
     code = (
-        "import sys, microbench.sweep.cli, microbench.executors.local, microbench.executors.shard_task\n"
+        "import sys, microbench.sweep.cli, microbench.characterize.cli, microbench.characterize.shards\n"
+        "import microbench.executors.local, microbench.executors.shard_task\n"
         "from microbench.executors import executor_from_args\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
@@ -208,7 +209,8 @@ async def test_the_ray_executor_refuses_an_engine_every_shard_would_share(tmp_pa
     ray_executor = pytest.importorskip("microbench.executors.ray")
     plan = dataclasses.replace(_plan("vllm"), spec=EngineSpec(kind="external", url="http://127.0.0.1:1"))
     with pytest.raises(BadInput, match="use --executor local"):
-        await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), None)  # type: ignore[arg-type]
+        context = argparse.Namespace(console=None, timing=None, events=None)  # refused before any use
+        await ray_executor.RayExecutor().run([plan], FolderSink(_folder(tmp_path)), context)  # type: ignore[arg-type]
 
 
 def test_a_dead_workers_scratch_folder_is_removed_and_a_live_ones_kept(
@@ -238,3 +240,74 @@ def test_cluster_capacity_counts_shards_that_can_each_be_alone() -> None:
     assert cluster_capacity([node(CPU=3), node(CPU=3)], 2) == 2  # a shard never spans nodes
     assert cluster_capacity([node(CPU=1)], 2) == 1  # never below one at a time
     assert cluster_capacity([], None) == 1
+
+
+def test_a_shard_on_a_node_with_other_code_ends_before_its_engine_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from microbench.executors import shard_task
+    from microbench.executors.relay import Finished, Started
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # a GPU shard: no cores to claim and pin
+    monkeypatch.setattr(shard_task, "running_code", lambda: "pd-interference-bench 0.1.0 @ aaaa")
+    monkeypatch.setattr(shard_task, "measure_shard", pytest.fail)  # no engine may start
+    options = shard_task.TaskOptions(driver_code="pd-interference-bench 0.1.0 @ bbbb")
+    started, finished = list(shard_task.stream_shard(_plan(), "run", [], options))
+    assert isinstance(started, Started) and started.code.endswith("@ aaaa")  # the driver records both
+    assert isinstance(finished, Finished) and finished.error is not None
+    assert "@ aaaa" in finished.error and "the driver: pd-interference-bench 0.1.0 @ bbbb" in finished.error
+    same = shard_task.TaskOptions(driver_code="pd-interference-bench 0.1.0 @ aaaa")
+    monkeypatch.setattr(shard_task, "_Loop", _NoLoop)
+    messages = list(shard_task.stream_shard(_plan(), "run", [], same))
+    assert [type(m) for m in messages] == [Started, Finished] and messages[1].error is None
+
+
+class _NoLoop:
+    """A shard loop that ends at once (what the shard's body does is not this test's subject)."""
+
+    def __init__(self, name: str, body: Any, out: Any) -> None:
+        from microbench.executors import shard_task
+        from microbench.executors.relay import Finished
+
+        self.thread = argparse.Namespace(start=lambda: (out.put(Finished([])), out.put(shard_task._END)))
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_code_identity_names_the_commit_and_uncommitted_changes(tmp_path: Path) -> None:
+    import subprocess
+
+    from benchcore.provenance import code_identity
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    clean = code_identity(repo, "pytest")
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert clean == f"pytest {pytest.__version__} @ {commit}"
+    (repo / "a.py").write_text("x = 2\n")
+    edited = code_identity(repo, "pytest")
+    (repo / "a.py").write_text("x = 3\n")
+    assert clean != edited != code_identity(repo, "pytest") and edited.startswith(clean + "+")
+    assert code_identity(tmp_path, "pytest").endswith("@ no git checkout")
+
+
+def test_a_split_deals_each_chunks_batched_d_values_into_groups_and_keeps_the_grid() -> None:
+    from microbench.measure.plan import split_plans
+
+    seed = dataclasses.replace(_plan(), decode_batch_sizes=[0, 1, 2, 4, 6, 8, 12], prefill_tokens=[512, 1024])
+    plans = [seed, dataclasses.replace(seed, chunk=2048)]
+    assert split_plans(plans, 2) == plans == split_plans(plans, 3)  # no more devices than chunk sizes
+    parts = split_plans(plans, 8)  # 4 groups per chunk size
+    assert [p.name for p in parts[:4]] == ["512-D1_8", "512-D2_12", "512-D4", "512-D0_6"]
+    for chunk, plan in ((512, seed), (2048, plans[1])):
+        mine = [p for p in parts if p.chunk == chunk]
+        assert sorted(pt for p in mine for pt in p.points()) == sorted(plan.points())  # the whole grid, once
+        assert all(p.repetitions == plan.repetitions and p.seed == plan.seed for p in mine)
+    assert len(split_plans(plans, 100)) == 12  # at most one group per batched level (D 0 rides along)
+    assert split_plans([dataclasses.replace(seed, decode_batch_sizes=[0])], 4)[0].part is None

@@ -65,11 +65,12 @@ class RunFolder(JobFolder):
     def metrics_name(self, chunk: int, stem: str) -> str:
         return f"metrics/{chunk}/{stem}.json"
 
-    def engine_log(self, chunk: int) -> Path:
-        return self.root / f"engine-{chunk}.log"
+    def engine_log(self, shard: str) -> Path:
+        """``shard``: ``ShardPlan.name``, the chunk size (or chunk size and D values of a split chunk)."""
+        return self.root / f"engine-{shard}.log"
 
-    def telemetry_path(self, chunk: int) -> Path:
-        return self.root / "telemetry" / f"{chunk}.parquet"
+    def telemetry_path(self, shard: str) -> Path:
+        return self.root / "telemetry" / f"{shard}.parquet"
 
     def stored_record(self, chunk: int, d: int, p: int, rep: int) -> RunRecord | None:
         """The point's record under runs/; None when it is missing or unreadable (e.g. truncated)."""
