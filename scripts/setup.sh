@@ -18,10 +18,8 @@
 # with vLLM's (CPU build: torch 2.13; CUDA vLLM 0.33: torch 2.14.0; SGLang 0.5.23: torch 2.14.1), so one
 # box holds both engines for a vLLM-vs-SGLang A/B. The suite in .venv starts SGLang with that
 # environment's Python and never imports it. A fresh .venv set up for SGLang alone gets no vLLM.
-# With CI=true (or SETUP_SGLANG_CPU=1) on a box without a GPU, .venv-sglang is set up too, so the test
-# command also runs the SGLang tier (pytest -m sglang). The two environments are set up side by side
-# (pip keeps about one core busy; one after the other took 93 s + 99 s on a 2-core box): SGLang's output
-# is shown once the suite's own environment is done.
+# With CI=true (or SETUP_SGLANG_CPU=1) on a box without a GPU, .venv-sglang is set up after the suite's
+# own environment, so the test command also runs the SGLang tier (pytest -m sglang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup-lib.sh
@@ -34,7 +32,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 
 engine=${SETUP_ENGINE:-auto}
-sglang=""  # cpu or gpu: set up .venv-sglang beside .venv
+sglang=""  # cpu or gpu: set up .venv-sglang after .venv
 case "$engine" in
     sglang) if has_gpu; then sglang=gpu; else sglang=cpu; fi ;;
     sglang-cpu) sglang=cpu ;;
@@ -66,29 +64,9 @@ esac
 if [ "${SETUP_RAY:-1}" = 0 ]; then extras=${extras%,ray}; fi
 use_lock "$lock"
 
-# wait_sglang: wait for the SGLang set-up started beside this one, show its output; its exit status.
-wait_sglang() {
-    local rc=0
-    wait "$sglang_pid" || rc=$?
-    sglang_pid=""
-    cat "$sglang_log"
-    rm -f "$sglang_log"
-    return "$rc"
-}
-sglang_pid=""
-if [ -n "$sglang" ]; then
-    if [ ! -x .venv/bin/python ] && [ ! -x .venv-sglang/bin/python ]; then
-        need_disk 15 "a fresh .venv and .venv-sglang side by side"  # 6 + 9 GiB: each alone checks its own
-    fi
-    sglang_log=$(mktemp)
-    PYTHON="$PYTHON" bash scripts/setup-sglang.sh "$sglang" > "$sglang_log" 2>&1 &
-    sglang_pid=$!
-    trap '[ -z "$sglang_pid" ] || wait_sglang || true' EXIT  # a failed step below: SGLang's part still ends
-fi
-
 finish() {
-    if [ -n "$sglang_pid" ]; then
-        wait_sglang
+    if [ -n "$sglang" ]; then
+        PYTHON="$PYTHON" bash scripts/setup-sglang.sh "$sglang"
     fi
     exit 0
 }
