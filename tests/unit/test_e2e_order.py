@@ -4,11 +4,13 @@ beside it (an idle CPU vLLM engine keeps about a tenth of a core busy: results/*
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import conftest
 import pytest
+
+ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 
 def _item(name: str, *marks: str, shared: bool = False) -> Any:
@@ -17,8 +19,14 @@ def _item(name: str, *marks: str, shared: bool = False) -> Any:
 
 
 def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_after_them(
-    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the module pytest loaded (``import conftest`` may find tests/faults/conftest.py instead)
+    (conftest,) = [
+        p
+        for p in request.config.pluginmanager.get_plugins()
+        if getattr(p, "__file__", None) == str(ROOT_CONFTEST)
+    ]
     monkeypatch.setattr(conftest, "_has_gpu", lambda: True)  # no skip markers on these stand-ins
     items = [
         _item("sweep_e2e", "e2e"),
