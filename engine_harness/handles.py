@@ -130,15 +130,14 @@ class NotOpenAIServer(ValueError):
 
 
 async def model_cards(
-    http: aiohttp.ClientSession,
-    base_url: str,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = PROBE_TIMEOUT_S,
+    http: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """The entries of the engine's ``/v1/models``: the one probe of an endpoint, shared by every job. An
     HTTP error raises ``aiohttp.ClientResponseError``; a URL that is not http(s), an answer that is not a
-    model list (an HTML page, other JSON) or no answer within ``timeout_s`` raise ``NotOpenAIServer``."""
+    model list (an HTML page, other JSON) or no answer within ``PROBE_TIMEOUT_S`` (read at each call)
+    raise ``NotOpenAIServer``."""
     url = base_url.rstrip("/") + "/v1/models"
+    timeout_s = PROBE_TIMEOUT_S
     if urlsplit(base_url).scheme not in ("http", "https") or not urlsplit(base_url).netloc:
         raise NotOpenAIServer(f"{base_url!r} is not an http(s) URL of an OpenAI-compatible server")
     try:

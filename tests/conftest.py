@@ -29,10 +29,18 @@ def _has_gpu() -> bool:
     return out.returncode == 0 and out.stdout.startswith("GPU")
 
 
+def _on_shared_engine(item: pytest.Item | None) -> bool:
+    return item is not None and "vllm_engine" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
-    # started only when they are done (and torn down at the end), so it never slows them down.
-    items.sort(key=lambda item: "e2e" in item.keywords or "gpu" in item.keywords)
+    # started only when they are done, so it never slows them down. Among them the tests on the shared
+    # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that
+    # start engines of their own never run beside it.
+    items.sort(
+        key=lambda item: ("e2e" in item.keywords or "gpu" in item.keywords, not _on_shared_engine(item))
+    )
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)")
@@ -48,22 +56,39 @@ E2E_SPEC: EngineSpec = resolve_spec(
 )
 
 
+_stop_shared: list[Callable[[], None]] = []  # the running shared engine's stop
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _on_shared_engine(item) and not _on_shared_engine(nextitem):
+        while _stop_shared:
+            _stop_shared.pop()()
+
+
 @pytest.fixture(scope="session")
 def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """A running CPU vLLM engine shared by every e2e test; torn down and checked for leftovers."""
+    """A running CPU vLLM engine shared by the e2e tests that ask for it (they run one after another);
+    stopped after the last of them and checked for leftovers."""
     log = tmp_path_factory.mktemp("vllm") / "engine.log"
     engine = EngineProcess(E2E_SPEC, log, startup_timeout_s=900)
     loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(engine.start())
-        pgid = engine.pid
-        assert pgid is not None
-        yield engine
-    finally:
-        loop.run_until_complete(engine.stop())
-        loop.close()
-    left = group_processes(pgid)
-    assert not left, f"engine processes left after stop: {[p.pid for p in left]}"
+
+    def stop() -> None:
+        try:
+            loop.run_until_complete(engine.stop())
+        finally:
+            loop.close()
+        left = group_processes(pgid) if pgid is not None else []
+        assert not left, f"engine processes left after stop: {[p.pid for p in left]}"
+
+    pgid: int | None = None
+    _stop_shared.append(stop)
+    loop.run_until_complete(engine.start())
+    pgid = engine.pid
+    assert pgid is not None
+    yield engine
+    while _stop_shared:  # not stopped yet: a run that ended on a user of the engine (e.g. -x)
+        _stop_shared.pop()()
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ STEP_A = ["--alpha-ms", "8", "--beta-d-ms", "0.4", "--beta-c-ms", "0.04", "--gam
 STEP_B = ["--alpha-ms", "10.4", "--beta-d-ms", "0.52", "--beta-c-ms", "0.052", "--gamma-ns", "52"]  # ×1.3
 
 
-def _ablation(tmp: Path, **over: object) -> Path:
+def _ablation(tmp: Path, grid: dict[str, object] | None = None, **over: object) -> Path:
     data = {
         "name": "sim-x1.3",
         "grid": {
@@ -29,7 +29,8 @@ def _ablation(tmp: Path, **over: object) -> Path:
             "repetitions": 1,
             "decode_context": 256,
             "engine": {"kind": "sim", "extra_args": STEP_A},
-        },
+        }
+        | (grid or {}),
         "arms": {"A": {}, "B": {"extra_args": STEP_B}},
         "rounds": 5,
         "until_resolved": 0.05,
@@ -85,7 +86,9 @@ def test_an_unknown_setting_is_bad_input(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_an_arm_that_fails_to_start_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _ablation(tmp_path, arms={"A": {}, "broken": {"extra_args": ["--no-such-flag"]}}, rounds=1)
+    broken = {"A": {}, "broken": {"extra_args": ["--no-such-flag"]}}
+    one_point = {"decode_batch_sizes": [0], "prefill_tokens": [1024]}  # what is named is the arm, not a point
+    path = _ablation(tmp_path, one_point, arms=broken, rounds=1)
     assert main(["--config", str(path), "--out", str(tmp_path / "run"), "--start-timeout", "20s"]) == 1
     assert "arm broken (chunk 512)" in capsys.readouterr().out
 
@@ -100,10 +103,7 @@ def test_a_decode_batch_that_runs_dry_gets_more_tokens(
     original = Shard._grown
     monkeypatch.setattr(Shard, "_grown", lambda self, b, d: grown.append(b) or original(self, b, d))
     grid = {"decode_batch_sizes": [2], "prefill_tokens": [1024], "decode_tokens": 80}
-    path = _ablation(tmp_path, rounds=2, until_resolved=None)
-    data = yaml.safe_load(path.read_text())
-    data["grid"] |= grid
-    path.write_text(yaml.safe_dump(data))
+    path = _ablation(tmp_path, grid, rounds=2, until_resolved=None)
     assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
     for arm in ("A", "B"):
         folder = tmp_path / "run" / "arms" / arm
@@ -116,10 +116,9 @@ def test_a_decode_batch_that_runs_dry_gets_more_tokens(
 
 def test_arms_of_different_models_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid = {"decode_batch_sizes": [0], "prefill_tokens": [1024]}
-    path = _ablation(tmp_path, rounds=2, until_resolved=None, arms={"A": {}, "B": {"model": "sim-dense"}})
-    data = yaml.safe_load(path.read_text())
-    data["grid"] |= grid
-    path.write_text(yaml.safe_dump(data))
+    path = _ablation(
+        tmp_path, grid, rounds=2, until_resolved=None, arms={"A": {}, "B": {"model": "sim-dense"}}
+    )
     assert main(["--config", str(path), "--out", str(tmp_path / "run")]) == 0
     assert "the arms run different engines: model: " in capsys.readouterr().out
     folder = AblateFolder(tmp_path / "run")
