@@ -127,10 +127,11 @@ def write_files(root: Path, files: list[tuple[str, bytes]], order: Callable[[str
 
 def seed_files(folder: RunFolder, chunk: int) -> list[tuple[str, bytes]]:
     """What a worker needs of the run folder to go on where it stopped: the manifest, and every point
-    record, invalid attempt and observation of ``chunk`` (attempt numbers and spent attempts)."""
+    record, invalid attempt and observation of ``chunk`` (attempt numbers and spent attempts), and its
+    baselines (a resumed shard's new batches take the next free names, never an earlier batch's)."""
     root = folder.root
     paths = [root / "manifest.json"]
-    for sub in ("runs", "invalid", "observed"):
+    for sub in ("runs", "invalid", "observed", "baselines"):
         paths += sorted((root / sub / str(chunk)).glob("*.json"))
     return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in paths]
 

@@ -153,7 +153,11 @@ class FolderSink:
     def baseline(
         self, chunk: int, d: int, index: int, baseline: Baseline, steady_ms: float, stamps: pd.DataFrame
     ) -> str:
-        """Store decode batch ``index``'s Phase 1 and its stamps; returns the name its points refer to."""
+        """Store decode batch ``index``'s Phase 1 and its stamps; returns the name its points refer to.
+        A resumed shard counts its batches from 0 again: the index moves past every baseline the folder
+        already holds, so the points measured before keep the baseline they were derived from."""
+        while (self.folder.root / self.folder.baseline_name(chunk, d, index)).exists():
+            index += 1
         raw = self.folder.raw_name(chunk, f"baseline_D{d}_b{index}")
         self.folder.write_raw(raw, stamps)
         rel = self.folder.baseline_name(chunk, d, index)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from microbench.results.records import RunRecord, read_record
+from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
 pytestmark = pytest.mark.integration
@@ -144,7 +144,7 @@ def _sweep_until(tmp_path: Path, run_id: str, points: int, **popen: object) -> s
 
 def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -> None:
     proc = _sweep_until(
-        tmp_path, "k", 5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        tmp_path, "k", 8, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     runs = tmp_path / "k" / "runs"
     engines = psutil.Process(proc.pid).children()  # the sim engine runs in a session of its own
@@ -154,11 +154,18 @@ def test_killed_sweep_resumes_without_measuring_anything_twice(tmp_path: Path) -
     _, alive = psutil.wait_procs(engines, timeout=15)
     assert not alive, "the engine outlived the killed sweep"
     first = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
-    assert 5 <= len(first) < 12
+    assert 8 <= len(first) < 12  # into D = 4: a decode batch's baseline is stored
+    baselines = {p: p.read_bytes() for p in (tmp_path / "k" / "baselines").rglob("*.json")}
+    assert baselines
     assert main(["--resume", "--out", str(tmp_path / "k")]) == 0
     after = {p.name: read_record(p, RunRecord).t_inject_ns for p in runs.rglob("*.json")}
     assert len(after) == 12
     assert all(after[name] == t for name, t in first.items())  # kept, not measured again
+    # the points kept still derive from the baseline they were measured against: none was overwritten
+    assert all(p.read_bytes() == data for p, data in baselines.items())
+    for path in (tmp_path / "k" / "observed").rglob("*.json"):
+        baseline = read_record(path, Observation).baseline_file
+        assert baseline is None or (tmp_path / "k" / baseline).is_file()
 
 
 def test_bad_sweep_input_is_a_clear_error(tmp_path: Path, capsys) -> None:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 import pytest
 
@@ -30,7 +31,7 @@ from microbench.measure.plan import ShardPlan
 from microbench.measure.shard import ShardEvents
 from microbench.measure.sink import FolderSink
 from microbench.results.layout import RunFolder, new_manifest
-from microbench.results.records import ShardRun
+from microbench.results.records import Baseline, ShardRun
 
 
 def _plan(kind: str = "vllm") -> ShardPlan:
@@ -128,13 +129,24 @@ def test_the_relay_replays_manifest_changes_and_ignores_unknown_calls(tmp_path: 
 
 def test_a_worker_is_sent_the_manifest_and_its_chunks_records_only(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
-    for rel in ("runs/512/a.json", "invalid/512/b.json", "observed/512/c.json", "raw/512/d.parquet"):
+    stored = ("runs/512/a.json", "invalid/512/b.json", "observed/512/c.json", "baselines/512/D4_b0.json")
+    for rel in (*stored, "raw/512/d.parquet"):
         (folder.root / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder.root / rel).write_bytes(b"{}")
     (folder.root / "runs" / "1024").mkdir()
     (folder.root / "runs" / "1024" / "e.json").write_bytes(b"{}")
     sent = [rel for rel, _ in seed_files(folder, 512)]
-    assert sent == ["manifest.json", "runs/512/a.json", "invalid/512/b.json", "observed/512/c.json"]
+    assert sent == ["manifest.json", *stored]  # the baselines: a resumed shard's batches take new names
+
+
+def test_a_resumed_shards_first_batch_never_overwrites_a_stored_baseline(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    first = folder.root / folder.baseline_name(512, 4, 0)
+    first.parent.mkdir(parents=True)
+    first.write_bytes(b"{}")
+    baseline = Baseline(tpot_p50_ms=3.0, tpot_p90_ms=3.2, tpot_p99_ms=3.5, n_gaps=100)
+    rel = FolderSink(folder).baseline(512, 4, 0, baseline, 50.0, pd.DataFrame({"t_ns": [1, 2]}))
+    assert rel == "baselines/512/D4_b1.json" and first.read_bytes() == b"{}"
 
 
 def test_a_shards_entry_is_replaced_by_its_later_state_and_others_are_kept(tmp_path: Path) -> None:
