@@ -206,12 +206,15 @@ def fit_to_sim(
         slope = (
             f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
             if stream.per_token_ci_ms
-            else "0 (" + ("one decode batch size: no slope)" if len(stream.batch_sizes) < 2 else "negative: dropped)")
+            else "0 (one decode batch size: no slope)"
+            if len(stream.batch_sizes) < 2
+            else "0 (negative: dropped)"
         )
         low, high = stream.fixed_ci_ms
         matched.append(
             f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
-            f"token (client gap − engine step, robust fit, n={stream.n}, D={list(stream.batch_sizes)}; terms ≥ 0)"
+            f"token (client gap − engine step, robust fit with terms ≥ 0, n={stream.n}, "
+            f"D={list(stream.batch_sizes)})"
         )
     except ValueError as exc:
         stream_fixed, stream_token = 0.0, 0.0

@@ -75,7 +75,7 @@ def _sglang(t: float, kind: str, running: int, new: int = 0) -> str:
 
 
 @pytest.mark.parametrize("mixed", [False, True])
-def test_sglang_steps_read_the_mixed_flag_and_drop_intervals_that_began_idle(tmp_path: Path, mixed: bool) -> None:
+def test_sglang_steps_read_the_mixed_flag_and_drop_idle_intervals(tmp_path: Path, mixed: bool) -> None:
     log = tmp_path / "engine.log"
     server_args = f"[2026-11-25 09:59:00.000 @{START_S - 60:.6f}] server_args={{'model_path': 'm', "
     server_args += f"'enable_mixed_chunk': {mixed}, 'disable_overlap_schedule': True}}"
