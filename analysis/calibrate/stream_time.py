@@ -6,25 +6,24 @@ on the step's outputs (detokenizing, serializing one SSE event per stream) and t
 Per valid sweep record with decodes running, the run folder stores both sides of the same moment: the
 client's median gap right before the injection (``local_baseline.tpot_p50_ms``) and the engine's median
 decode-only step right before the first prefill step (``interference.decode_step_ms``). Their difference,
-``excess_ms``, is fitted as ``fixed_ms + per_token_ms × D`` (``D`` streamed tokens per decode step) by a
-robust regression (Huber's M-estimator: one record whose engine median caught a prefill or an idle gap
-must not tilt the line) with both terms ≥ 0 (a step cannot stream in negative time: a negative term is
-dropped and the other refitted alone, not clipped after the fit, which would keep a slope that only
-compensated the negative intercept); with one decode batch size only, the slope cannot be told apart
-and ``per_token_ms`` is 0 (said so). An engine whose step timer already spans the whole loop (SGLang:
-the interval between its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the
+``excess_ms``, is fitted as ``fixed_ms + per_token_ms × D`` (``D`` streamed tokens per decode step) by the
+suite's robust fit (``analysis.robust.huber_fit``: one record whose engine median caught a prefill or an
+idle gap must not tilt the line) with both terms ≥ 0 (a step cannot stream in negative time: a negative
+term is dropped and the other refitted alone, not clipped after the fit, which would keep a slope that
+only compensated the negative intercept); with one decode batch size only, the slope cannot be told apart
+and ``per_token_ms`` is 0 (said so). An engine whose step timer already spans the whole loop (SGLang: the
+interval between its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the
 step streams)`` to every step it prices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 
+from analysis.robust import huber_fit
 from microbench.results.records import RunRecord
 
 __all__ = ["StreamTimeFit", "fit_stream_time", "stream_time_rows"]
@@ -77,25 +76,20 @@ def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
     sizes = tuple(sorted({int(d) for d in frame["D"]}))
     d = frame["D"].to_numpy(float)
     const = np.ones((len(y), 1))
-    if len(sizes) > 1:
-        both = _robust(y, np.column_stack([const, d]))
+    if len(sizes) > 1 and len(y) > 2:
+        both = huber_fit(y, np.column_stack([const, d]))
         fixed, slope = both.params
         if fixed >= 0 and slope >= 0:
-            ci = both.conf_int(0.05)
+            ci = both.conf_int
             return StreamTimeFit(float(fixed), _pair(ci[0]), float(slope), _pair(ci[1]), len(y), sizes)
         if fixed < 0 <= slope:  # a line through the origin: the time is all per streamed token
-            alone = _robust(y, d[:, None])
-            per, ci = max(0.0, float(alone.params[0])), _pair(alone.conf_int(0.05)[0])
+            alone = huber_fit(y, d[:, None])
+            per, ci = max(0.0, float(alone.params[0])), _pair(alone.conf_int[0])
             return StreamTimeFit(0.0, (0.0, 0.0), per, ci, len(y), sizes)
         # a negative slope: the time is all per step (below)
-    alone = _robust(y, const)
-    fixed_ci = _pair(alone.conf_int(0.05)[0])
+    alone = huber_fit(y, const)
+    fixed_ci = _pair(alone.conf_int[0])
     return StreamTimeFit(max(0.0, float(alone.params[0])), fixed_ci, 0.0, None, len(y), sizes)
-
-
-def _robust(y: np.ndarray, x: np.ndarray) -> Any:
-    """Huber's M-estimator of ``y`` on ``x`` (statsmodels RLM)."""
-    return sm.RLM(y, x, M=sm.robust.norms.HuberT()).fit()
 
 
 def _pair(row: np.ndarray) -> tuple[float, float]:
