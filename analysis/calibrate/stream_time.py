@@ -80,12 +80,12 @@ def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
         both = huber_fit(y, np.column_stack([const, d]))
         fixed, slope = both.params
         if fixed >= 0 and slope >= 0:
-            ci = both.conf_int
-            return StreamTimeFit(float(fixed), _pair(ci[0]), float(slope), _pair(ci[1]), len(y), sizes)
+            fixed_ci, slope_ci = _pair(both.conf_int[0]), _pair(both.conf_int[1])
+            return StreamTimeFit(float(fixed), fixed_ci, float(slope), slope_ci, len(y), sizes)
         if fixed < 0 <= slope:  # a line through the origin: the time is all per streamed token
             alone = huber_fit(y, d[:, None])
-            per, ci = max(0.0, float(alone.params[0])), _pair(alone.conf_int[0])
-            return StreamTimeFit(0.0, (0.0, 0.0), per, ci, len(y), sizes)
+            per = max(0.0, float(alone.params[0]))
+            return StreamTimeFit(0.0, (0.0, 0.0), per, _pair(alone.conf_int[0]), len(y), sizes)
         # a negative slope: the time is all per step (below)
     alone = huber_fit(y, const)
     fixed_ci = _pair(alone.conf_int[0])
