@@ -248,7 +248,7 @@ def fit_to_sim(
 
 def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
     """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's fastest
-    ``GET /health``): no token reaches a client sooner than one round trip after its request left, so
+    ``GET /v1/models``): no token reaches a client sooner than one round trip after its request left, so
     the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
     if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:
         return settings
