@@ -9,4 +9,8 @@ each verdict naming what it judged), ``sweep_report`` (the sweep's one typed rep
 fitted from a sweep predicts a recorded trace; the calibration report says how far it is).
 """
 
+from benchcore.matplotlib_dir import private_matplotlib_dir
+
 __all__: list[str] = []
+
+private_matplotlib_dir()  # before any module of the package imports matplotlib: nothing written in ~

@@ -2,15 +2,18 @@
 
 Exit codes (README, "Exit codes"): 0 ok; 1 measured, with failures (invalid points, failed tests, an
 engine that died); 2 bad input (flags, definition files, a missing model); 130 stopped by Ctrl-C
-(SIGINT); 143 stopped by SIGTERM. A known error prints one paragraph naming the problem and what to do;
-an unknown one prints its message and where the full traceback was written (inside the command's own
-output folder when it has one, never elsewhere; else on standard error).
+(SIGINT); 143 stopped by SIGTERM; 141 stopped because the reader of its output went away (``| head``:
+quietly, as a pipe's writer stops on SIGPIPE; Python's docs, ``signal``, "Note on SIGPIPE"). A known
+error prints one paragraph naming the problem and what to do; an unknown one prints its message and
+where the full traceback was written (inside the command's own output folder when it has one, never
+elsewhere; else on standard error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import sys
 import traceback
@@ -20,10 +23,19 @@ from types import FrameType
 
 from benchcore.redact import scrub
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURES", "BadInput", "Failed", "Stopped", "run_cli"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FAILURES",
+    "BadInput",
+    "Failed",
+    "Stopped",
+    "run_cli",
+]
 
 EXIT_FAILURES = 1
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 class BadInput(Exception):
@@ -66,7 +78,15 @@ def run_cli(body: Callable[[], int], crash_dir: Callable[[], Path | None] = lamb
     """Run ``body`` inside the boundary; ``crash_dir()`` says where a traceback may be written."""
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        return body()
+        code = body()
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit
+        return code
+    except BrokenPipeError:
+        if not _reader_gone():
+            return _crashed(crash_dir)
+        # nothing more can be shown; what Python would still flush at exit goes nowhere instead
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (KeyboardInterrupt, Stopped) as exc:
         code = exc.exit_code if isinstance(exc, Stopped) else 130
         print(f"stopped ({'SIGTERM' if code == 143 else 'Ctrl-C'})", file=sys.stderr)
@@ -77,12 +97,29 @@ def run_cli(body: Callable[[], int], crash_dir: Callable[[], Path | None] = lamb
     except Failed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURES
-    except Exception as exc:  # the boundary: a traceback is never the user's answer
-        where = _write_traceback(crash_dir())
-        print(scrub(f"error: unexpected {type(exc).__name__}: {exc}\n{where}", os.environ), file=sys.stderr)
-        return EXIT_FAILURES
+    except Exception:  # the boundary: a traceback is never the user's answer
+        return _crashed(crash_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _crashed(crash_dir: Callable[[], Path | None]) -> int:
+    """Report the exception being handled as a bug: its message, and where its traceback went."""
+    exc = sys.exception()
+    where = _write_traceback(crash_dir())
+    print(scrub(f"error: unexpected {type(exc).__name__}: {exc}\n{where}", os.environ), file=sys.stderr)
+    return EXIT_FAILURES
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll says POLLERR on its end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # replaced by an object without a file (a test's capture)
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def _write_traceback(folder: Path | None) -> str:

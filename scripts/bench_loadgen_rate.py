@@ -4,14 +4,23 @@ The sim engine runs as a subprocess pinned to the last core (``--time-scale 0``:
 outputs), so the figure is the load generator's own. For each rate of ``--rates`` (uniform spacing,
 ``--seconds`` of sends) and each worker count of ``--workers``, interleaved and in alternating order,
 ``--reps`` times: schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst
-worker's p99, and the achieved send rate. One worker runs pinned to core 0 (the other core is the
-sim's); N > 1 workers may use every core. Beside them, as a yardstick in the same run (worker count 0
-in the table), the same schedule kept by a bare loop that sends nothing: the lateness the box's own
-scheduling causes (on a shared, loaded box it sets the floor of every p99). The knee of a worker count
-is the highest rate at which the median p99 stays ≤ ``--knee-ms`` (1 ms) and the sends keep ≥ 90 % of
-the rate. ``best p99`` is the lowest p99 of the reps: the generator when the box left it alone.
+worker's p99, the achieved send rate, and the client's CPU µs per request (one worker: this process's
+CPU time over the run, the last-millisecond spin included). One worker runs pinned to core 0 (the other
+core is the sim's); N > 1 workers may use every core. Beside them, as a yardstick in the same run (row
+``timer``), the same schedule kept by a bare loop that sends nothing: the lateness the box's own
+scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per tick.
+``sim E2E p50`` says whether the sim kept up (a sim that falls behind piles requests up, and each one
+past the connection pool is a new connection for the client to open). With
+``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its
+request function on asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
 
-    .venv/bin/python scripts/bench_loadgen_rate.py [--rates 1000 2000 4000 6000] [--workers 1 2] [--out F]
+The knee of each row is the highest rate at which the median p99 stays ≤ ``--knee-ms`` (1 ms) and the
+sends keep ≥ 98 % of the rate. ``best p99`` is the lowest p99 of the reps: the generator when the box
+left it alone. ``--quick``: rates 2000–5000, 2 reps of 1 s. A request still in flight 3 s after the
+last send is cancelled (the figures are the sends').
+
+    .venv/bin/python scripts/bench_loadgen_rate.py [--rates 1000 2000 4000 6000] [--workers 1 2] [--vllm]
+        [--quick] [--out F]
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import aiohttp
 import numpy as np
 
 from engine_harness.launch import free_port
+from engine_harness.process_group import _die_with_parent
 from microbench.client import aio
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import SessionSettings, Stage
@@ -73,10 +83,55 @@ async def _timer_floor(rate: float, n: int) -> list[int]:
 def floor_run(rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
     n = max(int(rate * seconds), 10)
     os.sched_setaffinity(0, set(cores[:1]))
+    cpu0 = time.process_time()
     delay_ms = np.array(aio.run(_timer_floor(rate, n)), dtype=float) / 1e6
     p99 = float(np.percentile(delay_ms, 99))
     return {"requests": n, "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99,
-            "worst_worker_p99_ms": p99, "achieved_rate": rate}  # fmt: skip
+            "worst_worker_p99_ms": p99, "achieved_rate": rate,
+            "cpu_us_per_request": (time.process_time() - cpu0) / n * 1e6}  # fmt: skip
+
+
+def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
+    """``vllm bench serve``'s loop keeping the same schedule: its ``get_request`` with burstiness=inf
+    (constant gaps) driving its request function, on asyncio's loop, pinned like one worker."""
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+    from vllm.benchmarks.serve import get_request
+
+    n = max(int(rate * seconds), 10)
+    factory = PromptFactory()
+    samples = [SampleRequest(prompt=factory.cold(PROMPT_TOKENS), prompt_len=PROMPT_TOKENS,
+                             expected_output_len=OUTPUT_TOKENS) for _ in range(n)]  # fmt: skip
+    inputs = {id(s): RequestFuncInput(prompt=s.prompt, api_url=url + "/v1/completions",
+                                      prompt_len=PROMPT_TOKENS, output_len=OUTPUT_TOKENS, model="sim",
+                                      ignore_eos=True)
+              for s in samples}  # fmt: skip
+
+    async def go() -> tuple[float, list[Any]]:
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
+        )
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=600)
+        ) as http:
+            tasks, start = [], time.perf_counter()
+            async for request, _ in get_request(samples, rate, burstiness=float("inf")):
+                tasks.append(asyncio.create_task(async_request_openai_completions(inputs[id(request)], http)))
+            return start, list(await asyncio.gather(*tasks))
+
+    os.sched_setaffinity(0, set(cores[:1]))
+    cpu0 = time.process_time()
+    start, outputs = asyncio.run(go())
+    cpu = time.process_time() - cpu0
+    sends = np.array([o.start_time for o in outputs])
+    delay_ms = np.array([(o.start_time - (start + (i + 1) / rate)) * 1e3 for i, o in enumerate(outputs)])
+    span_s = float(sends.max() - sends.min())
+    p99 = float(np.percentile(delay_ms, 99))
+    return {"requests": n, "ok": sum(o.success for o in outputs),
+            "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99, "worst_worker_p99_ms": p99,
+            "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
+            "cpu_us_per_request": cpu / n * 1e6,
+            "e2e_p50_ms": float(np.median([o.latency for o in outputs if o.success]) * 1e3)}  # fmt: skip
 
 
 def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int]) -> dict[str, Any]:
@@ -85,10 +140,12 @@ def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int
     specs = [RequestSpec(factory.cold(PROMPT_TOKENS), PROMPT_TOKENS, OUTPUT_TOKENS) for _ in range(n)]
     stage = Stage.scheduled("rate", parse_scheduler({"kind": "uniform", "rate": rate}), specs, max_requests=n)
     settings = SessionSettings.model_validate(
-        {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 60}
+        {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 3}
     )
     os.sched_setaffinity(0, set(cores[:1]) if workers == 1 else set(cores))
+    cpu0 = time.process_time()
     result = aio.run(run_sessions(settings, [stage], workers))
+    cpu = time.process_time() - cpu0
     ok = [r for r in result.records if r.status == "ok"]
     sends = np.array([r.stream.t_send_ns for r in result.records], dtype=float)
     delay_ms = np.array([r.stream.t_send_ns - r.intended_ns for r in result.records], dtype=float) / 1e6
@@ -101,8 +158,50 @@ def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int
         "p99_ms": float(np.percentile(delay_ms, 99)),
         "worst_worker_p99_ms": max(w["p99_ms"] for w in per_worker.values()),
         "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
+        # N > 1: the workers' CPU is theirs, not this process's (which only waits)
+        "cpu_us_per_request": cpu / n * 1e6 if workers == 1 else float("nan"),
+        # did the sim keep up? A sim that falls behind piles up requests, each a new connection to open
+        "max_in_flight": float(result.stages[0].max_in_flight),
+        "e2e_p50_ms": float(np.median([r.stream.t_done_ns - r.stream.t_send_ns for r in ok]) / 1e6)
+        if ok
+        else float("nan"),
         "workers": per_worker,
     }
+
+
+KNEE_SENT = 0.98  # a rate counts as kept when at least this share of it was sent
+FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms")
+
+
+def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict[str, float | None]:
+    """Per row, the highest rate whose median p99 is ≤ ``knee_ms`` with ≥ 98 % of the rate sent."""
+    return {
+        row: max((float(r) for r, fig in rates.items()
+                  if fig["p99_ms"] <= knee_ms and fig["achieved_rate"] >= KNEE_SENT * float(r)), default=None)
+        for row, rates in table.items()
+    }  # fmt: skip
+
+
+def measure(args: argparse.Namespace, url: str, cores: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """Every row at every rate, ``--reps`` times, interleaved and in alternating order."""
+    for w in args.workers:
+        one_run(url, 200, 0.5, w, cores)  # warm every path and the sim
+    rows: list[str] = ["timer", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
+    if args.vllm:
+        vllm_run(url, 200, 0.5, cores)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(args.reps):
+        for rate in args.rates:
+            for row in rows if rep % 2 == 0 else rows[::-1]:
+                if row == "timer":
+                    run = floor_run(rate, args.seconds, cores)
+                elif row == "vllm":
+                    run = vllm_run(url, rate, args.seconds, cores)
+                else:
+                    run = one_run(url, rate, args.seconds, int(row), cores)
+                runs.setdefault(f"{row}@{rate:g}", []).append(run)
+                print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
+    return runs
 
 
 def main() -> None:
@@ -116,69 +215,60 @@ def main() -> None:
     parser.add_argument(
         "--knee-ms", type=float, default=1.0, help="p99 schedule delay a kept schedule stays under"
     )
+    parser.add_argument("--vllm", action="store_true", help="add vllm bench serve's loop as a row")
+    parser.add_argument("--quick", action="store_true", help="rates 2000-5000, 2 reps of 1 s")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
     args = parser.parse_args()
+    if args.quick:
+        args.rates, args.reps, args.seconds = [2000, 3000, 4000, 5000], 2, 1.0
     if min(args.rates) <= 0 or min(args.workers) < 1 or args.reps < 1 or args.seconds <= 0:
         parser.error("rates and seconds must be > 0, workers and reps ≥ 1")
+    if args.vllm:
+        import vllm.benchmarks.serve  # noqa: F401  (a slow import: not inside a run)
     cores = sorted(os.sched_getaffinity(0))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "engine_harness.sim", "--port", str(port), "--model", "sim"]
     sim = subprocess.Popen(
         [*argv, "--time-scale", "0", "--max-num-seqs", "4096"],
-        preexec_fn=lambda: os.sched_setaffinity(0, {cores[-1]}), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: (_die_with_parent(), os.sched_setaffinity(0, {cores[-1]})),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     load_before = os.getloadavg()
-    runs: dict[str, list[dict[str, Any]]] = {}
     try:
         _wait_healthy(url)
-        for w in args.workers:
-            one_run(url, 200, 0.5, w, cores)  # warm both paths and the sim
-        for rep in range(args.reps):
-            for rate in args.rates:
-                order = [0, *args.workers]  # 0: the timer floor, the yardstick
-                for w in order if rep % 2 == 0 else order[::-1]:
-                    if w == 0:
-                        run = floor_run(rate, args.seconds, cores)
-                    else:
-                        run = one_run(url, rate, args.seconds, w, cores)
-                    runs.setdefault(f"{w}@{rate:g}", []).append(run)
-                    print(f"rep {rep} rate {rate:g} workers {w}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
+        runs = measure(args, url, cores)
     finally:
         sim.terminate()
         sim.wait()
     table: dict[str, dict[str, dict[str, float]]] = {}
     for key, reps in runs.items():
-        w, rate = key.split("@")
-        table.setdefault(w, {})[rate] = {
-            k: float(np.median([r[k] for r in reps]))
-            for k in ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate")
+        row, rate = key.split("@")
+        table.setdefault(row, {})[rate] = {
+            k: float(np.median([r.get(k, np.nan) for r in reps])) for k in FIGURES
         }
         # the least disturbed rep: what the generator does when the box leaves it alone
-        table[w][rate]["best_p99_ms"] = float(min(r["p99_ms"] for r in reps))
-    knees = {
-        w: max((float(r) for r, row in rows.items()
-                if row["p99_ms"] <= args.knee_ms and row["achieved_rate"] >= 0.9 * float(r)), default=None)
-        for w, rows in table.items()
-    }  # fmt: skip
+        table[row][rate]["best_p99_ms"] = float(min(r["p99_ms"] for r in reps))
     report = {
         "machine": f"{os.cpu_count()} cores; 1 worker on core {cores[0]}, the sim on core {cores[-1]}",
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "medians": table,
-        "knee_rate": knees,
+        "knee_rate": knees(table, args.knee_ms),
         "runs": runs,
     }
     print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
-    print(f"{'workers':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
-          f"{'best p99':>9}")  # fmt: skip
-    for w, rows in table.items():
-        for rate, row in rows.items():
-            print(f"{w:>8} {rate:>8} {row['p50_ms']:>9.3g} {row['p99_ms']:>9.3g} "
-                  f"{row['worst_worker_p99_ms']:>12.3g} {row['achieved_rate']:>11.0f} "
-                  f"{row['best_p99_ms']:>9.3g}")  # fmt: skip
-    print(f"knee (highest rate with p99 ≤ {args.knee_ms:g} ms and ≥ 90% of it sent):", knees)
+    print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
+          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12}")  # fmt: skip
+    for row, rates in table.items():
+        for rate, fig in rates.items():
+            print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
+                  f"{fig['worst_worker_p99_ms']:>12.3g} {fig['achieved_rate']:>11.0f} "
+                  f"{fig['best_p99_ms']:>9.3g} {fig['cpu_us_per_request']:>11.0f} "
+                  f"{fig['e2e_p50_ms']:>12.3g}")  # fmt: skip
+    print(f"knee (highest rate with p99 ≤ {args.knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
+    for row, knee in report["knee_rate"].items():
+        print(f"  {row:>6}: {'none' if knee is None else f'{knee:g} req/s'}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.server
+import json
 import os
 import platform
 import shutil
@@ -124,6 +125,10 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
     shutil.copytree(finished, bad_manifest, ignore=shutil.ignore_patterns(".lock"))
     text = (bad_manifest / "manifest.json").read_text().replace('"repetitions": 2', '"repetitions": -3')
     (bad_manifest / "manifest.json").write_text(text)
+    foreign = tmp / "foreign-version"  # a run holding a record of a schema this suite does not read
+    shutil.copytree(finished, foreign, ignore=shutil.ignore_patterns(".lock"))
+    record = sorted(foreign.glob("runs/*/*.json"))[0]
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"schema_version": 99}))
     garbage = tmp / "garbage"
     garbage.mkdir()
     (garbage / "manifest.json").write_text("{not json")
@@ -250,7 +255,19 @@ def rows(tmp: Path, urls: dict[str, str], finished: Path, ro: Path | None) -> li
             ["analysis.report", str(garbage)],
             out=str(tmp / "report-out"),
         ),
+        Row(
+            "analysis.report",
+            "a record of an unknown schema_version",
+            ["analysis.report", str(foreign)],
+            out=str(tmp / "report-out"),
+        ),
         Row("analysis.rederive", "run folder missing", ["analysis.rederive", str(tmp / "missing")], out=None),
+        Row(
+            "analysis.rederive",
+            "a record of an unknown schema_version",
+            ["analysis.rederive", str(foreign)],
+            out=None,
+        ),
         Row("analysis.rederive", "manifest not JSON", ["analysis.rederive", str(garbage)], out=None),
         Row(
             "analysis.compare",

@@ -25,10 +25,9 @@ from microbench.battery.profiles import Profile
 from microbench.battery.progress import progress_line
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.loadgen.metrics_series import DEFAULT_INTERVAL_S, MetricsSampler, series_frame, series_header
-from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import write_trace
-from microbench.loadgen.workers import run_sessions
+from microbench.loadgen.workers import SentCount, run_sessions
 from microbench.measure.capacity import CapacityPlan, CapacitySearch, capacity_ledger, measure_capacity
 from microbench.measure.runs import Run, run_of
 from microbench.measure.saturation import SATURATION_RULE
@@ -120,17 +119,14 @@ class BatteryContext:
             api_key_env=self.engine.api_key_env,
         )
         sampler = MetricsSampler(self.engine.base_url, self.engine.metrics, self.metrics_interval_s)
+        sent = SentCount(self.workers)
         async with sampler:
-            if self.workers > 1:  # the workers' records come back at the end: no progress lines meanwhile
-                result = await run_sessions(settings, stages, self.workers)
-            else:
-                async with LoadSession(settings) as session:
-                    ticker = asyncio.create_task(self._tick(label, session, stages)) if self.emit else None
-                    try:
-                        result = await session.run(stages)
-                    finally:
-                        if ticker is not None:
-                            ticker.cancel()
+            ticker = asyncio.create_task(self._tick(label, sent, stages)) if self.emit else None
+            try:
+                result = await run_sessions(settings, stages, self.workers, sent=sent)
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
         series = series_frame(sampler.samples, result.t0_ns)
         self._runs += 1
         if self.out_dir is not None:
@@ -151,8 +147,9 @@ class BatteryContext:
             )  # fmt: skip
         return run_of(result, series)
 
-    async def _tick(self, label: str, session: LoadSession, stages: list[Stage]) -> None:
-        """Print a progress line every ``progress_every_s`` while ``stages`` run (reads only counts)."""
+    async def _tick(self, label: str, sent: SentCount, stages: list[Stage]) -> None:
+        """Print a progress line every ``progress_every_s`` while ``stages`` run (reads only the workers'
+        counts of requests sent)."""
         assert self.emit is not None
         counts = [s.max_requests for s in stages]
         durations = [s.duration_s for s in stages]
@@ -161,7 +158,7 @@ class BatteryContext:
         t0 = time.perf_counter()
         while True:
             await asyncio.sleep(self.progress_every_s)
-            done = len(session.records)
+            done = sent.total()
             self.emit(progress_line(label, done, time.perf_counter() - t0, planned_n, planned_s))
 
     async def scrape(self, base_url: str | None = None) -> Snapshot | None:

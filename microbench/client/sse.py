@@ -60,7 +60,7 @@ class StreamChunk(msgspec.Struct):
 
 # A typed decoder builds only these fields and skips the rest of each chunk unparsed, instead of a dict
 # per chunk walked in Python: the client's one core has to keep up with hundreds of streams at once
-# (scripts/bench_loadgen.py measures the chunks it ingests per CPU second).
+# (scripts/bench_client.py measures the chunks it ingests per CPU second).
 _CHUNK = msgspec.json.Decoder(StreamChunk)
 
 

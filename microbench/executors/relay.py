@@ -68,10 +68,12 @@ class SinkCall:
 
 @dataclass(frozen=True)
 class Files:
-    """Files a sink call wrote (relative path, bytes), and the stored point when it was ``point``."""
+    """Files a sink call wrote (relative path, bytes), and the stored point when it was ``point`` (or
+    ``judge_cell``: then ``removed`` names the point records it took back)."""
 
     files: list[tuple[str, bytes]]
     stored: Stored | None = None
+    removed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,16 @@ class RelaySink:
         stored = self.inner.point(attempt, max_attempts)
         self.emit(Files(self._written(), stored))
         return stored
+
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[Stored]:
+        judged = self.inner.judge_cell(chunk, d, p, max_attempts)
+        root = self.inner.folder.root
+        for stored in judged:
+            c = stored.record.config
+            path = self.inner.folder.record_path(chunk, d, p, c.repetition)
+            removed = [] if stored.final else [path.relative_to(root).as_posix()]
+            self.emit(Files(self._written(), stored, removed))
+        return judged
 
     def baseline(
         self, chunk: int, d: int, index: int, baseline: Baseline, steady_ms: float, stamps: pd.DataFrame
@@ -203,8 +215,11 @@ class Relay:
         if isinstance(message, Files | Finished):
             for rel, data in sorted(message.files, key=lambda f: _write_order(f[0])):
                 atomic_write_bytes(_inside(self.sink.folder.root, rel), data)
+        if isinstance(message, Files):
+            for rel in message.removed:
+                _inside(self.sink.folder.root, rel).unlink(missing_ok=True)
         if isinstance(message, Files) and message.stored is not None:
-            self.points += message.stored.done
+            self.points += message.stored.done - message.stored.taken_back  # taken back: counted before
             self.events.stored(message.stored)
         elif isinstance(message, SinkCall) and message.method in _SINK_CALLS:
             if message.method == "engine_started":

@@ -66,6 +66,7 @@ def _row(rec: RequestRecord, t0_ns: int) -> dict[str, Any]:
         "request_id": rec.request_id,
         "stage": rec.stage,
         "warmup": rec.warmup,
+        "worker": rec.worker,
         "client_id": spec.client_id,
         "tenant_id": spec.tenant_id,
         "slo_class": spec.slo_class,

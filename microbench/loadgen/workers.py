@@ -16,7 +16,8 @@ The workers' records come back (parsed, pickled) and are merged into one ``Sessi
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
 of the workers' maxima, an upper bound). ``RequestRecord.worker`` says who sent what;
 ``worker_delays`` gives each worker's schedule delay, the figure that shows which one fell behind.
-One worker (the default) runs in this process, as before.
+One worker (the default) runs in this process, as before. ``SentCount`` lets a progress display (the
+battery's) read how many requests the workers have sent while they run.
 """
 
 from __future__ import annotations
@@ -37,20 +38,37 @@ from microbench.loadgen.events import EventHook
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionResult, SessionSettings, Stage, StageOutcome
 
-__all__ = ["merge_results", "run_sessions", "worker_delays"]
+__all__ = ["SentCount", "merge_results", "run_sessions", "worker_delays"]
 
 _LEAD_NS = 50_000_000  # a stage starts this long after the last worker reached the barrier
+_COUNT_EVERY_S = 0.5
+
+
+class SentCount:
+    """Requests sent so far by each worker, in shared memory: a progress display reads ``total()`` while
+    the workers run (each writes its own slot twice a second)."""
+
+    def __init__(self, workers: int) -> None:
+        self.slots = mp.get_context("fork").Array("q", workers, lock=False)
+
+    def total(self) -> int:
+        return int(sum(self.slots))
 
 
 async def run_sessions(
-    settings: SessionSettings, stages: list[Stage], workers: int = 1, hooks: Iterable[EventHook] = ()
+    settings: SessionSettings,
+    stages: list[Stage],
+    workers: int = 1,
+    hooks: Iterable[EventHook] = (),
+    sent: SentCount | None = None,
 ) -> SessionResult:
-    """Run ``stages`` in ``workers`` processes (1: in this one) and return the merged result."""
+    """Run ``stages`` in ``workers`` processes (1: in this one) and return the merged result; ``sent``
+    (one slot per worker) counts the requests sent so far while they run."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
     if workers == 1:
         async with LoadSession(settings, hooks=hooks) as session:
-            return await session.run(stages)
+            return await _counted(session, stages, sent, 0)
     if list(hooks):
         raise ValueError("event hooks run in one process: use them with one worker")
     ctx = mp.get_context("fork")  # the children inherit the stages' plans (iterators, closures) as they are
@@ -58,7 +76,9 @@ async def run_sessions(
     barrier = ctx.Barrier(workers, action=lambda: _set_start(start))
     pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
     procs = [
-        ctx.Process(target=_worker, args=(k, workers, settings, stages, barrier, start, send), daemon=True)
+        ctx.Process(
+            target=_worker, args=(k, workers, settings, stages, barrier, start, send, sent), daemon=True
+        )
         for k, (_, send) in enumerate(pipes)
     ]
     for proc in procs:
@@ -79,6 +99,26 @@ async def run_sessions(
     return merge_results([a for a in answers if isinstance(a, SessionResult)])
 
 
+async def _counted(
+    session: LoadSession, stages: list[Stage], sent: SentCount | None, k: int
+) -> SessionResult:
+    """``session.run(stages)``, writing its requests sent so far into ``sent``'s slot ``k`` meanwhile."""
+
+    async def count() -> None:
+        assert sent is not None
+        while True:
+            sent.slots[k] = len(session.records)
+            await asyncio.sleep(_COUNT_EVERY_S)
+
+    counter = None if sent is None else asyncio.create_task(count())
+    try:
+        return await session.run(stages)
+    finally:
+        if counter is not None:
+            counter.cancel()
+            sent.slots[k] = len(session.records)  # type: ignore[union-attr]
+
+
 def _set_start(start: Any) -> None:
     start.value = time.perf_counter_ns() + _LEAD_NS
 
@@ -91,7 +131,14 @@ def _receive(recv: Connection) -> SessionResult | str:
 
 
 def _worker(
-    k: int, n: int, settings: SessionSettings, stages: list[Stage], barrier: Any, start: Any, send: Connection
+    k: int,
+    n: int,
+    settings: SessionSettings,
+    stages: list[Stage],
+    barrier: Any,
+    start: Any,
+    send: Connection,
+    sent: SentCount | None,
 ) -> None:
     async def stage_start() -> int:
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
@@ -99,7 +146,7 @@ def _worker(
 
     async def main() -> SessionResult:
         async with LoadSession(settings, share=(k, n), stage_start=stage_start) as session:
-            return await session.run(stages)
+            return await _counted(session, stages, sent, k)
 
     try:
         result = aio.run(main())

@@ -34,6 +34,11 @@ class LevelRow(StrictModel):
     success_rate: float | None = Field(..., description="None: no request was sent")
     window_s: float | None = Field(default=None, description="measured window (s): nominal, less the ramp")
     sent_rps: float | None = Field(default=None, description="requests/s sent inside the window")
+    backlog: int | None = Field(
+        default=None,
+        description="requests sent before the window and not finished by its start: with the window's sends, "
+        "the most that can finish inside it (None: a report from before this field)",
+    )
     output_tps: float = Field(..., description="output tokens/s finished in the window")
     output_tps_ci: float | None = Field(
         default=None,
@@ -84,6 +89,7 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
         success_rate=float(ok.mean()) if len(lat) else None,
         window_s=span,
         sent_rps=float(np.sum((send >= begin) & (send < end))) / span,
+        backlog=int(np.sum(send < begin) - np.sum(ok & (done < begin))),
         output_tps=float(np.nansum(out_tokens)) / span,
         output_tps_ci=1.96 * math.sqrt(n_done) * per_request / span,
         input_tps=float(np.nansum(lat["input_tokens"].to_numpy(dtype=float)[finished])) / span,

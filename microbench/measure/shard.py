@@ -4,8 +4,11 @@
 it up, primes the shared decode prefix and measures every (D, P, repetition) of the plan that the sink
 does not hold yet: bare prefills for D = 0 (here) and injections into steady decode batches for D > 0
 (``measure.batches``). Each attempt goes to the sink in one call; infrastructure faults (the engine died,
-refused, answered 5xx) spend no attempt and are ridden out. The sweep calls it per chunk size; an
-ablation or the Ray executor calls it the same way with its own plan and sink.
+refused, answered 5xx) spend no attempt and are ridden out. Once a D's points are measured (and before
+anything is, on ``--resume``), each of its cells is judged against its repetitions
+(``microbench.results.validity.judged``): a point the others say the engine stalled in is measured
+again. The sweep calls it per chunk size; an ablation or the Ray executor calls it the same way with its
+own plan and sink.
 """
 
 from __future__ import annotations
@@ -65,9 +68,30 @@ class ShardContext:
 
 async def measure_shard(plan: ShardPlan, sink: PointSink, context: ShardContext) -> None:
     """Measure every point of ``plan`` that ``sink`` does not hold yet (nothing starts when none is left)."""
+    judge_cells(plan, sink, context, plan.decode_batch_sizes)
     if all(sink.is_done(plan.chunk, d, p, r) for d, p, r in plan.points()):
         return
     await Shard(plan, sink, context).run()
+
+
+def judge_cells(plan: ShardPlan, sink: PointSink, context: ShardContext, ds: list[int]) -> None:
+    """Judge every cell of ``plan`` with a D in ``ds`` against its repetitions; report what was taken back."""
+    for d in ds:
+        for p in plan.prefill_tokens:
+            for stored in sink.judge_cell(plan.chunk, d, p, plan.max_attempts):
+                _report_invalid(context.console, stored)
+                context.events.stored(stored)
+
+
+def _report_invalid(console: Console, stored: Stored) -> None:
+    record = stored.record
+    if not record.validity.valid:
+        console.print(
+            f"[yellow]invalid: chunk {record.config.chunk_size} {_name(record)} "
+            f"attempt {record.validity.attempt}: {'; '.join(record.validity.reasons)}"
+            + (" (infrastructure: not counted)" if stored.blamed else "")
+            + (" (measured again)" if stored.taken_back and not stored.final else "")
+        )
 
 
 class Shard:
@@ -126,25 +150,34 @@ class Shard:
             await faults.back_off(fault)
         return restarted
 
-    async def _run_cells(self, client: EngineClient) -> None:
+    def _todo(self, d: int) -> list[tuple[int, int]]:
+        """The (P, repetition) of D still to measure, once D's cells are judged against their repetitions."""
         chunk = self.plan.chunk
+        judge_cells(self.plan, self.sink, self.ctx, [d])
+        points = self.plan.points()
+        return [(p, r) for dd, p, r in points if dd == d and not self.sink.is_done(chunk, d, p, r)]
+
+    async def _run_cells(self, client: EngineClient) -> None:
         for d in self.plan.decode_batch_sizes:
-            todo = [
-                (p, r) for dd, p, r in self.plan.points() if dd == d and not self.sink.is_done(chunk, d, p, r)
-            ]
-            while todo:
-                try:
-                    if d == 0:
-                        await self._bare_points(client, todo)
-                    else:
-                        await self._batched_points(client, d, todo)
-                except ProtocolError as exc:
-                    # The engine answered but could not be brought into the state a measurement needs
-                    # (e.g. never idle): an attempt of the point in hand. Infrastructure faults go up.
-                    p, r = todo[0]
-                    self.fail_point(d, p, r, f"{type(exc).__name__}: {exc}")
-                    if self.sink.is_done(chunk, d, p, r):
-                        todo.pop(0)
+            while todo := self._todo(d):
+                await self._run_points(client, d, todo)
+
+    async def _run_points(self, client: EngineClient, d: int, todo: list[tuple[int, int]]) -> None:
+        """Measure every (P, repetition) of ``todo`` at D until each is final."""
+        chunk = self.plan.chunk
+        while todo:
+            try:
+                if d == 0:
+                    await self._bare_points(client, todo)
+                else:
+                    await self._batched_points(client, d, todo)
+            except ProtocolError as exc:
+                # The engine answered but could not be brought into the state a measurement needs
+                # (e.g. never idle): an attempt of the point in hand. Infrastructure faults go up.
+                p, r = todo[0]
+                self.fail_point(d, p, r, f"{type(exc).__name__}: {exc}")
+                if self.sink.is_done(chunk, d, p, r):
+                    todo.pop(0)
 
     def fail_point(self, d: int, p: int, r: int, why: str) -> None:
         """An attempt that failed outside the protocol's own checks: stored with why, derived like any."""
@@ -154,13 +187,7 @@ class Shard:
         """Hand the attempt to the sink and report it; True when its point is final."""
         with self.timing.phase("store + derive"):
             stored = self.sink.point(attempt, self.plan.max_attempts)
-        record = stored.record
-        if not record.validity.valid:
-            self.ctx.console.print(
-                f"[yellow]invalid: chunk {self.plan.chunk} {_name(record)} "
-                f"attempt {record.validity.attempt}: {'; '.join(record.validity.reasons)}"
-                + (" (infrastructure: not counted)" if stored.blamed else "")
-            )
+        _report_invalid(self.ctx.console, stored)
         faults = self.ctx.faults
         if stored.blamed and not faults.spend():
             raise SweepAborted(f"{faults.limit} infrastructure faults in a row; the last: {stored.blamed[0]}")

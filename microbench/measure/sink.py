@@ -54,11 +54,13 @@ class Attempt:
 @dataclass(frozen=True)
 class Stored:
     """A stored attempt: its derived record, whether the point is now final, and the infrastructure
-    reasons that spoiled it (such an attempt spends none of ``max_attempts``)."""
+    reasons that spoiled it (such an attempt spends none of ``max_attempts``). ``taken_back``: a point
+    stored as done, judged invalid against its cell since (``RunFolder.judge_cell``)."""
 
     record: RunRecord
     final: bool
     blamed: list[str]
+    taken_back: bool = False
 
     @property
     def done(self) -> bool:
@@ -71,6 +73,8 @@ class PointSink(Protocol):
     def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool: ...
 
     def point(self, attempt: Attempt, max_attempts: int) -> Stored: ...
+
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[Stored]: ...
 
     def baseline(
         self, chunk: int, d: int, index: int, baseline: Baseline, steady_ms: float, stamps: pd.DataFrame
@@ -140,6 +144,11 @@ class FolderSink:
         final = not blamed and spent + 1 >= max_attempts
         self.folder.write_point(record, final)
         return Stored(record, final, blamed)
+
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[Stored]:
+        """The cell's points judged against its repetitions and taken back (``RunFolder.judge_cell``)."""
+        judged = self.folder.judge_cell(chunk, d, p, max_attempts)
+        return [Stored(record, final, [], taken_back=True) for record, final in judged]
 
     def baseline(
         self, chunk: int, d: int, index: int, baseline: Baseline, steady_ms: float, stamps: pd.DataFrame

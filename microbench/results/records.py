@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from benchcore.schema import StrictModel
 from engine_harness.step_model import Scheduling
@@ -37,6 +37,7 @@ __all__ = [
     "RunConfig",
     "RunRecord",
     "ShardRun",
+    "UnreadableRecord",
     "Validity",
     "point_name",
     "read_record",
@@ -339,8 +340,6 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
     its penalty was the identity solution over every prefill step against the local baseline, its ratio
     divided by the batch's baseline. They are kept under the names that say so, never as today's."""
     version = data.get("schema_version")
-    if version not in READABLE_VERSIONS:
-        raise ValueError(f"schema_version {version!r} is not one this suite reads ({READABLE_VERSIONS})")
     if version == 1 and "derived" in data:
         data = json.loads(json.dumps(data))
         if data.get("baseline"):
@@ -360,10 +359,30 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+class UnreadableRecord(ValueError):
+    """A stored file that is no record this suite reads; the message names the file and why."""
+
+
 def read_record(path: Path, model: type[M]) -> M:
-    """Load a stored record of any readable schema version as the current model."""
+    """Load a stored record of any readable schema version as the current model (``UnreadableRecord``:
+    not JSON, not UTF-8, no or an unknown ``schema_version``, or not a valid ``model``)."""
+    name = model.__name__
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    return model.model_validate(_upgrade(data))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnreadableRecord(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UnreadableRecord(f"{path} is not a stored {name} (a JSON object)")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        which = "names no schema_version" if version is None else f"has schema_version {version!r}"
+        raise UnreadableRecord(
+            f"{path} {which}; this suite reads versions {', '.join(map(str, READABLE_VERSIONS))} of a "
+            f"{name} (a file of another version of the suite, or not one of its records)"
+        )
+    try:
+        return model.model_validate(_upgrade(data))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+        raise UnreadableRecord(f"{path} is not a valid {name} (v{version}): {problems}{more}") from None

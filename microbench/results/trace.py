@@ -2,7 +2,8 @@
 
 One row per request with the seed-003 columns that apply (client, tenant, SLO class, session and round,
 prefix group, streaming, input/output tokens, intended and actual send times, first and last chunk, number
-of chunks) plus every chunk's stamp and token count, status, HTTP status and error text. Times are integer
+of chunks) plus every chunk's stamp and token count, status, HTTP status and error text, and the
+load-generation worker that sent it (empty in a trace written before that column). Times are integer
 nanoseconds of ``perf_counter_ns`` measured from the session start; ``session_start_unix_ns`` in the
 header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` come from the server's
 ``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens per chunk.
@@ -38,13 +39,14 @@ __all__ = [
 
 LIST_COLUMNS = ("chunk_ns", "chunk_tokens")
 TRACE_COLUMNS = (
-    "request_id", "stage", "warmup", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
-    "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens", "input_tokens",
-    "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns", "headers_ns",
-    "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
+    "request_id", "stage", "warmup", "worker", "client_id", "tenant_id", "slo_class", "session_id",
+    "round_index", "prefix_group", "prefix_tokens", "streaming", "prompt_tokens", "max_tokens",
+    "input_tokens", "output_tokens", "cached_tokens", "intended_ns", "send_ns", "schedule_delay_ns",
+    "headers_ns", "first_chunk_ns", "last_chunk_ns", "done_ns", "num_chunks", "chunk_ns", "chunk_tokens",
     "tokens_from_usage", "finish_reason", "status", "http_status", "error",
 )  # fmt: skip
 INT_COLUMNS = (
+    "worker",
     "input_tokens",
     "output_tokens",
     "cached_tokens",
@@ -150,7 +152,10 @@ def read_trace(out_dir: str | Path) -> tuple[TraceHeader, pd.DataFrame]:
             f"{out} holds a trace of version {raw.get('trace_version')!r}; this suite reads version 1"
         )
     header = TraceHeader.model_validate(raw)
-    return header, pd.read_parquet(out / "trace.parquet")
+    frame = pd.read_parquet(out / "trace.parquet")
+    if "worker" not in frame.columns:  # a trace from before the column: who sent what is not known
+        frame.insert(TRACE_COLUMNS.index("worker"), "worker", pd.array([None] * len(frame), dtype="Int64"))
+    return header, frame
 
 
 def read_metrics(out_dir: str | Path) -> pd.DataFrame | None:

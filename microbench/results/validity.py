@@ -18,7 +18,25 @@ An engine can also freeze *between* steps: where the engine times its own steps 
 field, synchronous scheduling) every step looks normal, but the stamps of two consecutive step lines lie
 further apart than the later step took. While requests are running the engine is never idle, so such a
 gap beyond the same bounds (against the median step) is a stall too (``stalled_between_steps``).
-Pure: steps in, reasons out.
+
+A point can hold too few steps to judge (a bare prefill of one or two chunks: no peers), and one large
+prefill step's bound is generous. The reference then comes from outside the point: the cell's other
+repetitions (same chunk, D, P and engine), judged by ``judged``. A point whose prefill (send → first
+token, ``prefill_duration_ms``: every engine's, with or without a step log) took more than
+``CELL_FACTOR`` times the median of at least two other repetitions, and ``MIN_EXCESS_MS`` beyond it, is
+invalid with a reason naming that reference (``IN_CELL``). Repetitions do the same work, so they agree
+far closer than a step and its peers (CPU noise: ±30 %); ``CELL_FACTOR`` is the 3× beyond which
+``analysis.table`` already leaves a repetition out of its cell. The sweep measures such a point again
+within ``max_attempts`` (``RunFolder.judge_cell``, on every pass and on ``--resume``) and
+``analysis.rederive`` applies the same function. Freezing only lengthens a prefill, so a frozen
+repetition drags the median of the others of a cell up, never down: one slow reference hides a freeze at
+worst, it never flags a sound point.
+
+Not the engine's CPU counters: the sim engine and a GPU engine waiting on its device accrue little CPU
+time while they work, so little CPU time over a window does not say "frozen"; and an external engine's
+processes are not the suite's to read.
+
+Pure: steps (or a cell's records) in, reasons out.
 """
 
 from __future__ import annotations
@@ -28,12 +46,25 @@ import statistics
 from collections.abc import Sequence
 
 from engine_harness.steps import EngineStep
+from microbench.results.records import RunRecord
 
-__all__ = ["FACTOR", "MIN_EXCESS_MS", "implausible_steps", "stalled_between_steps"]
+__all__ = [
+    "CELL_FACTOR",
+    "FACTOR",
+    "IN_CELL",
+    "MIN_EXCESS_MS",
+    "implausible_steps",
+    "judged",
+    "stalled_between_steps",
+    "stalled_in_cell",
+]
 
 FACTOR = 10.0
 MIN_EXCESS_MS = 1000.0
 _MIN_PEERS = 3
+CELL_FACTOR = 3.0
+_MIN_OTHER_REPS = 2
+IN_CELL = "implausible against its cell: "  # how a reason of ``judged`` starts
 
 
 def _tokens(step: EngineStep) -> int:
@@ -95,3 +126,46 @@ def stalled_between_steps(
                 "out), not interference"
             )
     return reasons
+
+
+def stalled_in_cell(
+    took_ms: float | None,
+    others_ms: Sequence[float],
+    factor: float = CELL_FACTOR,
+    min_excess_ms: float = MIN_EXCESS_MS,
+) -> str | None:
+    """The reason a point's prefill of ``took_ms`` is implausible against the same cell's other
+    repetitions (``others_ms``, two or more); None when it is plausible or there is nothing to judge by."""
+    if took_ms is None or len(others_ms) < _MIN_OTHER_REPS:
+        return None
+    expected = statistics.median(others_ms)
+    if took_ms > factor * expected and took_ms - expected > min_excess_ms:
+        return (
+            f"{IN_CELL}its prefill took {took_ms:.0f} ms where the median of the cell's other "
+            f"{len(others_ms)} repetitions is {expected:.0f} ms: the engine stalled (frozen, paused or "
+            "swapped out), not interference"
+        )
+    return None
+
+
+def _derived_valid(record: RunRecord) -> bool:
+    """Valid by its own attempt's derivation (``derive``), whatever its cell said of it."""
+    return all(r.startswith(IN_CELL) for r in record.validity.reasons)
+
+
+def judged(record: RunRecord, cell: Sequence[RunRecord]) -> RunRecord:
+    """``record`` (one attempt of a cell) judged against ``cell``, the cell's point records (one per
+    repetition, as stored under runs/): invalid with ``stalled_in_cell``'s reason when its prefill was
+    implausible against the other repetitions valid by their own derivation; as it is otherwise."""
+    if not _derived_valid(record):
+        return record
+    rep = record.config.repetition
+    others = [
+        r.interference.prefill_duration_ms
+        for r in cell
+        if r.config.repetition != rep and _derived_valid(r) and r.interference.prefill_duration_ms is not None
+    ]
+    reason = stalled_in_cell(record.interference.prefill_duration_ms, others)
+    reasons = [reason] if reason else []
+    validity = record.validity.model_copy(update={"valid": reason is None, "reasons": reasons})
+    return record.model_copy(update={"validity": validity})

@@ -56,6 +56,8 @@ class _Display(ShardEvents):
             self.last_ratio = record.derived.penalty_ratio
         else:
             self.invalid_attempts += 1
+        if stored.taken_back:  # counted done when it was stored; judged against its cell since
+            self.progress.advance(self.task, -1)
         if stored.done:
             c = record.config
             self.clock.finished(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)

@@ -282,16 +282,20 @@ async def test_a_long_load_run_prints_progress_while_it_goes(tmp_path: Path) -> 
     assert "left" in lines[-1]
 
 
-async def test_a_load_run_goes_through_worker_processes(tmp_path: Path) -> None:
+async def test_a_load_run_goes_through_worker_processes_and_shows_progress(tmp_path: Path) -> None:
+    lines: list[str] = []
     async with SimServer(SIM) as sim:
-        ctx = _ctx(sim, tmp_path, workers=2)
+        ctx = _ctx(sim, tmp_path, workers=2, emit=lines.append, progress_every_s=0.5)
         stage = Stage.scheduled(
             "level",
-            parse_scheduler({"kind": "uniform", "rate": 40.0}),
+            parse_scheduler({"kind": "uniform", "rate": 20.0}),
             ctx.fixed_requests(64, 4),
-            max_requests=20,
+            max_requests=40,
         )
         run = await ctx.run("ttft", [stage])
-    assert len(run.latencies) == 20
+    assert len(run.latencies) == 40
     trace = (tmp_path / "traces" / "ttft" / "trace.csv").read_text().splitlines()
-    assert len(trace) == 21  # one merged trace: a header and the 20 requests of both workers
+    assert len(trace) == 41  # one merged trace: a header and the 40 requests of both workers
+    # 40 requests at 20/s: about 2 s; the workers' counts reach the display while they run
+    sent = [int(line.split(": ")[1].split("/")[0]) for line in lines]
+    assert len(sent) >= 2 and 0 < sent[-1] <= 40 and sent == sorted(sent), lines

@@ -19,23 +19,17 @@ from microbench.measure.sustainable import capacity_from
 
 def _row(rate: float, tokens: float = 10.0):  # type: ignore[no-untyped-def]
     send = np.arange(0, 10, 1 / rate)
-    n = send.size
-    lat = pd.DataFrame(
+    return level_row(StageWindow("level", _frame(send, send + 0.2, tokens), 0.0, 10.0, 10.3), rate)
+
+
+def _frame(send: np.ndarray, done: np.ndarray, tokens: float = 10.0) -> pd.DataFrame:
+    return pd.DataFrame(
         {
-            "ok": True,
-            "slo_class": "",
-            "client_id": "a",
-            "input_tokens": 100.0,
-            "output_tokens": tokens,
-            "send_s": send,
-            "done_s": send + 0.2,
-            "ttft_s": np.linspace(0.01, 0.05, n),
-            "tpot_s": 0.01,
-            "e2e_s": 0.2,
-            "error": None,
+            "ok": True, "slo_class": "", "client_id": "a", "input_tokens": 100.0, "output_tokens": tokens,
+            "send_s": send, "done_s": done, "ttft_s": np.linspace(0.01, 0.05, send.size), "tpot_s": 0.01,
+            "e2e_s": done - send, "error": None,
         }
-    )
-    return level_row(StageWindow("level", lat, 0.0, 10.0, 10.3), rate)
+    )  # fmt: skip
 
 
 def _report(levels, ledger) -> BatteryReport:  # type: ignore[no-untyped-def]
@@ -84,15 +78,52 @@ def test_a_max_below_a_sustainable_level_fails_loudly_and_is_not_swapped() -> No
 
 def test_a_rate_above_the_offered_one_and_disordered_percentiles_fail() -> None:
     row = _row(10.0)
-    inflated = row.model_copy(update={"request_rps": 14.0})  # e.g. a window that lost its empty tail
+    inflated = row.model_copy(update={"sent_rps": 14.0})  # e.g. a window that lost its empty tail
     inflated.ttft = Distribution(
         count=3, min=0.01, p50=0.03, p90=0.02, p95=0.04, p99=0.05, p999=0.05, max=0.05
     )
     report = _report([inflated], [ledger_entry("5.3", "x", inflated)])
     problems = check_report(report)
-    assert any("completions" in p and "offered" in p for p in problems)
+    assert any("requests sent" in p and "offered" in p for p in problems)
     assert any("percentiles out of order (p50 0.03 > p90 0.02)" in p for p in problems)
     assert distribution_order(Distribution(count=0)) is None
+
+
+def _stalled_level(stall_s: float):  # type: ignore[no-untyped-def]
+    """10 req/s for 10 s; the engine answers nothing until ``stall_s``, then drains 100 req/s until
+    caught up, then 0.2 s after each send."""
+    send = np.arange(0, 10, 0.1)
+    done = np.empty_like(send)
+    free = stall_s
+    for i, t in enumerate(send):
+        free = max(free + 0.01, t + 0.2)
+        done[i] = free
+    return level_row(StageWindow("level", _frame(send, done), 0.0, 10.0, 10.3), 10.0)
+
+
+def test_a_backlog_draining_in_the_window_is_consistent() -> None:
+    # the false positive: a stall before the window, its backlog finishes inside it, so the window
+    # completes more than its own arrivals (and more than 3σ above the offered count); nothing is wrong
+    row = _stalled_level(stall_s=6.0)
+    window = row.window_s
+    assert window is not None
+    done = round(row.request_rps * window)
+    assert done > row.offered * window + 3 * np.sqrt(row.offered * window) + 1  # what the old rule flagged
+    assert row.backlog is not None and row.backlog > 0
+    assert done <= row.backlog + round(row.sent_rps * window)  # type: ignore[operator]
+    assert check_report(_report([row], [ledger_entry("5.3", "x", row)])) == []
+
+
+def test_more_completions_than_could_finish_in_the_window_fail() -> None:
+    # hand-built counts: 20 waiting at the window's start, 30 sent in it, 60 finished in it: 10 too many
+    row = _row(10.0)
+    window = row.window_s
+    assert window is not None
+    bad = row.model_copy(update={"backlog": 20, "sent_rps": 30 / window, "request_rps": 60 / window})
+    problems = check_report(_report([bad], [ledger_entry("5.3", "x", bad)]))
+    assert any("60 completions" in p and "(20 waiting at its start + 30 sent in it)" in p for p in problems)
+    exact = row.model_copy(update={"backlog": 20, "sent_rps": 30 / window, "request_rps": 50 / window})
+    assert not any("completions" in p for p in check_report(_report([exact], [])))
 
 
 def test_the_committed_conformant_run_is_conformant_and_consistent() -> None:

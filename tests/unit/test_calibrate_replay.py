@@ -126,9 +126,12 @@ def test_predicted_trace_round_trips_and_reports(tmp_path: Path) -> None:
     rows[0]["warmup"] = True
     rows.append(_row(40, 4000, [], status="timeout"))
     real = _write(tmp_path / "real", rows)
+    old = pd.read_parquet(real / "trace.parquet").drop(columns="worker")  # a trace from before the column
+    old.to_parquet(real / "trace.parquet", index=False)
     predict_trace(real, _settings(), tmp_path / "pred")
     head, pred = read_trace(tmp_path / "pred")
     assert tuple(pred.columns) == TRACE_COLUMNS and head.engine["kind"] == "prediction"
+    assert pred["worker"].isna().all()
     assert pred["first_chunk_ns"].tolist()[:2] == [51 * MS, 151 * MS]  # 1 + 0.05 × 1000 after the send
     assert pred.at[40, "status"] == "timeout" and pd.isna(pred.at[40, "first_chunk_ns"])
     report = calibration_report(real, tmp_path / "pred", n_boot=200)

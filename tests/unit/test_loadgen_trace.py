@@ -34,7 +34,7 @@ def _result(delays_ms: list[float], gap_ms: float = 10.0) -> SessionResult:
 def test_rows_columns_and_csv(tmp_path: Path) -> None:
     header = write_trace(tmp_path, _result([1.0] * 30))
     _, rows = read_trace(tmp_path)
-    assert tuple(rows.columns) == TRACE_COLUMNS
+    assert tuple(rows.columns) == TRACE_COLUMNS and set(rows["worker"]) == {0}
     row = rows.iloc[1]
     assert (row["intended_ns"], row["send_ns"], row["schedule_delay_ns"]) == (
         10_000_000,
@@ -47,6 +47,15 @@ def test_rows_columns_and_csv(tmp_path: Path) -> None:
     assert health.schedule_delay_p50_ms == pytest.approx(1.0)
     assert health.achieved_rate == pytest.approx(100.0) and health.scheduled_rate == pytest.approx(100.0)
     assert not header.saturated and header.warnings == []
+
+
+def test_a_trace_from_before_the_worker_column_reads_with_it_empty(tmp_path: Path) -> None:
+    write_trace(tmp_path, _result([1.0] * 5))
+    old = pd.read_parquet(tmp_path / "trace.parquet").drop(columns="worker")
+    old.to_parquet(tmp_path / "trace.parquet", index=False)
+    _, rows = read_trace(tmp_path)
+    assert tuple(rows.columns) == TRACE_COLUMNS and rows["worker"].isna().all() and len(rows) == 5
+    assert read_trace(tmp_path)[1]["send_ns"].tolist() == rows["send_ns"].tolist()
 
 
 def test_generator_falling_behind_is_flagged(tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
-"""The interference shard's plan and entry: what it measures, in which order, and when it starts nothing."""
+"""The interference shard's plan and entry: what it measures, in which order, and when it starts nothing
+(and that a point judged stalled against its cell is measured again, on ``--resume`` too)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import pytest
 from rich.console import Console
 
 from engine_harness.engines import EngineSpec
 from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext, measure_shard
+from microbench.measure.shard import Shard, ShardContext, measure_shard
 
 
 def _plan(**over: Any) -> ShardPlan:
@@ -51,6 +54,9 @@ class _AllDone:
     def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
         return True
 
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[Any]:
+        return []  # every cell judged sound
+
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a shard with nothing left called sink.{name}")
 
@@ -58,3 +64,37 @@ class _AllDone:
 async def test_a_shard_with_every_point_stored_starts_no_engine() -> None:
     async with aiohttp.ClientSession() as session:
         await measure_shard(_plan(), _AllDone(), ShardContext(session, Console(quiet=True)))  # type: ignore[arg-type]
+
+
+class _OneTakenBack(_AllDone):
+    """Every point stored; the first cell judged finds one of them stalled (as on ``--resume``)."""
+
+    def __init__(self) -> None:
+        self.taken: set[tuple[int, int, int, int]] = set()
+
+    def is_done(self, chunk: int, d: int, p: int, rep: int) -> bool:
+        return (chunk, d, p, rep) not in self.taken
+
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[Any]:
+        if (d, p) != (0, 256):
+            return []
+        self.taken.add((chunk, d, p, 1))
+        record = SimpleNamespace(validity=SimpleNamespace(valid=False, reasons=["stalled"], attempt=0),
+                                 config=SimpleNamespace(chunk_size=chunk, decode_batch_size=d,
+                                                        new_prefill_tokens=p, repetition=1))  # fmt: skip
+        return [SimpleNamespace(record=record, blamed=[], taken_back=True, final=False, done=False)]
+
+
+async def test_a_stored_point_judged_stalled_against_its_cell_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[bool] = []
+
+    async def run(self: Shard) -> None:
+        ran.append(True)
+
+    monkeypatch.setattr(Shard, "run", run)
+    sink = _OneTakenBack()
+    async with aiohttp.ClientSession() as session:
+        await measure_shard(_plan(), sink, ShardContext(session, Console(quiet=True)))  # type: ignore[arg-type]
+    assert ran == [True] and sink.taken == {(512, 0, 256, 1)}  # judged before "nothing left" was decided

@@ -24,6 +24,7 @@ from microbench.results.records import (
     point_name,
     read_record,
 )
+from microbench.results.validity import IN_CELL, judged
 
 __all__ = ["RunFolder", "attempt_stem"]
 
@@ -92,6 +93,35 @@ class RunFolder(JobFolder):
         paths = (self.root / "invalid" / str(chunk)).glob(f"{point_name(d, p, rep)}_a*.json")
         records = (_readable(path) for path in paths)
         return sum(1 for r in records if r is not None and not infrastructure_reasons(r.validity.reasons))
+
+    def cell_records(self, chunk: int, d: int, p: int) -> list[RunRecord]:
+        """The readable point records of one cell (chunk, D, P) under runs/, one per repetition."""
+        paths = sorted((self.root / "runs" / str(chunk)).glob(f"D{d}_P{p}_r*.json"))
+        return [r for r in map(_readable, paths) if r is not None]
+
+    def judge_cell(self, chunk: int, d: int, p: int, max_attempts: int) -> list[tuple[RunRecord, bool]]:
+        """Judge every point of a cell against its other repetitions (``validity.judged``). A point
+        judged implausible is an invalid attempt under invalid/ (it spends one) and leaves runs/ to be
+        measured again; once its attempts are spent it stays under runs/, invalid. Returns each point it
+        judged so, with whether it is final; a point already stored so is left as it is."""
+        cell = self.cell_records(chunk, d, p)
+        out = []
+        for record in cell:
+            verdict = judged(record, cell)
+            if not any(r.startswith(IN_CELL) for r in verdict.validity.reasons):
+                continue
+            c = verdict.config
+            stem = attempt_stem(d, p, c.repetition, verdict.validity.attempt)
+            copy = self.invalid_path(chunk, stem)
+            spent = self.spent_attempts(chunk, d, p, c.repetition) - copy.exists()
+            final = spent + 1 >= max_attempts
+            if final and verdict == record and copy.exists():
+                continue
+            self.write_point(verdict, final)
+            if not final:
+                self.record_path(chunk, d, p, c.repetition).unlink()
+            out.append((verdict, final))
+        return out
 
     def point_paths(self) -> list[Path]:
         """The points' records under runs/ (the valid one, or the last invalid one once retries are spent)."""
