@@ -6,6 +6,13 @@ hand-off, and the first token's way back. It grows with the prompt: ``frontend_m
 fitted robustly (``analysis.robust.huber_fit``): on a loaded host a few injections wait for a core and take
 3–10× the usual time (a CPU sweep's 512-token injections: 4.4–8.4 ms, and three at 19–20 ms), which
 least squares would spread into every request's fixed part.
+
+An engine without those histograms whose step log times the injection's prefill steps by the intervals
+between step lines (SGLang: ``engine_prefill_ms``, from the end of the step in progress when the request
+came to the end of its last prefill step) gives ``record_frontend_ms``: the client's send → first token
+less that interval and the expected wait for the step in progress (half a decode step, the mean residual
+of a step the send lands in at random). SGLang's own ``queue_time`` cannot stand in: it starts when the
+scheduler takes the request in, after the step in progress (≈ 0.3 ms on the CPU engine).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import numpy as np
 from analysis.robust import huber_fit, r_squared
 from microbench.results.records import RunRecord
 
-__all__ = ["FrontendFit", "fit_frontend"]
+__all__ = ["FrontendFit", "fit_frontend", "record_frontend_ms"]
 
 
 @dataclass
@@ -31,13 +38,25 @@ class FrontendFit:
     n: int
 
 
+def record_frontend_ms(rec: RunRecord) -> float | None:
+    """The record's front-end time: from the engine's histograms, else from its interval-timed step log
+    with decodes running (see the module); None where neither says."""
+    i = rec.interference
+    if i.frontend_ms is not None:
+        return i.frontend_ms
+    timed = i.step_mode is not None and i.step_mode.timing == "log_interval"
+    if not timed or i.prefill_duration_ms is None or i.engine_prefill_ms is None or i.decode_step_ms is None:
+        return None
+    return i.prefill_duration_ms - i.engine_prefill_ms - i.decode_step_ms / 2
+
+
 def fit_frontend(records: list[RunRecord]) -> FrontendFit:
     """Robust (Huber) fit of the measured front-end time (send → engine queue, and the first token's way
     back: the client's TTFT less the engine's queue and prefill times) on P, over valid records."""
     rows = [
-        (r.config.new_prefill_tokens, r.interference.frontend_ms)
+        (r.config.new_prefill_tokens, record_frontend_ms(r))
         for r in records
-        if r.validity.valid and r.interference.frontend_ms is not None
+        if r.validity.valid and record_frontend_ms(r) is not None
     ]
     if len({p for p, _ in rows}) < 2:
         raise ValueError(

@@ -101,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--enforce-eager", action="store_true")
     serve.add_argument("--max-model-len", type=int)
     serve.add_argument("--max-num-seqs", type=int)
-    serve.add_argument("--log-iteration-details", action="store_true", help="vLLM: log every engine step")
+    serve.add_argument(
+        "--log-iteration-details",
+        action="store_true",
+        help="log every engine step (vLLM: iteration details; SGLang: every decode batch, stamped lines)",
+    )
     add_out(serve, "results/serve-<UTC time>; the engine's log is DIR/engine.log")
     serve.add_argument(
         "--startup-timeout", type=duration, default=600.0, help="wait for /health (default 10m)"

@@ -207,11 +207,14 @@ def fit_to_sim(
             f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
             if stream.per_token_ci_ms
             else "0 (one decode batch size: no slope)"
+            if len(stream.batch_sizes) < 2
+            else "0 (negative: dropped)"
         )
         low, high = stream.fixed_ci_ms
         matched.append(
             f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
-            f"token (client gap − engine step, n={stream.n}, D={list(stream.batch_sizes)}; negatives: 0)"
+            f"token (client gap − engine step, robust fit with terms ≥ 0, n={stream.n}, "
+            f"D={list(stream.batch_sizes)})"
         )
     except ValueError as exc:
         stream_fixed, stream_token = 0.0, 0.0
@@ -245,7 +248,7 @@ def fit_to_sim(
 
 def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
     """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's fastest
-    ``GET /health``): no token reaches a client sooner than one round trip after its request left, so
+    ``GET /v1/models``): no token reaches a client sooner than one round trip after its request left, so
     the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
     if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:
         return settings

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from analysis.calibrate.stats import ks_two_sample
 from benchcore.schema import StrictModel
-from engine_harness.steps import parse_iteration_lines, parse_sglang_step_lines
+from engine_harness.steps import parse_iteration_lines, parse_sglang_step_lines, sglang_settings
 from microbench.results.trace import TraceHeader
 
 __all__ = ["StepComposition", "StepSide", "engine_log_steps", "step_composition"]
@@ -48,11 +48,15 @@ class StepComposition(StrictModel):
 
 def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.DataFrame:
     """The steps an engine logged while the trace ran: ``prefill_tokens``, ``decode_tokens``,
-    ``elapsed_ms`` (vLLM's iteration lines; else SGLang's batch lines, mixed when the log says so)."""
+    ``elapsed_ms`` (vLLM's iteration lines; else SGLang's batch lines, mixed when its start-up line's
+    ``server_args`` say ``'enable_mixed_chunk': True``; a step SGLang's interval timed from an idle
+    engine has no duration: ``_idle_before``)."""
     text = log.read_text(errors="replace")
     steps = parse_iteration_lines(text)
-    if not steps:
-        steps = parse_sglang_step_lines(text, mixed="enable_mixed_chunk=True" in text)
+    sglang = not steps
+    if sglang:
+        mixed = (sglang_settings(text) or {}).get("enable_mixed_chunk") == "True"
+        steps = parse_sglang_step_lines(text, mixed=mixed)
     if not steps:
         raise ValueError(f"{log} holds no step lines (vLLM --enable-logging-iteration-details, or SGLang's)")
     start = header.session_start_unix_ns / 1e9
@@ -61,7 +65,22 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
     rows = [s.model_dump() for s in steps if s.t_end_s is not None and first <= s.t_end_s <= last]
     if not rows:
         raise ValueError(f"{log} has no stamped step inside the trace's time ({first:.3f} to {last:.3f})")
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if sglang:
+        out.loc[_idle_before(out, frame, start), "elapsed_ms"] = np.nan
+    return out
+
+
+def _idle_before(steps: pd.DataFrame, frame: pd.DataFrame, start_s: float) -> np.ndarray:
+    """Steps whose interval (previous step line → own line) began on an idle engine: no request sent
+    before the interval began was still unfinished at its end. SGLang logs nothing while idle, so such an
+    interval is the idle time plus the step, not the step."""
+    end = steps["t_end_s"].to_numpy(float)
+    began = end - steps["elapsed_ms"].to_numpy(float, na_value=np.nan) / 1e3
+    sends = start_s + frame["send_ns"].to_numpy(float, na_value=np.nan) / 1e9
+    lasts = start_s + frame["last_chunk_ns"].to_numpy(float, na_value=np.nan) / 1e9
+    busy = ((sends[None, :] <= began[:, None]) & (lasts[None, :] > end[:, None])).any(axis=1)
+    return np.isfinite(began) & ~busy
 
 
 def _side(prefill: np.ndarray, decode: np.ndarray, ms: np.ndarray) -> StepSide:

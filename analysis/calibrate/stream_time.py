@@ -6,9 +6,14 @@ on the step's outputs (detokenizing, serializing one SSE event per stream) and t
 Per valid sweep record with decodes running, the run folder stores both sides of the same moment: the
 client's median gap right before the injection (``local_baseline.tpot_p50_ms``) and the engine's median
 decode-only step right before the first prefill step (``interference.decode_step_ms``). Their difference,
-``excess_ms``, is fitted by OLS as ``fixed_ms + per_token_ms × D`` (``D`` streamed tokens per decode step);
-with one decode batch size only, the slope cannot be told apart and ``per_token_ms`` is 0 (said so).
-The replay adds ``fixed_ms + per_token_ms × (tokens the step streams)`` to every step it prices.
+``excess_ms``, is fitted as ``fixed_ms + per_token_ms × D`` (``D`` streamed tokens per decode step) by the
+suite's robust fit (``analysis.robust.huber_fit``: one record whose engine median caught a prefill or an
+idle gap must not tilt the line) with both terms ≥ 0 (a step cannot stream in negative time: a negative
+term is dropped and the other refitted alone, not clipped after the fit, which would keep a slope that
+only compensated the negative intercept); with one decode batch size only, the slope cannot be told apart
+and ``per_token_ms`` is 0 (said so). An engine whose step timer already spans the whole loop (SGLang: the
+interval between its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the
+step streams)`` to every step it prices.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 
+from analysis.robust import huber_fit
 from microbench.results.records import RunRecord
 
 __all__ = ["StreamTimeFit", "fit_stream_time", "stream_time_rows"]
@@ -69,17 +74,23 @@ def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
         )
     y = frame["excess_ms"].to_numpy(float)
     sizes = tuple(sorted({int(d) for d in frame["D"]}))
-    if len(sizes) < 2:
-        fit = sm.OLS(y, np.ones((len(y), 1))).fit()
-        low, high = fit.conf_int(0.05)[0]
-        return StreamTimeFit(float(fit.params[0]), (float(low), float(high)), 0.0, None, len(y), sizes)
-    fit = sm.OLS(y, sm.add_constant(frame["D"].to_numpy(float))).fit()
-    ci = fit.conf_int(0.05)
-    return StreamTimeFit(
-        float(fit.params[0]),
-        (float(ci[0][0]), float(ci[0][1])),
-        float(fit.params[1]),
-        (float(ci[1][0]), float(ci[1][1])),
-        len(y),
-        sizes,
-    )
+    d = frame["D"].to_numpy(float)
+    const = np.ones((len(y), 1))
+    if len(sizes) > 1 and len(y) > 2:
+        both = huber_fit(y, np.column_stack([const, d]))
+        fixed, slope = both.params
+        if fixed >= 0 and slope >= 0:
+            fixed_ci, slope_ci = _pair(both.conf_int[0]), _pair(both.conf_int[1])
+            return StreamTimeFit(float(fixed), fixed_ci, float(slope), slope_ci, len(y), sizes)
+        if fixed < 0 <= slope:  # a line through the origin: the time is all per streamed token
+            alone = huber_fit(y, d[:, None])
+            per = max(0.0, float(alone.params[0]))
+            return StreamTimeFit(0.0, (0.0, 0.0), per, _pair(alone.conf_int[0]), len(y), sizes)
+        # a negative slope: the time is all per step (below)
+    alone = huber_fit(y, const)
+    fixed_ci = _pair(alone.conf_int[0])
+    return StreamTimeFit(max(0.0, float(alone.params[0])), fixed_ci, 0.0, None, len(y), sizes)
+
+
+def _pair(row: np.ndarray) -> tuple[float, float]:
+    return float(row[0]), float(row[1])

@@ -39,7 +39,9 @@ from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSetti
 
 __all__ = ["LoadSession"]
 
-_RTT_PROBES = 5  # GET /health round trips before the stages: the network's share of every latency
+# GET /v1/models round trips before the stages: the network's share of every latency. The API server
+# answers it alone; SGLang's /health runs a one-token generation and polls for it once a second (≥ 1 s).
+_RTT_PROBES = 5
 
 
 class LoadSession:
@@ -121,9 +123,9 @@ class LoadSession:
         return SessionResult(self.settings, self._t0_ns, started_unix_ns, self.records, outcomes, rtt_ms)
 
     async def _round_trips(self, count: int = _RTT_PROBES) -> list[float]:
-        """Milliseconds of ``count`` sequential GET /health (any answer is a round trip; none: [])."""
+        """Milliseconds of ``count`` sequential GET /v1/models (any answer is a round trip; none: [])."""
         assert self._http is not None
-        url, times = self.settings.base_url.rstrip("/") + "/health", []
+        url, times = self.settings.base_url.rstrip("/") + "/v1/models", []
         for _ in range(count):
             t0 = time.perf_counter_ns()
             try:

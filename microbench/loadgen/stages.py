@@ -149,4 +149,4 @@ class SessionResult:
     started_unix_ns: int
     records: list[RequestRecord]
     stages: list[StageOutcome]
-    rtt_ms: list[float] = field(default_factory=list)  # round trips of GET /health before the stages
+    rtt_ms: list[float] = field(default_factory=list)  # round trips of GET /v1/models before the stages

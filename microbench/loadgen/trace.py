@@ -172,11 +172,11 @@ def stage_health(result: SessionResult, frame: pd.DataFrame | None = None) -> li
 
 def _network(rtt_ms: list[float]) -> dict[str, Any]:
     if not rtt_ms:
-        return {"rtt_ms": None, "note": "GET /health got no answer: round-trip time not measured"}
+        return {"rtt_ms": None, "note": "GET /v1/models got no answer: round-trip time not measured"}
     return {
         "rtt_ms": {"min": min(rtt_ms), "median": float(np.median(rtt_ms)), "max": max(rtt_ms)},
         "probes": len(rtt_ms),
-        "method": "sequential GET /health before the first stage",
+        "method": "sequential GET /v1/models before the first stage",
     }
 
 

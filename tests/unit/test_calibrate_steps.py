@@ -62,3 +62,43 @@ def test_a_log_without_steps_is_refused(tmp_path: Path) -> None:
     header = TraceHeader(created_at="x", session_start_unix_ns=0, stages=[], saturated=False)
     with pytest.raises(ValueError, match="no step lines"):
         engine_log_steps(log, header, pd.DataFrame({"send_ns": [0], "last_chunk_ns": [1]}))
+
+
+def _sglang(t: float, kind: str, running: int, new: int = 0) -> str:
+    stamp = f"[2026-11-25 10:00:00.000 @{START_S + t:.6f}] "
+    if kind == "Prefill":
+        return (
+            f"{stamp}Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: 0, token usage: 0.01, "
+            f"#running-req: {running}, #queue-req: 0, cpu graph: False"
+        )
+    return f"{stamp}Decode batch, #running-req: {running}, #token: 900, token usage: 0.01, cpu graph: False"
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_sglang_steps_read_the_mixed_flag_and_drop_idle_intervals(tmp_path: Path, mixed: bool) -> None:
+    log = tmp_path / "engine.log"
+    server_args = f"[2026-11-25 09:59:00.000 @{START_S - 60:.6f}] server_args={{'model_path': 'm', "
+    server_args += f"'enable_mixed_chunk': {mixed}, 'disable_overlap_schedule': True}}"
+    lines = [
+        server_args,
+        _sglang(1.00, "Prefill", 0, 500),  # request a (sent at 0.99 s): the first line, no interval
+        _sglang(1.01, "Decode", 1),
+        _sglang(1.02, "Decode", 1),  # a's last token; idle until b is sent at 1.50 s
+        _sglang(1.55, "Prefill", 0, 800),  # b: the interval 1.02 → 1.55 s is idle + step
+        _sglang(1.60, "Prefill", 1, 300),  # c (sent at 1.52 s, while b ran): a whole step, 50 ms
+        _sglang(1.61, "Decode", 2),
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    header = TraceHeader(created_at="x", session_start_unix_ns=int(START_S * 1e9), stages=[], saturated=False)
+    ms = 1_000_000
+    frame = pd.DataFrame(
+        {"send_ns": [990 * ms, 1500 * ms, 1520 * ms], "last_chunk_ns": [1021 * ms, 1612 * ms, 1612 * ms]}
+    )
+    real = engine_log_steps(log, header, frame)
+    assert real["prefill_tokens"].tolist() == [500, 0, 0, 800, 300, 0]
+    # a prefill line counts the running batch before mixing: its decodes ride along only with the flag
+    assert real["decode_tokens"].tolist() == [0, 1, 1, 0, 1 if mixed else 0, 2]
+    elapsed = real["elapsed_ms"].tolist()
+    assert pd.isna(elapsed[0]) and pd.isna(elapsed[3])  # no interval; an interval that began idle
+    assert elapsed[1:3] == pytest.approx([10.0, 10.0], abs=1e-3)
+    assert elapsed[4:] == pytest.approx([50.0, 10.0], abs=1e-3)

@@ -72,3 +72,21 @@ def test_the_replay_adds_stream_time_per_step_and_streamed_token() -> None:
         round((1 + 0.05 * 1024 + 0.25) * MS),
         round((1 + 0.05 * 576 + 0.1 + 0.5) * MS),
     ]
+
+
+def test_a_stray_record_does_not_tilt_a_zero_excess_into_a_slope() -> None:
+    # SGLang's step-line intervals already span the whole loop: client gap − engine step ≈ 0, except one
+    # record whose engine median caught a prefill (−37 ms at D = 2). Least squares with the negative
+    # intercept clipped afterwards kept its slope: +2.5 ms per streamed token, +10 ms on a 4-decode step.
+    excess = {2: [-0.4, -0.3, -0.5, 0.1, -37.0], 4: [-0.3, -0.2, -0.4, 0.6, -0.1]}
+    records = [_rec(d, 10.0 + e, 10.0) for d, values in excess.items() for e in values]
+    fit = fit_stream_time(records)
+    assert fit.fixed_ms == 0.0 and fit.per_token_ms == pytest.approx(0.0, abs=0.05)
+
+
+def test_a_negative_intercept_is_dropped_and_the_slope_refitted_through_the_origin() -> None:
+    records = [_rec(d, 5.0 + 0.25 * d - 0.1, 5.0) for d in (1, 2, 4, 8)]  # OLS: −0.1 + 0.25 × D
+    fit = fit_stream_time(records)
+    assert fit.fixed_ms == 0.0
+    # through the origin: Σ D·y / Σ D² = 0.25 − 0.1 × 15 / 85
+    assert fit.per_token_ms == pytest.approx(0.25 - 0.1 * 15 / 85, rel=1e-6)
