@@ -24,17 +24,14 @@ from microbench.executors.placement import (
     utc_now,
     visible_gpus,
 )
-from microbench.executors.shard_task import interference_job
-from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext
-from microbench.measure.sink import FolderSink
+from microbench.executors.shard_task import InterferenceShards
 from microbench.measure.timing import Timing
 from microbench.results.records import ShardRun
 
 __all__ = ["LocalExecutor"]
 
 
-class LocalExecutor:
+class LocalExecutor(InterferenceShards):
     name = "local"
 
     def account(self, timing: Timing) -> str:
@@ -45,14 +42,6 @@ class LocalExecutor:
 
     def capacity(self) -> int:
         return 1  # this machine, one shard at a time
-
-    async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
-        await self.run_jobs([(plan, sink) for plan in plans], context)
-
-    async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
-        """Each shard in turn, in the order given."""
-        shards = [interference_job(plan, sink, context) for plan, sink in jobs]
-        await self.run_tasks(shards, context.console, context.timing)
 
     async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None:
         """Each shard in turn, in this process, in the order given; finished ones are skipped."""

@@ -39,12 +39,9 @@ from microbench.executors.placement import (
     utc_now,
 )
 from microbench.executors.relay import Finished, Started
-from microbench.executors.shard_task import TaskOptions, interference_job
+from microbench.executors.shard_task import InterferenceShards, TaskOptions
 from microbench.measure.engine_lifecycle import SweepAborted
 from microbench.measure.grid import hardware_name
-from microbench.measure.plan import ShardPlan
-from microbench.measure.shard import ShardContext
-from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.records import ShardRun
 
@@ -79,7 +76,7 @@ def cluster_shape(nodes: list[dict[str, Any]]) -> tuple[float, int]:
     return sum(r.get("GPU", 0) for r in alive), int(max((r.get("CPU", 0) for r in alive), default=0))
 
 
-class RayExecutor:
+class RayExecutor(InterferenceShards):
     name = "ray"
 
     def __init__(self, address: str | None = None, shard_cpus: int | None = None, **options: Any) -> None:
@@ -147,14 +144,6 @@ class RayExecutor:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""
         _, options = self._resources()
         return cluster_capacity(ray.nodes(), options.cores)
-
-    async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
-        await self.run_jobs([(plan, sink) for plan in plans], context)
-
-    async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
-        """Every job a task at once; Ray starts each when a GPU (cores) of its own is free."""
-        shards = [interference_job(plan, sink, context) for plan, sink in jobs]
-        await self.run_tasks(shards, context.console, context.timing)
 
     async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None:
         """Every shard with something left a Ray task at once; a lost one does not stop the others, and the

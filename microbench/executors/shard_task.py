@@ -14,6 +14,7 @@ folder) is ever sent. ``interference_job`` is an interference shard as either ex
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -23,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -50,7 +51,15 @@ from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.layout import RunFolder
 
-__all__ = ["Emit", "TaskBody", "TaskOptions", "interference_job", "stream_shard", "stream_task"]
+__all__ = [
+    "Emit",
+    "InterferenceShards",
+    "TaskBody",
+    "TaskOptions",
+    "interference_job",
+    "stream_shard",
+    "stream_task",
+]
 
 Emit = Callable[[object], None]
 
@@ -225,3 +234,18 @@ def interference_job(plan: ShardPlan, sink: FolderSink, context: ShardContext) -
         total=len(plan.points()),
         engine_version=lambda: sink.folder.read_manifest().engine_version,
     )
+
+
+class InterferenceShards(abc.ABC):
+    """``run`` and ``run_jobs`` of every executor: a sweep's or an ablation's shards as ``interference_job``s
+    for the executor's own ``run_tasks``."""
+
+    async def run(self, plans: Sequence[ShardPlan], sink: FolderSink, context: ShardContext) -> None:
+        await self.run_jobs([(plan, sink) for plan in plans], context)
+
+    async def run_jobs(self, jobs: Sequence[tuple[ShardPlan, FolderSink]], context: ShardContext) -> None:
+        shards = [interference_job(plan, sink, context) for plan, sink in jobs]
+        await self.run_tasks(shards, context.console, context.timing)
+
+    @abc.abstractmethod
+    async def run_tasks(self, jobs: Sequence[ShardJob], console: Console, timing: Timing) -> None: ...
