@@ -32,7 +32,7 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.robust import RobustFit, huber_fit, r_squared
-from analysis.steps import CANDIDATES, EAGER, graph_ceiling, steps_frame, windows_frame
+from analysis.steps import CANDIDATES, EAGER, PREFILL, graph_ceiling, steps_frame, windows_frame
 from engine_harness import step_model
 from microbench.results.records import RunRecord
 
@@ -65,7 +65,7 @@ class StepFit:
     diagnostics: dict[str, float]
     residuals: pd.DataFrame = field(repr=False)
     selection: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
-    columns: list[str] = field(default_factory=list)  # the design columns fitted (the candidate's + eager)
+    columns: list[str] = field(default_factory=list)  # the design columns fitted (candidate's + κ, eager)
     cuda_graph_max_tokens: int = 0  # the engine's CUDA-graph ceiling: eager_ms applies above it
 
     def step_ms(self, shape: step_model.StepShape) -> float:
@@ -148,9 +148,13 @@ def _loo_steps(frame: pd.DataFrame, cols: list[str]) -> float:
 
 
 def _columns(name: str, frame: pd.DataFrame) -> list[str]:
-    """A candidate's columns, with the eager-step term where the steps lie on both sides of a CUDA-graph
-    ceiling (a break in the step cost that CPU data never show)."""
-    return CANDIDATES[name] + ([EAGER] if frame[EAGER].nunique() > 1 else [])
+    """A candidate's columns, with the prefill-step term where decode-only rows stand beside prefill
+    ones (without both, κ and α are one number) and the eager-step term where the steps lie on both
+    sides of a CUDA-graph ceiling (a break in the step cost that CPU data never show)."""
+    both_kinds = bool((frame[PREFILL] == 0).any() and (frame[PREFILL] > 0).any())
+    return (
+        CANDIDATES[name] + ([PREFILL] if both_kinds else []) + ([EAGER] if frame[EAGER].nunique() > 1 else [])
+    )
 
 
 def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:

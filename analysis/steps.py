@@ -23,7 +23,7 @@ import pandas as pd
 from engine_harness.step_model import COLUMNS, Chunk, StepShape, chunk_schedule, design_row
 from microbench.results.records import RunRecord
 
-__all__ = ["CANDIDATES", "EAGER", "graph_ceiling", "steps_frame", "windows_frame"]
+__all__ = ["CANDIDATES", "EAGER", "PREFILL", "graph_ceiling", "steps_frame", "windows_frame"]
 
 # A candidate model uses a subset of the step model's design columns (``engine_harness.step_model``).
 CANDIDATES: dict[str, list[str]] = {
@@ -33,6 +33,9 @@ CANDIDATES: dict[str, list[str]] = {
 }
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
+# Added to every candidate where the data hold decode-only steps beside prefill-carrying ones: a prefill
+# step's own fixed cost (κ), which α alone would split between the two kinds.
+PREFILL = "prefill_steps"
 
 
 def graph_ceiling(rec: RunRecord) -> int:

@@ -4,9 +4,14 @@ The simulated engine runs it (its ground truth), ``analysis`` fits it (the desig
 from here) and ``analysis.synthetic`` generates runs from it. A step computing ``D`` decode tokens and
 prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already in the KV cache, costs::
 
-    α + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec
+    α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
+- ``κ`` (``prefill_fixed_ms``): the further fixed cost of a step that carries prompt tokens. On the CPU
+  engine a decode-only step takes ≈ 1.6 ms but a prefill step extrapolates to ≈ 8 ms at zero prompt
+  tokens (110 tokens: 11.8 ms, 214: 13.4, 448: 21.4, 895: 37.9 in results/calibrate-vllm-cpu's Poisson
+  trace): with one fixed term, a fit holding both kinds of step sets α between the two, over-pricing
+  every decode step (a sweep with P = 256 over-predicted the traces' E2E by 15%);
 - ``β_d`` (``beta_d_ms``): per decode token; ``β_c`` (``beta_c_ms``): per prefill (chunk) token;
 - ``γ`` (``gamma_ns``): attention of a chunk token to the ``ctx`` tokens before it (cached prefix included)
   and, causally, to half of its own chunk: the ``c/2`` is the intra-chunk attention real engines pay (a
@@ -115,6 +120,9 @@ class StepModel(StrictModel):
         default=15.0, ge=0, le=1e6, description="per chunk token × (its context + chunk/2) token (ns)"
     )
     delta_ns: float = Field(default=0.0, ge=0, le=1e6, description="per decode token × its context (ns)")
+    prefill_fixed_ms: float = Field(
+        default=0.0, ge=0, le=10_000, description="extra fixed cost of a step carrying prompt tokens (ms)"
+    )
     eager_ms: float = Field(
         default=0.0,
         ge=0,
@@ -129,6 +137,7 @@ class StepModel(StrictModel):
         """The model's duration of one step in ms."""
         return (
             self.alpha_ms
+            + self.prefill_fixed_ms * (shape.prefill_tokens > 0)
             + self.beta_d_ms * shape.decode_tokens
             + self.beta_c_ms * shape.prefill_tokens
             + self.gamma_ns * 1e-6 * shape.chunk_attention
@@ -149,12 +158,19 @@ def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
 # The design matrix of the linear fit: one column per term, in ms-consistent units, so that a column's
 # coefficient is the parameter ``PARAMS[column]`` (attention columns are in millions of token × token, so
 # their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only alternative to
-# ``c_attn_m`` (both estimate γ); ``eager_steps`` (1 for a step above the CUDA-graph ceiling) is fitted
-# where the data hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
-COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m", "eager_steps"]
-MODEL_COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "eager_steps"]
+# ``c_attn_m`` (both estimate γ); ``prefill_steps`` (1 for a step carrying prompt tokens) is fitted where
+# the data hold decode-only steps beside prefill ones, ``eager_steps`` (1 for a step above the CUDA-graph
+# ceiling) where they hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
+COLUMNS = [
+    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m",
+    "eager_steps",
+]  # fmt: skip
+MODEL_COLUMNS = [
+    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "eager_steps",
+]  # fmt: skip
 PARAMS = {
     "n_steps": "alpha_ms",
+    "prefill_steps": "prefill_fixed_ms",
     "decode_tokens": "beta_d_ms",
     "prefill_tokens": "beta_c_ms",
     "c_ctx_m": "gamma_ns",
@@ -170,6 +186,7 @@ def design_row(shape: StepShape, cuda_graph_max_tokens: int | None = 0) -> dict[
     column's parameter."""
     return {
         "n_steps": 1.0,
+        "prefill_steps": float(shape.prefill_tokens > 0),
         "decode_tokens": float(shape.decode_tokens),
         "prefill_tokens": float(shape.prefill_tokens),
         "c_ctx_m": shape.chunk_context / 1e6,

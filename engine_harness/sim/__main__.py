@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-prefix-caching", action="store_const", const=False, dest="enable_prefix_caching")
     a("--enable-prompt-tokens-details", action="store_const", const=True)
     a("--alpha-ms", type=float, help="step model: fixed cost per step (ms)")
+    a(
+        "--prefill-fixed-ms",
+        type=float,
+        help="step model: extra fixed cost of a step carrying prompt tokens (ms)",
+    )
     a("--beta-d-ms", type=float, help="step model: cost per decode token (ms)")
     a("--beta-c-ms", type=float, help="step model: cost per prefill token (ms)")
     a("--gamma-ns", type=float, help="step model: cost per chunk token × (context + chunk/2) token (ns)")
@@ -86,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _STEP_KEYS = (
-    "alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter",
+    "alpha_ms", "prefill_fixed_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter",
     "eager_ms", "cuda_graph_max_tokens",
 )  # fmt: skip
 _FAULT_KEYS = (

@@ -9,7 +9,7 @@ import pytest
 from analysis.models import compare_models, fit_seed_model, fit_step_model, leave_one_p_out
 from analysis.synthetic import synthesize_run
 from analysis.table import load_records
-from engine_harness.step_model import StepModel
+from engine_harness.step_model import Chunk, StepModel, StepShape
 from microbench.results.records import RunRecord
 
 TRUTH = StepModel(alpha_ms=2.0, beta_d_ms=0.05, beta_c_ms=0.03, gamma_ns=8.0)
@@ -47,7 +47,24 @@ def test_step_model_recovers_parameters(records: list[RunRecord]) -> None:
         assert low < fit.params[name] < high
     assert fit.r2 > 0.99
     assert fit.diagnostics["median_abs_rel_residual"] < 0.02
-    assert set(fit.coefficients()["parameter"]) == set(_truth(TRUTH))
+    # decode-only rows beside prefill ones: κ is fitted too, and found 0 where the truth has none
+    assert set(fit.coefficients()["parameter"]) == {*_truth(TRUTH), "prefill_fixed_ms"}
+    assert abs(fit.params["prefill_fixed_ms"]) < 0.1
+
+
+def test_a_prefill_step_s_own_fixed_cost_is_kept_out_of_the_decode_step(tmp_path: Path) -> None:
+    # The CPU engine's shape: a decode-only step ≈ 1.5 ms, a prefill step ≈ 8 ms more at zero prompt
+    # tokens. Without κ one fixed term cannot price both: here the decode rows hold α and the prefill
+    # steps fold κ into β_c and γ (a 256-token step fitted at 11.1 ms for 15.4); on noisier decode rows
+    # α moves up instead (the CPU sweep: α 2.2 ms without κ, 1.8 with it).
+    params = StepModel(alpha_ms=1.5, prefill_fixed_ms=6.0, beta_d_ms=0.1, beta_c_ms=0.03, gamma_ns=8.0)
+    grid = {"chunks": (2048,), "decode_batches": (0, 2, 8), "prefill_tokens": (256, 1024, 4096), "noise": 0.0}
+    records = load_records(synthesize_run(tmp_path / "k", params=params, **grid))  # type: ignore[arg-type]
+    fit = fit_step_model(records, "c·(ctx + c/2)")  # exact steps: only the true candidate fits them exactly
+    for shape in (StepShape(1), StepShape(0, (Chunk(256),)), StepShape(2, (Chunk(2046),))):
+        assert fit.step_ms(shape) == pytest.approx(params.step_ms(shape), rel=1e-6), shape
+    assert fit.params["alpha_ms"] == pytest.approx(1.5, rel=1e-6)
+    assert fit.params["prefill_fixed_ms"] == pytest.approx(6.0, rel=1e-6)
 
 
 def test_step_model_beats_constant_penalty_when_gamma_positive(records: list[RunRecord]) -> None:

@@ -44,12 +44,28 @@ def test_the_cost_of_one_step_by_hand() -> None:
 def test_the_design_row_times_the_parameters_is_the_step() -> None:
     shape = StepShape(7, (Chunk(300, 1200),), 7 * 900.0)
     graphs = MODEL.model_copy(update={"eager_ms": 3.0, "cuda_graph_max_tokens": 256})
-    for model in (MODEL, graphs):
+    for model in (MODEL, graphs, MODEL.model_copy(update={"prefill_fixed_ms": 4.0})):
         row = design_row(shape, model.cuda_graph_max_tokens)
         coef = model.coefficients()
         assert sum(row[c] * coef[PARAMS[c]] for c in MODEL_COLUMNS) == pytest.approx(model.step_ms(shape))
     assert row["c_ctx_m"] == pytest.approx(300 * 1200 / 1e6)  # the cached-context-only alternative
-    assert set(coef) == {"alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "eager_ms"}
+    assert set(coef) == {
+        "alpha_ms",
+        "prefill_fixed_ms",
+        "beta_d_ms",
+        "beta_c_ms",
+        "gamma_ns",
+        "delta_ns",
+        "eager_ms",
+    }
+
+
+def test_only_a_step_carrying_prompt_tokens_pays_the_prefill_fixed_cost() -> None:
+    model = StepModel(alpha_ms=1.5, prefill_fixed_ms=6.0, beta_d_ms=0.1, beta_c_ms=0.0, gamma_ns=0.0)
+    assert model.step_ms(StepShape(2)) == pytest.approx(1.7)  # decode-only: α + 2 β_d
+    assert model.step_ms(StepShape(2, (Chunk(1),))) == pytest.approx(7.7)  # one prompt token: + κ
+    assert design_row(StepShape(2))["prefill_steps"] == 0.0
+    assert design_row(StepShape(0, (Chunk(5), Chunk(7))))["prefill_steps"] == 1.0  # once per step
 
 
 def test_a_step_above_the_cuda_graph_ceiling_pays_the_eager_cost() -> None:
