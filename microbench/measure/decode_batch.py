@@ -1,6 +1,6 @@
-"""D streaming decodes on one shared warm prefix, stamped live, with seed 002's steady rule per stream
-(``DecodeBatch``), and Phase 1 of the protocol on it: steady state, then the baseline gaps
-(``measure_baseline``).
+"""D streaming decodes on warm prompts (one shared prefix, or one each), stamped live, with seed 002's
+steady rule per stream (``DecodeBatch``), and Phase 1 of the protocol on it: steady state, then the
+baseline gaps (``measure_baseline``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,17 @@ MAX_TOKENS_PER_READ = 4
 
 
 class DecodeBatch:
-    """D streaming completions on one shared prefix, stamped live; cancel with ``close()``."""
+    """D streaming completions, one per prompt of ``prompts`` (the same list D times: one shared
+    prefix), stamped live; cancel with ``close()``."""
 
     def __init__(
-        self, client: EngineClient, prefix: list[int], size: int, max_tokens: int, rules: ProtocolRules
+        self, client: EngineClient, prompts: list[list[int]], max_tokens: int, rules: ProtocolRules
     ) -> None:
         self.client = client
-        self.prefix = prefix
-        self.size = size
+        self.prompts = prompts
+        self.size = len(prompts)
         self.max_tokens = max_tokens
-        self.records = [StreamRecord() for _ in range(size)]
+        self.records = [StreamRecord() for _ in range(self.size)]
         self.tasks: list[asyncio.Task[StreamRecord]] = []
         self.t_start_ns = 0
         self._progress = asyncio.Event()
@@ -53,21 +54,18 @@ class DecodeBatch:
 
     async def start(self) -> None:
         self.t_start_ns = time.perf_counter_ns()
-        payload = self.client.payload(
-            self.prefix, self.max_tokens, ignore_eos=True, min_tokens=self.max_tokens
-        )
         self.tasks = [
             asyncio.create_task(
                 stream_request(
                     self.client.session,
                     self.client.completions_url,
-                    payload,
+                    self.client.payload(prompt, self.max_tokens, ignore_eos=True, min_tokens=self.max_tokens),
                     rec,
                     self.client.headers,
                     self._on_chunk,
                 )
             )
-            for rec in self.records
+            for prompt, rec in zip(self.prompts, self.records, strict=True)
         ]
 
     def gaps(self, i: int, skip_tokens: int = 0) -> list[Gap]:

@@ -20,7 +20,7 @@ from benchcore.schema import FolderName, StrictModel
 from engine_harness.engines import EngineSpec
 from engine_harness.settings import EngineSettings
 from microbench.client.prompts import TokenSpace
-from microbench.measure.plan import ShardPlan
+from microbench.measure.plan import DecodePrompts, ShardPlan
 from microbench.results.records import ProtocolRules
 
 __all__ = ["SweepConfig", "SweepConfigError", "hardware_name", "load_sweep", "shard_plans"]
@@ -41,7 +41,13 @@ class SweepConfig(StrictModel):
     decode_batch_sizes: list[int] = Field(default_factory=lambda: list(SEED_D), min_length=1)
     prefill_tokens: list[int] = Field(default_factory=lambda: list(SEED_P), min_length=1)
     repetitions: int = Field(5, ge=1, le=1000)
-    decode_context: int = Field(4096, ge=1, description="shared warm prefix of every decode stream")
+    decode_context: int = Field(4096, ge=1, description="warm prompt tokens of every decode stream")
+    decode_prompts: DecodePrompts = Field(
+        "shared",
+        description="the decode streams' prompts: one shared warm prefix (seed 002), or a warm prompt of "
+        "their own each ('distinct': the decodes read D contexts, as a serving mix's requests do; the "
+        "CPU engine's step grows ≈ 0.3 ms per such decode, against ≈ 0 when they share one)",
+    )
     decode_tokens: int | None = Field(
         None, ge=16, description="max_tokens of each decode stream; default: enough for the batch's plan"
     )
@@ -129,6 +135,7 @@ def shard_plans(
             prefill_tokens=sweep.prefill_tokens,
             repetitions=sweep.repetitions,
             decode_context=sweep.decode_context,
+            decode_prompts=sweep.decode_prompts,
             seed=sweep.seed,
             decode_budgets={d: sweep.decode_budget(chunk, d) for d in sweep.decode_batch_sizes if d},
             rules=sweep.protocol,

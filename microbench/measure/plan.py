@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.step_model import Scheduling
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.records import ProtocolRules, RunConfig
 
-__all__ = ["ShardPlan", "split_plans"]
+__all__ = ["DecodePrompts", "ShardPlan", "split_plans"]
+
+# The decode streams' prompts: one warm prefix all share, or one warm prompt each (SweepConfig).
+DecodePrompts = Literal["shared", "distinct"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class ShardPlan:
     seed: int
     decode_budgets: dict[int, int]  # max_tokens of a decode batch, per D > 0
     rules: ProtocolRules = field(default_factory=ProtocolRules)
+    decode_prompts: DecodePrompts = "shared"  # one warm prefix for every decode stream, or one each
     max_attempts: int = 3
     hardware: str = ""  # the RunConfig's ``gpu``: GPU names, or "CPU: <model>"
     token_range: str | None = None  # LO:HI ids for prompts; default: from the model
@@ -59,10 +64,12 @@ class ShardPlan:
         """``mixed`` or ``exclusive`` (the engine's prefill scheduling; ``engine_harness.step_model``)."""
         return engine_kind(self.spec.kind).scheduling(self.spec)
 
-    def tokens(self) -> tuple[TokenSpace, list[int]]:
-        """The prompt id space and the decode streams' shared prefix (fixed by the seed)."""
+    def tokens(self) -> tuple[TokenSpace, list[list[int]]]:
+        """The prompt id space and the decode streams' warm prompts (fixed by the seed): one shared by
+        every stream, or one per stream of the largest batch (``decode_prompts``)."""
         space = TokenSpace.parse(self.token_range) if self.token_range else token_space_for(self.spec.model)
-        return space, shared_prefix(self.decode_context, space, self.seed)
+        count = 1 if self.decode_prompts == "shared" else max(self.decode_batch_sizes, default=1) or 1
+        return space, [shared_prefix(self.decode_context, space, self.seed + i) for i in range(count)]
 
     def config(self, d: int, p: int, r: int, budget: int) -> RunConfig:
         return RunConfig(

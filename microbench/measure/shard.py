@@ -104,7 +104,7 @@ class Shard:
         self.rules = plan.rules
         self.timing = context.timing
         self.engines = EngineLifecycle(sink, context.console, context.timing, context.start_timeout_s)
-        self.space, self.prefix = plan.tokens()
+        self.space, self.prompts = plan.tokens()
 
     async def run(self) -> None:
         chunk = self.plan.chunk
@@ -124,8 +124,9 @@ class Shard:
                         self.ctx.events.describe(f"chunk {chunk}: warming up")
                         await self.engines.warm(client, self.space, chunk)
                         cold = False
-                    # Prime the shared decode prefix once so every decode stream starts as a cache hit.
-                    await self.engines.prime(client, self.prefix)
+                    # Prime the decode prompts once so every decode stream starts as a cache hit.
+                    for prompt in self.prompts:
+                        await self.engines.prime(client, prompt)
                 self.ctx.events.measuring(chunk)
                 with no_full_collections():
                     await self._run_cells(client)
@@ -325,7 +326,8 @@ class Shard:
         with self.timing.phase("idle waits"):
             await wait_idle(client, self.rules.idle_timeout_s)
         gc.collect()
-        batch = DecodeBatch(client, self.prefix, d, budget, self.rules)
+        prompts = [self.prompts[i % len(self.prompts)] for i in range(d)]
+        batch = DecodeBatch(client, prompts, budget, self.rules)
         await batch.start()
         try:
             with self.timing.phase("measurement windows"):

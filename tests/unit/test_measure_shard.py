@@ -45,9 +45,18 @@ def test_a_point_config_carries_the_plan_resolved_once() -> None:
     )
     assert cfg.scheduling == "exclusive" and cfg.gpu == "CPU: test" and cfg.decode_max_tokens == 300
     assert plan.config(0, 256, 0, 300).decode_max_tokens == 0  # a bare prefill has no decode batch
-    space, prefix = plan.tokens()
-    assert len(prefix) == 256 and prefix == plan.tokens()[1]  # the seed fixes the shared prefix
-    assert all(space.lo <= t < space.hi for t in prefix)
+    space, prompts = plan.tokens()
+    assert len(prompts) == 1 and len(prompts[0]) == 256  # shared: one prefix every decode stream starts on
+    assert prompts == plan.tokens()[1]  # the seed fixes it
+    assert all(space.lo <= t < space.hi for t in prompts[0])
+
+
+def test_distinct_decode_prompts_give_each_stream_of_the_largest_batch_its_own() -> None:
+    plan = _plan(decode_batch_sizes=[0, 2, 4], decode_prompts="distinct")
+    _, prompts = plan.tokens()
+    assert len(prompts) == 4 and all(len(p) == 256 for p in prompts)
+    assert len({tuple(p) for p in prompts}) == 4 and prompts == plan.tokens()[1]  # distinct, seeded
+    assert prompts[0] == _plan().tokens()[1][0]  # the first is the shared prefix of the same seed
 
 
 class _AllDone:
@@ -98,3 +107,30 @@ async def test_a_stored_point_judged_stalled_against_its_cell_is_measured_again(
     async with aiohttp.ClientSession() as session:
         await measure_shard(_plan(), sink, ShardContext(session, Console(quiet=True)))  # type: ignore[arg-type]
     assert ran == [True] and sink.taken == {(512, 0, 256, 1)}  # judged before "nothing left" was decided
+
+
+def test_a_decode_batch_sends_each_stream_its_own_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from engine_harness.metric_names import VLLM_METRICS
+    from microbench.measure import decode_batch
+    from microbench.measure.engine_client import EngineClient
+    from microbench.results.records import ProtocolRules
+
+    sent: list[list[int]] = []
+
+    async def fake_stream(session: Any, url: str, payload: dict[str, Any], rec: Any, *rest: Any) -> Any:
+        sent.append(payload["prompt"])
+        return rec
+
+    monkeypatch.setattr(decode_batch, "stream_request", fake_stream)
+    client = EngineClient(session=None, base_url="http://x", model="m", metrics=VLLM_METRICS)  # type: ignore[arg-type]
+    prompts = [[1, 2], [3, 4], [5, 6]]
+
+    async def run() -> int:
+        batch = decode_batch.DecodeBatch(client, prompts, 32, ProtocolRules())
+        await batch.start()
+        await asyncio.gather(*batch.tasks)
+        return batch.size
+
+    assert asyncio.run(run()) == 3 and sent == prompts
