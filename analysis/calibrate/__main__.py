@@ -73,9 +73,12 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
         f"predicted {pred.requests} requests ({pred.steps} engine steps) of a {pred.trace_s:.1f} s trace in "
         f"{pred.wall_s:.2f} s: {pred.speed_ratio:.0f}× faster than real time"
     )
-    print(f"simulator: {settings.mode}, budget {settings.max_num_batched_tokens}, step model "
-          f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error "
-          f"{settings.fit.loo_step_mape_pct:.1f}%)")  # fmt: skip
+    loo = settings.fit.loo_step_mape_pct
+    held_out = f"{loo:.1f}%" if loo is not None else "none: too few P values to hold one out"
+    print(
+        f"simulator: {settings.mode}, budget {settings.max_num_batched_tokens}, step model "
+        f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error {held_out})"
+    )
     for d in settings.defaulted:
         print(f"defaulted: {d}")
     print(f"wrote {args.out}")

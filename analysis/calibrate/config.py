@@ -47,7 +47,10 @@ class FitSummary(StrictModel):
     run: str = Field(description="the sweep run folder fitted")
     candidate: str = Field(description="the step-model candidate chosen (analysis.steps.CANDIDATES)")
     r2: float
-    loo_step_mape_pct: float = Field(description="leave-one-P-out median error of held-out steps (%)")
+    loo_step_mape_pct: float | None = Field(
+        description="leave-one-P-out median error of held-out steps (%); None: no P could be held out (the "
+        "other P values cannot determine every coefficient, e.g. 3 single-chunk P values for α + κ, β_c, γ)"
+    )
     n_steps: int
     clipped: list[str] = Field(default_factory=list, description="negative estimates set to 0 (name=value)")
 
@@ -237,7 +240,7 @@ def fit_to_sim(
             run=str(run_dir),
             candidate=fit.model,
             r2=fit.r2,
-            loo_step_mape_pct=fit.loo_step_mape,
+            loo_step_mape_pct=fit.loo_step_mape if math.isfinite(fit.loo_step_mape) else None,
             n_steps=fit.n,
             clipped=clipped,
         ),

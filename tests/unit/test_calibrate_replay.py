@@ -166,6 +166,19 @@ def test_fit_to_sim_recovers_a_known_model(tmp_path: Path) -> None:
     assert SimConfig.model_validate(settings.sim_params()).step.gamma_ns == settings.step.gamma_ns
 
 
+def test_a_fit_no_p_can_be_held_out_of_says_so_and_its_settings_read_back(tmp_path: Path) -> None:
+    # three single-chunk P values beside decode-only rows: α + κ, β_c and γ need all three of them
+    truth = StepModel(alpha_ms=1.5, prefill_fixed_ms=6.0, beta_d_ms=0.2, beta_c_ms=0.04, gamma_ns=12.0)
+    run = synthesize_run(
+        tmp_path / "run", chunks=(2048,), decode_batches=(0, 2, 4), prefill_tokens=(256, 512, 1024),
+        repetitions=2, params=truth, noise=0.01,
+    )  # fmt: skip
+    settings = fit_to_sim(run)
+    assert settings.fit.loo_step_mape_pct is None
+    assert settings.step.prefill_fixed_ms == pytest.approx(6.0, rel=0.1)
+    assert SimSettings.model_validate_json(settings.model_dump_json()) == settings
+
+
 def test_cli_bad_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", str(tmp_path), "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not a trace folder" in capsys.readouterr().err
