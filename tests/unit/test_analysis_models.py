@@ -61,7 +61,7 @@ def test_a_prefill_step_s_own_fixed_cost_is_kept_out_of_the_decode_step(tmp_path
     grid = {"chunks": (2048,), "decode_batches": (0, 2, 8), "prefill_tokens": (256, 1024, 4096), "noise": 0.0}
     records = load_records(synthesize_run(tmp_path / "k", params=params, **grid))  # type: ignore[arg-type]
     fit = fit_step_model(records, "c·(ctx + c/2)")  # exact steps: only the true candidate fits them exactly
-    for shape in (StepShape(1), StepShape(0, (Chunk(256),)), StepShape(2, (Chunk(2046),))):
+    for shape in (StepShape(0, (Chunk(256),)), StepShape(1), StepShape(2, (Chunk(2046),))):
         assert fit.step_ms(shape) == pytest.approx(params.step_ms(shape), rel=1e-6), shape
     assert fit.params["alpha_ms"] == pytest.approx(1.5, rel=1e-6)
     assert fit.params["prefill_fixed_ms"] == pytest.approx(6.0, rel=1e-6)
