@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import gc
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["LagMonitor", "loop_name", "no_full_collections", "run"]
+__all__ = ["GcPass", "GcPasses", "LagMonitor", "loop_name", "no_full_collections", "run"]
 
 T = TypeVar("T")
 
@@ -52,8 +53,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 @contextlib.contextmanager
-def no_full_collections() -> Iterator[None]:
-    """No full (generation-2) garbage collections inside the block; young ones still run.
+def no_full_collections(young_threshold: int | None = None) -> Iterator[None]:
+    """No full (generation-2) garbage collections inside the block; young ones as ``young_threshold`` says.
 
     A full pass walks every object the process holds (pandas, pydantic, the stamps so far) with the
     event loop stopped: measured 55–110 ms on the CPU engine's client, long enough to deliver a dozen
@@ -61,15 +62,61 @@ def no_full_collections() -> Iterator[None]:
     at its start are frozen out of collection and generation 2 is never triggered automatically;
     callers collect explicitly where nothing is being timed (``gc.collect()`` between sweep points).
     Entering costs nothing (no collection first: garbage frozen with the rest is freed after the block).
+
+    ``young_threshold`` (None: the interpreter's young thresholds stay): a young pass only once the
+    tracked objects allocated (net of those freed) since the last pass reach it, and generation 1 is
+    never triggered either, so a pass walks at most about that many objects (≈ 60 ns each here).
     """
     gc.freeze()
     thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], 1_000_000)
+    young = thresholds[:2] if young_threshold is None else (young_threshold, _NEVER)
+    gc.set_threshold(*young, _NEVER)
     try:
         yield
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+_NEVER = 1_000_000  # a threshold of collections of the younger generation that no session reaches
+
+
+@dataclasses.dataclass(frozen=True)
+class GcPass:
+    """One garbage-collector pass in this process, stamped with ``perf_counter_ns`` at its start and end:
+    the event loop stood still in between."""
+
+    start_ns: int
+    end_ns: int
+    generation: int
+    collected: int
+
+
+class GcPasses:
+    """``with GcPasses() as passes:`` every collector pass of this process inside the block, in
+    ``passes.passes`` (a ``gc.callbacks`` entry: two stamps per pass)."""
+
+    def __init__(self) -> None:
+        self.passes: list[GcPass] = []
+        self._start_ns = 0
+
+    def __enter__(self) -> GcPasses:
+        gc.callbacks.append(self._stamp)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._stamp)
+
+    def _stamp(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter_ns()
+        if phase == "start":
+            self._start_ns = now
+        else:
+            self.passes.append(GcPass(self._start_ns, now, info["generation"], info["collected"]))
+
+    def between(self, t0_ns: int, t1_ns: int) -> list[GcPass]:
+        """The passes that began in [t0, t1]."""
+        return [p for p in self.passes if t0_ns <= p.start_ns <= t1_ns]
 
 
 class LagMonitor:

@@ -14,9 +14,9 @@ unique but may send pairs at one target time instead of the whole schedule (the 
 
 The workers' records come back (parsed, pickled) and are merged into one ``SessionResult``: records in
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
-of the workers' maxima, an upper bound). ``RequestRecord.worker`` says who sent what;
-``worker_delays`` gives each worker's schedule delay, the figure that shows which one fell behind.
-One worker (the default) runs in this process, as before. ``SentCount`` lets a progress display (the
+of the workers' maxima, an upper bound; ``gc_passes``: every worker's). ``RequestRecord.worker`` says
+who sent what; ``worker_delays`` gives each worker's schedule delay, the figure that shows which one fell
+behind. One worker (the default) runs in this process, as before. ``SentCount`` lets a progress display (the
 battery's) read how many requests the workers have sent while they run.
 """
 
@@ -184,6 +184,7 @@ def _merge_stage(outcomes: list[StageOutcome]) -> StageOutcome:
     merged.max_in_flight = sum(o.max_in_flight for o in outcomes)
     merged.drain_cancelled = sum(o.drain_cancelled for o in outcomes)
     merged.stopped = any(o.stopped for o in outcomes)
+    merged.gc_passes = sorted((p for o in outcomes for p in o.gc_passes), key=lambda p: p.start_ns)
     return merged
 
 

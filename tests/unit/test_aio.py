@@ -1,9 +1,10 @@
 """The client's event-loop helpers: no full garbage collection while something is being timed."""
 
 import gc
+import time
 
 from microbench.client import aio
-from microbench.client.aio import no_full_collections
+from microbench.client.aio import GcPasses, no_full_collections
 
 
 def test_no_full_collections_freezes_the_heap_and_restores_the_collector() -> None:
@@ -17,6 +18,29 @@ def test_no_full_collections_freezes_the_heap_and_restores_the_collector() -> No
         del garbage
         assert gc.collect(0) + gc.collect(1) >= 1
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_young_threshold_holds_every_generation_back_until_it() -> None:
+    before = gc.get_threshold()
+    with no_full_collections(young_threshold=500_000), GcPasses() as passes:
+        assert gc.get_threshold() == (500_000, 1_000_000, 1_000_000)
+        kept = [[i] for i in range(5_000)]  # tracked objects, seven times the interpreter's threshold
+        assert passes.passes == [] and len(kept) == 5_000
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_gc_passes_stamps_each_pass_with_its_generation_and_what_it_freed() -> None:
+    with GcPasses() as passes:
+        t0 = time.perf_counter_ns()
+        garbage: list[object] = []
+        garbage.append(garbage)
+        del garbage
+        gc.collect(1)
+    assert gc.callbacks.count(passes._stamp) == 0  # the callback left with the block
+    (gc_pass,) = passes.passes
+    assert gc_pass.generation == 1 and gc_pass.collected >= 1
+    assert t0 <= gc_pass.start_ns <= gc_pass.end_ns <= time.perf_counter_ns()
+    assert passes.between(t0, gc_pass.start_ns) == [gc_pass] and passes.between(0, t0 - 1) == []
 
 
 def test_run_hands_back_the_result_without_formatting_it() -> None:
