@@ -11,8 +11,9 @@ sims; when they do not (2 workers beside 1 sim on a 2-core box) they share every
 no scaling figure. No core left for the workers is refused. Beside them, as a yardstick in the same run
 (row ``timer``), the same schedule kept by a bare loop on core 0 that sends nothing: the lateness the
 box's own scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per
-tick. ``sim E2E p50`` says whether the sims kept up (a sim that falls behind piles requests up, and each
-one past the connection pool is a new connection for the client to open). With ``--vllm``, row
+tick. ``sim E2E p50`` and ``sim CPU`` (the busiest sim's share of a core over the run) say whether the
+sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
+connection for the client to open). With ``--vllm``, row
 ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request function on
 asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
 
@@ -48,6 +49,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import psutil
 
 from engine_harness.launch import free_port
 from engine_harness.process_group import _die_with_parent
@@ -207,7 +209,7 @@ def one_run(
 KNEE_SENT = 0.98  # a rate counts as kept when at least this share of it was sent
 FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms",
            "gc_passes", "gc_pause_total_ms", "gc_pause_max_ms", "late_sends",
-           "late_sends_near_gc", "window_share_near_gc")  # fmt: skip
+           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max")  # fmt: skip
 
 
 def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict[str, float | None]:
@@ -244,10 +246,19 @@ def scaling(knee: dict[str, float | None], peak: dict[str, float]) -> dict[str, 
     return out
 
 
+def _cpu_s(procs: list[psutil.Process]) -> np.ndarray:
+    return np.array([sum(p.cpu_times()[:2]) for p in procs])
+
+
 def measure(
-    args: argparse.Namespace, url: str, cores: list[int], pinned: dict[int, list[int] | None]
+    args: argparse.Namespace,
+    url: str,
+    cores: list[int],
+    pinned: dict[int, list[int] | None],
+    sims: list[psutil.Process],
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every row at every rate, ``--reps`` times, interleaved and in alternating order."""
+    """Every row at every rate, ``--reps`` times, interleaved and in alternating order; beside each run,
+    the busiest sim's CPU share over it (≈ 1: that sim, not the load generator, set the pace)."""
     for w in args.workers:
         one_run(url, 200, 0.5, w, cores, pinned[w], args.knee_ms)  # warm every path and the sims
     rows: list[str] = ["timer", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
@@ -257,12 +268,14 @@ def measure(
     for rep in range(args.reps):
         for rate in args.rates:
             for row in rows if rep % 2 == 0 else rows[::-1]:
+                sim_cpu0, wall0 = _cpu_s(sims), time.perf_counter()
                 if row == "timer":
                     run = floor_run(rate, args.seconds, cores)
                 elif row == "vllm":
                     run = vllm_run(url, rate, args.seconds, cores)
                 else:
                     run = one_run(url, rate, args.seconds, int(row), cores, pinned[int(row)], args.knee_ms)
+                run["sim_cpu_max"] = float(max(_cpu_s(sims) - sim_cpu0) / (time.perf_counter() - wall0))
                 runs.setdefault(f"{row}@{rate:g}", []).append(run)
                 print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
     return runs
@@ -309,14 +322,15 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict
 def print_report(report: dict[str, Any], knee_ms: float) -> None:
     print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
     print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
-          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'GC passes':>10} {'GC max ms':>10} "
-          f"{'late near GC/late (chance)':>27}")  # fmt: skip
+          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'sim CPU':>8} {'GC passes':>10} "
+          f"{'GC max ms':>10} {'late near GC/late (chance)':>27}")  # fmt: skip
     for row, rates in report["medians"].items():
         for rate, fig in rates.items():
             print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
                   f"{fig['worst_worker_p99_ms']:>12.3g} {fig['achieved_rate']:>11.0f} "
                   f"{fig['best_p99_ms']:>9.3g} {fig['cpu_us_per_request']:>11.0f} "
-                  f"{fig['e2e_p50_ms']:>12.3g} {fig['gc_passes']:>10.3g} {fig['gc_pause_max_ms']:>10.3g} "
+                  f"{fig['e2e_p50_ms']:>12.3g} {fig['sim_cpu_max']:>8.0%} {fig['gc_passes']:>10.3g} "
+                  f"{fig['gc_pause_max_ms']:>10.3g} "
                   f"{fig['late_sends_near_gc']:>9.0f}/{fig['late_sends']:<6.0f} "
                   f"({fig['window_share_near_gc']:.0%})")  # fmt: skip
     print(f"knee (highest rate with p99 ≤ {knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
@@ -367,7 +381,7 @@ def main() -> None:
     try:
         wait_listening(sims)
         _wait_healthy(url)
-        runs = measure(args, url, cores, pinned)
+        runs = measure(args, url, cores, pinned, [psutil.Process(sim.pid) for sim in sims])
     except RuntimeError as exc:
         sys.exit(f"error: {exc}")
     finally:

@@ -49,6 +49,7 @@ __all__ = ["LoadSession"]
 # set high instead of switched off so that cyclic garbage (a failing engine's exceptions and their
 # frames) stays bounded: at most about this many objects (tens of MB) before a pass, which then walks
 # them once (≈ 30 ms here, once per ~55,000 requests). Each stage's garbage is collected after its drain.
+# (AIPerf's timing-critical workers switch the collector off outright: gc.freeze, then gc.disable.)
 _YOUNG_THRESHOLD = 500_000
 
 # GET /v1/models round trips before the stages: the network's share of every latency. The API server
