@@ -46,9 +46,10 @@ __all__ = ["LoadSession"]
 # schedule delay p99 12.6 ms in a 2-s run. A request leaves no cyclic garbage on its way (measured: a
 # collection after 2000 requests with the collector off freed 0 objects; its records, ~9 tracked objects
 # each, stay alive by design), so young passes free next to nothing while sending. Their threshold is
-# set high instead of switched off so that cyclic garbage (a failing engine's exceptions and their
-# frames) stays bounded: at most about this many objects (tens of MB) before a pass, which then walks
-# them once (≈ 30 ms here, once per ~55,000 requests). Each stage's garbage is collected after its drain.
+# set high instead of switched off so that cyclic garbage stays bounded: a refused connection leaves 85
+# objects (≈ 10 KiB) of it (an HTTP 500: none), so at most ~6,000 refused requests' worth, ≈ 60 MB,
+# before a pass, which walks at most about this many objects once (≈ 30 ms here; with healthy requests
+# once per ~55,000 of them). Each stage's garbage is collected after its drain.
 # (AIPerf's timing-critical workers switch the collector off outright: gc.freeze, then gc.disable.)
 _YOUNG_THRESHOLD = 500_000
 
