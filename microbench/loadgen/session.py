@@ -40,19 +40,6 @@ from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSetti
 
 __all__ = ["LoadSession"]
 
-# The collector while stages run (see aio.no_full_collections). A pass stops the loop: with the
-# interpreter's thresholds, at 4000 req/s one worker ran ~90 young passes a second, generation 1 every
-# ~0.1 s for 1.5 ms (up to 4 ms) walking the records so far, and the sends behind each pass came late:
-# schedule delay p99 12.6 ms in a 2-s run. A request leaves no cyclic garbage on its way (measured: a
-# collection after 2000 requests with the collector off freed 0 objects; its records, ~9 tracked objects
-# each, stay alive by design), so young passes free next to nothing while sending. Their threshold is
-# set high instead of switched off so that cyclic garbage stays bounded: a refused connection leaves 85
-# objects (≈ 10 KiB) of it (an HTTP 500: none), so at most ~6,000 refused requests' worth, ≈ 60 MB,
-# before a pass, which walks at most about this many objects once (≈ 30 ms here; with healthy requests
-# once per ~55,000 of them). Each stage's garbage is collected after its drain.
-# (AIPerf's timing-critical workers switch the collector off outright: gc.freeze, then gc.disable.)
-_YOUNG_THRESHOLD = 500_000
-
 # GET /v1/models round trips before the stages: the network's share of every latency. The API server
 # answers it alone; SGLang's /health runs a one-token generation and polls for it once a second (≥ 1 s).
 _RTT_PROBES = 5
@@ -126,7 +113,15 @@ class LoadSession:
         started_unix_ns = time.time_ns()
         self._emit(EventKind.SESSION_STARTED, self._t0_ns)
         outcomes = []
-        with no_full_collections(_YOUNG_THRESHOLD), GcPasses() as passes:
+        # The collector (aio.no_full_collections): with the interpreter's thresholds, at 4000 req/s one
+        # worker ran ~90 young passes a second and a generation-1 pass every ~0.1 s for 1.5 ms (up to
+        # 4 ms), and the sends behind each came late. A healthy request leaves no cyclic garbage (a
+        # collection after 2000 of them with the collector off freed nothing); a refused one leaves 85
+        # objects, of which young passes free all but ~2, so only they run while stages send. Held back
+        # altogether instead (no pass until 500,000 new objects), one pass stopped the loop for 250-460 ms
+        # when the sim fell behind and 5000-7700 requests were in flight. AIPerf's timing workers switch
+        # the collector off (gc.freeze, gc.disable). Each stage's garbage is collected after its drain.
+        with no_full_collections(), GcPasses() as passes:
             for stage in stages:
                 if self._stopping:
                     break

@@ -236,17 +236,18 @@ async def test_a_request_past_its_time_limit_is_a_timeout() -> None:
     assert all(0 < r.stream.completion_tokens < 400 for r in result.records)  # cut by the client's clock
 
 
-async def test_no_collector_pass_while_a_stage_sends_and_the_collector_is_restored() -> None:
-    # a pass stops the loop and the sends due behind it go late: at 4000 req/s the interpreter's
-    # thresholds ran ~90 young passes a second, generation 1 for 1.5-4 ms (issue #38)
+async def test_only_young_collector_passes_while_a_stage_sends_and_the_collector_is_restored() -> None:
+    # a generation-1 pass stops the loop for ms and the sends due behind it go late: at 4000 req/s the
+    # interpreter's thresholds ran one every ~0.1 s for 1.5-4 ms (issue #38)
     gc.collect()
     before = (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled())
     requests = _workload(output=2).requests()
-    stage = _stage({"kind": "uniform", "rate": 2000}, requests, max_requests=400)
+    stage = _stage({"kind": "uniform", "rate": 4000}, requests, max_requests=1000)
     async with SimServer(SimConfig(time_scale=0)) as sim:
         result = await _run(sim, [stage])
-    assert [r.status for r in result.records] == ["ok"] * 400
-    # 400 requests leave ~9 tracked objects each (their records) and the sim's allocations run in this
-    # process too: thousands of objects, past the interpreter's young threshold (700) several times
-    assert result.stages[0].gc_passes == []
+    assert [r.status for r in result.records] == ["ok"] * 1000
+    # 1000 requests keep ~9 tracked objects each (their records) and the sim allocates in this process
+    # too: dozens of young passes, enough for several generation-1 passes under the interpreter's rule
+    passes = result.stages[0].gc_passes
+    assert len(passes) >= 20 and {p.generation for p in passes} == {0}
     assert (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()) == before
