@@ -1,26 +1,38 @@
 """Where one load-generation process stops keeping its schedule, and what N worker processes reach.
 
-The sim engine runs as a subprocess pinned to the last core (``--time-scale 0``: answers at once, short
-outputs), so the figure is the load generator's own. For each rate of ``--rates`` (uniform spacing,
-``--seconds`` of sends) and each worker count of ``--workers``, interleaved and in alternating order,
-``--reps`` times: schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst
-worker's p99, the achieved send rate, and the client's CPU µs per request (one worker: this process's
-CPU time over the run, the last-millisecond spin included). One worker runs pinned to core 0 (the other
-core is the sim's); N > 1 workers may use every core. Beside them, as a yardstick in the same run (row
-``timer``), the same schedule kept by a bare loop that sends nothing: the lateness the box's own
-scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per tick.
-``sim E2E p50`` says whether the sim kept up (a sim that falls behind piles requests up, and each one
-past the connection pool is a new connection for the client to open). With
-``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its
-request function on asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
+The sim engine runs as ``--sims K`` subprocesses (default 1) on one port (SO_REUSEPORT), each pinned to
+its own core at the top of the core list (``--time-scale 0``: answers at once, short outputs), so the
+figure is the load generator's own. For each rate of ``--rates`` (uniform spacing, ``--seconds`` of
+sends) and each worker count N of ``--workers``, interleaved and in alternating order, ``--reps`` times:
+schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst worker's p99, the
+achieved send rate, and the client's CPU µs per request (one worker: this process's CPU time over the
+run, the last-millisecond spin included). Worker k of N runs pinned to core k when the N fit beside the
+sims; when they do not (2 workers beside 1 sim on a 2-core box) they share every core, and their row is
+no scaling figure. No core left for the workers is refused. Beside them, as a yardstick in the same run
+(row ``timer``), the same schedule kept by a bare loop on core 0 that sends nothing: the lateness the
+box's own scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per
+tick. ``sim E2E p50`` and ``sim CPU`` (the busiest sim's share of a core over the run) say whether the
+sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
+connection for the client to open). With ``--vllm``, row
+``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request function on
+asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
+
+The garbage collector's part: the collector passes that began in each run's sending window (every
+worker's), their longest pause, and the late sends (later than ``--knee-ms``) that a pass could explain
+(one ran, or had ended ≤ 5 ms before the send was due), beside the share of the window that near a pass
+(what chance would give): ``microbench.loadgen.lateness``.
 
 The knee of each row is the highest rate at which the median p99 stays ≤ ``--knee-ms`` (1 ms) and the
 sends keep ≥ 98 % of the rate. ``best p99`` is the lowest p99 of the reps: the generator when the box
-left it alone. ``--quick``: rates 2000–5000, 2 reps of 1 s. A request still in flight 3 s after the
-last send is cancelled (the figures are the sends').
+left it alone. Per N > 1 a line ``scaling N=…`` gives knee(N)/knee(1) and the peak sent rate of N over
+one worker's, beside the aim 0.9·N. ``--quick``: rates 2000–5000, 2 reps of 1 s. A request still in
+flight 3 s after the last send is cancelled (the figures are the sends').
 
     .venv/bin/python scripts/bench_loadgen_rate.py [--rates 1000 2000 4000 6000] [--workers 1 2] [--vllm]
-        [--quick] [--out F]
+        [--sims K] [--quick] [--out F]
+    # a 16-core machine: 8 sims on cores 8-15, workers pinned to cores 0..N-1
+    .venv/bin/python scripts/bench_loadgen_rate.py --sims 8 --workers 1 2 4 8 \\
+        --rates 2000 4000 6000 8000 12000 16000 24000 30000 --out loadgen-16.json
 """
 
 from __future__ import annotations
@@ -37,11 +49,13 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import psutil
 
 from engine_harness.launch import free_port
 from engine_harness.process_group import _die_with_parent
 from microbench.client import aio
 from microbench.client.requests import RequestSpec
+from microbench.loadgen.lateness import gc_lateness
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.workers import run_sessions, worker_delays
 from microbench.workloads.prompts import PromptFactory
@@ -134,7 +148,16 @@ def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[st
             "e2e_p50_ms": float(np.median([o.latency for o in outputs if o.success]) * 1e3)}  # fmt: skip
 
 
-def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int]) -> dict[str, Any]:
+def one_run(
+    url: str,
+    rate: float,
+    seconds: float,
+    workers: int,
+    cores: list[int],
+    pinned: list[int] | None,
+    knee_ms: float,
+) -> dict[str, Any]:
+    """``workers`` processes keeping the schedule, worker k on core ``pinned[k]`` (None: on ``cores``)."""
     n = max(int(rate * seconds), 10)
     factory = PromptFactory()
     specs = [RequestSpec(factory.cold(PROMPT_TOKENS), PROMPT_TOKENS, OUTPUT_TOKENS) for _ in range(n)]
@@ -142,10 +165,17 @@ def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int
     settings = SessionSettings.model_validate(
         {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 3}
     )
-    os.sched_setaffinity(0, set(cores[:1]) if workers == 1 else set(cores))
+    os.sched_setaffinity(0, set(cores) if pinned is None else set(pinned))
     cpu0 = time.process_time()
-    result = aio.run(run_sessions(settings, [stage], workers))
+    result = aio.run(run_sessions(settings, [stage], workers, cores=pinned))
     cpu = time.process_time() - cpu0
+    outcome = result.stages[0]
+    gc_figures = gc_lateness(
+        outcome.gc_passes,
+        (outcome.start_ns, outcome.issue_end_ns),
+        [(r.intended_ns, r.stream.t_send_ns) for r in result.records if r.stream.t_send_ns],
+        late_ms=knee_ms,
+    )
     ok = [r for r in result.records if r.status == "ok"]
     sends = np.array([r.stream.t_send_ns for r in result.records], dtype=float)
     delay_ms = np.array([r.stream.t_send_ns - r.intended_ns for r in result.records], dtype=float) / 1e6
@@ -165,12 +195,21 @@ def one_run(url: str, rate: float, seconds: float, workers: int, cores: list[int
         "e2e_p50_ms": float(np.median([r.stream.t_done_ns - r.stream.t_send_ns for r in ok]) / 1e6)
         if ok
         else float("nan"),
+        "gc_passes": float(sum(gc_figures["passes_by_generation"])),
+        "gc_pause_total_ms": gc_figures["pause_total_ms"],
+        "gc_pause_max_ms": gc_figures["pause_max_ms"],
+        "late_sends": float(gc_figures["late_sends"]),
+        "late_sends_near_gc": float(gc_figures["late_sends_near_a_pass"]),
+        "window_share_near_gc": gc_figures["window_share_near_a_pass"],
+        "gc": gc_figures,
         "workers": per_worker,
     }
 
 
 KNEE_SENT = 0.98  # a rate counts as kept when at least this share of it was sent
-FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms")
+FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms",
+           "gc_passes", "gc_pause_total_ms", "gc_pause_max_ms", "late_sends",
+           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max")  # fmt: skip
 
 
 def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict[str, float | None]:
@@ -182,10 +221,46 @@ def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict
     }  # fmt: skip
 
 
-def measure(args: argparse.Namespace, url: str, cores: list[int]) -> dict[str, list[dict[str, Any]]]:
-    """Every row at every rate, ``--reps`` times, interleaved and in alternating order."""
+def placement(cores: list[int], workers: int, sims: int) -> list[int] | None:
+    """The cores worker k of ``workers`` is pinned to (``cores[k]``: the sims hold the top ``sims``
+    cores), or None when they do not fit beside the sims: they then share every core (not a scaling
+    figure). No core left for the load generator is an error."""
+    if sims >= len(cores):
+        raise ValueError(
+            f"{sims} sim process(es) need {sims} cores and the load generator at least one more: "
+            f"this process may use {len(cores)} ({cores}); ask for fewer --sims"
+        )
+    return cores[:workers] if workers <= len(cores) - sims else None
+
+
+def scaling(knee: dict[str, float | None], peak: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    """Per worker count N: knee(N)/knee(1) and peak sent rate(N)/peak(1), beside the 0.9·N aim."""
+    out: dict[str, dict[str, float | None]] = {}
+    for row in (r for r in peak if r.isdigit() and r != "1"):
+        k1, kn = knee.get("1"), knee.get(row)
+        out[row] = {
+            "knee_ratio": kn / k1 if k1 and kn else None,
+            "peak_ratio": peak[row] / peak["1"] if peak.get("1") else None,
+            "aim": 0.9 * int(row),
+        }
+    return out
+
+
+def _cpu_s(procs: list[psutil.Process]) -> np.ndarray:
+    return np.array([sum(p.cpu_times()[:2]) for p in procs])
+
+
+def measure(
+    args: argparse.Namespace,
+    url: str,
+    cores: list[int],
+    pinned: dict[int, list[int] | None],
+    sims: list[psutil.Process],
+) -> dict[str, list[dict[str, Any]]]:
+    """Every row at every rate, ``--reps`` times, interleaved and in alternating order; beside each run,
+    the busiest sim's CPU share over it (≈ 1: that sim, not the load generator, set the pace)."""
     for w in args.workers:
-        one_run(url, 200, 0.5, w, cores)  # warm every path and the sim
+        one_run(url, 200, 0.5, w, cores, pinned[w], args.knee_ms)  # warm every path and the sims
     rows: list[str] = ["timer", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
     if args.vllm:
         vllm_run(url, 200, 0.5, cores)
@@ -193,15 +268,82 @@ def measure(args: argparse.Namespace, url: str, cores: list[int]) -> dict[str, l
     for rep in range(args.reps):
         for rate in args.rates:
             for row in rows if rep % 2 == 0 else rows[::-1]:
+                sim_cpu0, wall0 = _cpu_s(sims), time.perf_counter()
                 if row == "timer":
                     run = floor_run(rate, args.seconds, cores)
                 elif row == "vllm":
                     run = vllm_run(url, rate, args.seconds, cores)
                 else:
-                    run = one_run(url, rate, args.seconds, int(row), cores)
+                    run = one_run(url, rate, args.seconds, int(row), cores, pinned[int(row)], args.knee_ms)
+                run["sim_cpu_max"] = float(max(_cpu_s(sims) - sim_cpu0) / (time.perf_counter() - wall0))
                 runs.setdefault(f"{row}@{rate:g}", []).append(run)
                 print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
     return runs
+
+
+def start_sims(port: int, sim_cores: list[int]) -> list[subprocess.Popen[bytes]]:
+    """One sim process per core of ``sim_cores``, all on ``port`` (SO_REUSEPORT: the kernel spreads the
+    connections between them); ``wait_listening`` waits for them."""
+    argv = [sys.executable, "-m", "engine_harness.sim", "--port", str(port), "--model", "sim", "--reuse-port",
+            "--time-scale", "0", "--max-num-seqs", "4096"]  # fmt: skip
+    sims = [
+        subprocess.Popen(
+            argv,
+            preexec_fn=lambda core=core: (_die_with_parent(), os.sched_setaffinity(0, {core})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        for core in sim_cores
+    ]
+    return sims
+
+
+def wait_listening(sims: list[subprocess.Popen[bytes]]) -> None:
+    """Return once every sim process has printed its start line (it listens)."""
+    for sim in sims:
+        assert sim.stdout is not None
+        if b"serving" not in sim.stdout.readline():
+            raise RuntimeError(f"a sim process did not start (exit status {sim.wait()})")
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per row and rate, the median of each figure over the reps, and the best rep's p99."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for key, reps in runs.items():
+        row, rate = key.split("@")
+        table.setdefault(row, {})[rate] = {
+            k: float(np.median([r.get(k, np.nan) for r in reps])) for k in FIGURES
+        }
+        # the least disturbed rep: what the generator does when the box leaves it alone
+        table[row][rate]["best_p99_ms"] = float(min(r["p99_ms"] for r in reps))
+    return table
+
+
+def print_report(report: dict[str, Any], knee_ms: float) -> None:
+    print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
+    print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
+          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'sim CPU':>8} {'GC passes':>10} "
+          f"{'GC max ms':>10} {'late near GC/late (chance)':>27}")  # fmt: skip
+    for row, rates in report["medians"].items():
+        for rate, fig in rates.items():
+            print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
+                  f"{fig['worst_worker_p99_ms']:>12.3g} {fig['achieved_rate']:>11.0f} "
+                  f"{fig['best_p99_ms']:>9.3g} {fig['cpu_us_per_request']:>11.0f} "
+                  f"{fig['e2e_p50_ms']:>12.3g} {fig['sim_cpu_max']:>8.0%} {fig['gc_passes']:>10.3g} "
+                  f"{fig['gc_pause_max_ms']:>10.3g} "
+                  f"{fig['late_sends_near_gc']:>9.0f}/{fig['late_sends']:<6.0f} "
+                  f"({fig['window_share_near_gc']:.0%})")  # fmt: skip
+    print(f"knee (highest rate with p99 ≤ {knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
+    for row, knee in report["knee_rate"].items():
+        print(f"  {row:>6}: {'none' if knee is None else f'{knee:g} req/s'}")
+    for row, fig in report["scaling"].items():
+        knee_ratio = "n/a" if fig["knee_ratio"] is None else f"{fig['knee_ratio']:.2f}"
+        peak_ratio = "n/a" if fig["peak_ratio"] is None else f"{fig['peak_ratio']:.2f}"
+        shared = (
+            "" if report["pinned"][row] else "  (workers share cores with the sims: not a scaling figure)"
+        )
+        print(f"scaling N={row}: knee(N)/knee(1) {knee_ratio}, peak sent(N)/peak(1) {peak_ratio}, "
+              f"aim ≥ {fig['aim']:.1f}{shared}")  # fmt: skip
 
 
 def main() -> None:
@@ -210,6 +352,7 @@ def main() -> None:
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[1000, 2000, 3000, 4000, 6000, 8000])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--sims", type=int, default=1, help="sim processes on one port, one core each")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of sends per run")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     parser.add_argument(
@@ -221,54 +364,49 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rates, args.reps, args.seconds = [2000, 3000, 4000, 5000], 2, 1.0
-    if min(args.rates) <= 0 or min(args.workers) < 1 or args.reps < 1 or args.seconds <= 0:
-        parser.error("rates and seconds must be > 0, workers and reps ≥ 1")
+    if min(args.rates) <= 0 or min(args.workers) < 1 or args.reps < 1 or args.seconds <= 0 or args.sims < 1:
+        parser.error("rates and seconds must be > 0, workers, sims and reps ≥ 1")
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        pinned = {w: placement(cores, w, args.sims) for w in args.workers}
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.vllm:
         import vllm.benchmarks.serve  # noqa: F401  (a slow import: not inside a run)
-    cores = sorted(os.sched_getaffinity(0))
+    sim_cores = cores[len(cores) - args.sims :]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "engine_harness.sim", "--port", str(port), "--model", "sim"]
-    sim = subprocess.Popen(
-        [*argv, "--time-scale", "0", "--max-num-seqs", "4096"],
-        preexec_fn=lambda: (_die_with_parent(), os.sched_setaffinity(0, {cores[-1]})),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     load_before = os.getloadavg()
+    sims = start_sims(port, sim_cores)
     try:
+        wait_listening(sims)
         _wait_healthy(url)
-        runs = measure(args, url, cores)
+        runs = measure(args, url, cores, pinned, [psutil.Process(sim.pid) for sim in sims])
+    except RuntimeError as exc:
+        sys.exit(f"error: {exc}")
     finally:
-        sim.terminate()
-        sim.wait()
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    for key, reps in runs.items():
-        row, rate = key.split("@")
-        table.setdefault(row, {})[rate] = {
-            k: float(np.median([r.get(k, np.nan) for r in reps])) for k in FIGURES
-        }
-        # the least disturbed rep: what the generator does when the box leaves it alone
-        table[row][rate]["best_p99_ms"] = float(min(r["p99_ms"] for r in reps))
+        for sim in sims:
+            sim.terminate()
+            sim.wait()
+    table = summarize(runs)
+    knee = knees(table, args.knee_ms)
+    peak = {row: max(fig["achieved_rate"] for fig in rates.values()) for row, rates in table.items()}
+    places = "; ".join(
+        f"{w} worker(s) on {'cores ' + str(c) if c else 'any of ' + str(cores) + ' (shared)'}"
+        for w, c in pinned.items()
+    )
     report = {
-        "machine": f"{os.cpu_count()} cores; 1 worker on core {cores[0]}, the sim on core {cores[-1]}",
+        "machine": f"{os.cpu_count()} cores; {args.sims} sim(s) on cores {sim_cores}; {places}; "
+        f"timer and vllm rows on core {cores[0]}",
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
+        "pinned": {str(w): c for w, c in pinned.items()},
         "medians": table,
-        "knee_rate": knees(table, args.knee_ms),
+        "knee_rate": knee,
+        "scaling": scaling(knee, peak),
         "runs": runs,
     }
-    print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
-    print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
-          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12}")  # fmt: skip
-    for row, rates in table.items():
-        for rate, fig in rates.items():
-            print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
-                  f"{fig['worst_worker_p99_ms']:>12.3g} {fig['achieved_rate']:>11.0f} "
-                  f"{fig['best_p99_ms']:>9.3g} {fig['cpu_us_per_request']:>11.0f} "
-                  f"{fig['e2e_p50_ms']:>12.3g}")  # fmt: skip
-    print(f"knee (highest rate with p99 ≤ {args.knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
-    for row, knee in report["knee_rate"].items():
-        print(f"  {row:>6}: {'none' if knee is None else f'{knee:g} req/s'}")
+    print_report(report, args.knee_ms)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -2,8 +2,9 @@
 
 Accepts the flags ``engine_harness.engines`` passes for kind ``sim`` (``--model --host --port
 --max-num-batched-tokens --max-num-seqs --block-size --no-prefix-caching``) and its own (step-time model,
-mode, time scale, faults, step log). Settings: defaults → ``--params FILE.yaml`` (or a preset name) →
-flags. On the die faults the process exits at once with status 70, like a crashed engine.
+mode, time scale, faults, step log, ``--reuse-port`` for several sim processes on one port). Settings:
+defaults → ``--params FILE.yaml`` (or a preset name) → flags. On the die faults the process exits at
+once with status 70, like a crashed engine.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", help="served model name")
     a("--host")
     a("--port", type=int)
+    a("--reuse-port", action="store_const", const=True, help="SO_REUSEPORT: more sim processes on one port")
     a("--mode", choices=["vllm", "sglang", "sglang-mixed"])
     a("--max-num-batched-tokens", type=int, help="token budget per step (chunk size)")
     a("--max-num-seqs", type=int)

@@ -96,6 +96,11 @@ class SimConfig(StrictModel):
     model: str = Field(default="sim", min_length=1, description="the model name clients send")
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port picked by the OS")
+    reuse_port: bool = Field(
+        default=False,
+        description="SO_REUSEPORT: several sim processes listen on one port and the kernel spreads the "
+        "connections between them (a client fast enough to need more than one core of sim)",
+    )
     mode: SimMode = Field(
         default="vllm",
         description="vllm: decodes ride with chunks; sglang: a prefill step replaces decodes; "

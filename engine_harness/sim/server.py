@@ -102,7 +102,9 @@ class SimServer:
             self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
         )
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        self._site = web.TCPSite(
+            self._runner, self.config.host, self.config.port, reuse_port=self.config.reuse_port or None
+        )
         await self._site.start()
         self.port = int(self._runner.addresses[0][1])
         self._ready_ns = time.perf_counter_ns() + int(self.config.faults.slow_start_s * 1e9)

@@ -22,6 +22,7 @@ recorded as such.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
@@ -30,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from engine_harness.engines import auth_headers
-from microbench.client.aio import no_full_collections
+from microbench.client.aio import GcPasses, no_full_collections
 from microbench.client.requests import RequestSpec
 from microbench.client.streams import StreamRecord
 from microbench.loadgen.client import classify, send_request
@@ -112,11 +113,23 @@ class LoadSession:
         started_unix_ns = time.time_ns()
         self._emit(EventKind.SESSION_STARTED, self._t0_ns)
         outcomes = []
-        with no_full_collections():  # a full GC pass would stall the loop and delay scheduled sends
+        # The collector (aio.no_full_collections): with the interpreter's thresholds, at 4000 req/s one
+        # worker ran ~90 young passes a second and a generation-1 pass every ~0.1 s for 1.5 ms (up to
+        # 4 ms), and the sends behind each came late. A healthy request leaves no cyclic garbage (a
+        # collection after 2000 of them with the collector off freed nothing); a refused one leaves 85
+        # objects, of which young passes free all but ~2, so only they run while stages send. Held back
+        # altogether instead (no pass until 500,000 new objects), one pass stopped the loop for 250-460 ms
+        # when the sim fell behind and 5000-7700 requests were in flight. AIPerf's timing workers switch
+        # the collector off (gc.freeze, gc.disable). Each stage's garbage is collected after its drain.
+        with no_full_collections(), GcPasses() as passes:
             for stage in stages:
                 if self._stopping:
                     break
-                outcomes.append(await self._run_stage(stage))
+                outcome = await self._run_stage(stage)
+                outcome.gc_passes = passes.between(outcome.start_ns, outcome.end_ns)
+                outcomes.append(outcome)
+                gc.collect()  # the stage's cyclic garbage, after its timed part,
+                gc.freeze()  # and what outlives it (its records) out of the next stage's young passes
         self._emit(EventKind.SESSION_ENDED, time.perf_counter_ns())
         for record in self.records:  # the streams are parsed here, after the timed part
             _settle(record)

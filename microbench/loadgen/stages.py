@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from benchcore.schema import StrictModel
+from microbench.client.aio import GcPass
 from microbench.client.requests import ApiSettings, RequestSpec
 from microbench.client.streams import StreamRecord
 from microbench.workloads.schedulers import Scheduler
@@ -138,6 +139,7 @@ class StageOutcome:
     max_in_flight: int = 0
     drain_cancelled: int = 0
     stopped: bool = False
+    gc_passes: list[GcPass] = field(default_factory=list)  # this process's, from start to end of drain
 
 
 @dataclass

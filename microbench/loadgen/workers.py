@@ -14,10 +14,11 @@ unique but may send pairs at one target time instead of the whole schedule (the 
 
 The workers' records come back (parsed, pickled) and are merged into one ``SessionResult``: records in
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
-of the workers' maxima, an upper bound). ``RequestRecord.worker`` says who sent what;
-``worker_delays`` gives each worker's schedule delay, the figure that shows which one fell behind.
-One worker (the default) runs in this process, as before. ``SentCount`` lets a progress display (the
-battery's) read how many requests the workers have sent while they run.
+of the workers' maxima, an upper bound; ``gc_passes``: every worker's, by start). ``RequestRecord.worker``
+says who sent what; ``worker_delays`` gives each worker's schedule delay, the figure that shows which one
+fell behind. One worker (the default) runs in this process, as before. ``cores`` pins worker k to a
+core. ``SentCount`` lets a progress display (the battery's) read how many requests the workers have sent
+while they run.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing as mp
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -61,14 +63,24 @@ async def run_sessions(
     workers: int = 1,
     hooks: Iterable[EventHook] = (),
     sent: SentCount | None = None,
+    cores: Sequence[int] | None = None,
 ) -> SessionResult:
     """Run ``stages`` in ``workers`` processes (1: in this one) and return the merged result; ``sent``
-    (one slot per worker) counts the requests sent so far while they run."""
+    (one slot per worker) counts the requests sent so far while they run; ``cores``: worker k runs
+    pinned to core ``cores[k]`` (one worker: this process, its own affinity back after the run)."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
+    if cores is not None and len(cores) < workers:
+        raise ValueError(f"{workers} workers need {workers} cores to pin to, got {list(cores)}")
     if workers == 1:
-        async with LoadSession(settings, hooks=hooks) as session:
-            return await _counted(session, stages, sent, 0)
+        affinity = os.sched_getaffinity(0)
+        try:
+            if cores is not None:
+                os.sched_setaffinity(0, {cores[0]})
+            async with LoadSession(settings, hooks=hooks) as session:
+                return await _counted(session, stages, sent, 0)
+        finally:
+            os.sched_setaffinity(0, affinity)
     if list(hooks):
         raise ValueError("event hooks run in one process: use them with one worker")
     ctx = mp.get_context("fork")  # the children inherit the stages' plans (iterators, closures) as they are
@@ -77,7 +89,19 @@ async def run_sessions(
     pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
     procs = [
         ctx.Process(
-            target=_worker, args=(k, workers, settings, stages, barrier, start, send, sent), daemon=True
+            target=_worker,
+            args=(
+                k,
+                workers,
+                settings,
+                stages,
+                barrier,
+                start,
+                send,
+                sent,
+                None if cores is None else cores[k],
+            ),
+            daemon=True,
         )
         for k, (_, send) in enumerate(pipes)
     ]
@@ -139,7 +163,11 @@ def _worker(
     start: Any,
     send: Connection,
     sent: SentCount | None,
+    core: int | None,
 ) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
     async def stage_start() -> int:
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         return int(start.value)
@@ -184,6 +212,7 @@ def _merge_stage(outcomes: list[StageOutcome]) -> StageOutcome:
     merged.max_in_flight = sum(o.max_in_flight for o in outcomes)
     merged.drain_cancelled = sum(o.drain_cancelled for o in outcomes)
     merged.stopped = any(o.stopped for o in outcomes)
+    merged.gc_passes = sorted((p for o in outcomes for p in o.gc_passes), key=lambda p: p.start_ns)
     return merged
 
 

@@ -3,6 +3,7 @@ every prompt once, the merged trace the same shape as one process's, each worker
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -81,3 +82,21 @@ async def test_event_hooks_need_one_worker() -> None:
     settings = SessionSettings.model_validate({"base_url": "http://127.0.0.1:9", "api": {"model": "sim"}})
     with pytest.raises(ValueError, match="one worker"):
         await run_sessions(settings, [], 2, hooks=[lambda event: None])
+
+
+async def test_workers_pinned_to_cores_and_the_affinity_given_back() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+
+    def stage() -> Stage:
+        return Stage.scheduled(
+            "u", parse_scheduler({"kind": "uniform", "rate": 200}), _requests(), max_requests=20
+        )
+
+    async with SimServer(SimConfig(time_scale=0)) as sim:
+        settings = SessionSettings.model_validate({"base_url": sim.base_url, "api": {"model": "sim"}})
+        with pytest.raises(ValueError, match="2 workers need 2 cores"):
+            await run_sessions(settings, [stage()], 2, cores=cores[:1])
+        two = await run_sessions(settings, [stage()], 2, cores=[cores[0], cores[-1]])
+        one = await run_sessions(settings, [stage()], 1, cores=[cores[-1]])
+    assert [r.status for r in two.records + one.records] == ["ok"] * 40
+    assert sorted(os.sched_getaffinity(0)) == cores  # one worker ran in this process, pinned for the run

@@ -359,3 +359,16 @@ async def test_step_log_endpoint_matches_in_process_log() -> None:
     assert body["steps"][0] == json.loads(json.dumps(sim.step_log[0].to_dict()))
     assert [st["index"] for st in tail["steps"]] == [3, 4] and body["next"] == 5
     assert cfg["step"]["alpha_ms"] == sim.config.step.alpha_ms
+
+
+async def test_sims_with_reuse_port_share_one_port() -> None:
+    # more sim processes than one on a port (a load generator faster than one core of sim, issue #38)
+    async with SimServer(_fast()) as probe:
+        port = probe.port
+    async with (
+        SimServer(_fast(port=port, reuse_port=True)) as one,
+        SimServer(_fast(port=port, reuse_port=True)) as two,
+    ):
+        assert one.port == two.port == port
+        async with aiohttp.ClientSession() as http, http.get(f"{one.base_url}/v1/models") as resp:
+            assert resp.status == 200
