@@ -32,7 +32,7 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.robust import RobustFit, huber_fit, r_squared
-from analysis.steps import CANDIDATES, EAGER, graph_ceiling, steps_frame, windows_frame
+from analysis.steps import CANDIDATES, EAGER, EXCLUSIVE_ONLY, graph_ceiling, steps_frame, windows_frame
 from engine_harness import step_model
 from microbench.results.records import RunRecord
 
@@ -153,10 +153,13 @@ def _columns(name: str, frame: pd.DataFrame) -> list[str]:
     return CANDIDATES[name] + ([EAGER] if frame[EAGER].nunique() > 1 else [])
 
 
-def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every candidate's in-sample R² and leave-one-P-out median error on the steps."""
+def step_model_candidates(frame: pd.DataFrame, exclusive: bool = False) -> pd.DataFrame:
+    """Every candidate's in-sample R² and leave-one-P-out median error on the steps (``exclusive``: the
+    run's prefill steps ran instead of the decodes, which ``EXCLUSIVE_ONLY``'s candidates need)."""
     rows = []
     for name in CANDIDATES:
+        if name in EXCLUSIVE_ONLY and not exclusive:
+            continue
         cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue
@@ -194,7 +197,8 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
     """Fit the step model (``model``: a name of ``CANDIDATES``; None: the one with the lowest
     leave-one-P-out error; a simpler one wins when within 10% of it) by weighted least squares."""
     frame, data = _design(records)
-    selection = step_model_candidates(frame)
+    exclusive = bool(records) and all(r.config.scheduling == "exclusive" for r in records)
+    selection = step_model_candidates(frame, exclusive)
     if selection.empty:
         raise ValueError(f"{len(frame)} rows are too few (or too alike) to fit the step model")
     if model is None:

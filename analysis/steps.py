@@ -8,7 +8,14 @@ differ in their attention terms (``CANDIDATES``):
 - ``c·ctx``: attention to the cached context only (DESIGN §5's first model);
 - ``c·(ctx + c/2)``: plus the chunk's causal attention to itself (a bare first chunk grows faster than
   linearly: 1024 → 62 ms, 2048 → 137 ms, 4096 → 336 ms on the CPU engine);
-- ``c·(ctx + c/2) + D·ctx_dec``: plus the decodes' attention to their own growing context.
+- ``c·(ctx + c/2) + D·ctx_dec``: plus the decodes' attention to their own growing context;
+- ``c·(ctx + c/2) + φ per chunk``: plus a fixed cost per prefill chunk (``step_model``'s φ), so that a
+  prefill step's fixed cost need not be a decode step's (SGLang on CPU: ≈ 16 ms for a 128-token prefill
+  step where a decode step of 2 takes ≈ 8.5);
+- ``c·(ctx + c/2) + (φ + κ·ctx) per chunk``: plus one per token of the chunk's request's cached context
+  (SGLang's CPU attention gathers each request's KV: κ). A sweep whose prompts all fit one step (context
+  0) cannot tell κ: the candidate is then left out.
+The last two are offered to exclusive scheduling only (``EXCLUSIVE_ONLY``).
 
 ``steps_frame`` reads every prefill step of the valid records' ``engine_steps_log`` and one decode-only
 row per record (its ``decode_step_ms``); ``windows_frame`` gives one row per valid record *without* a
@@ -23,14 +30,24 @@ import pandas as pd
 from engine_harness.step_model import COLUMNS, Chunk, StepShape, chunk_schedule, design_row
 from microbench.results.records import RunRecord
 
-__all__ = ["CANDIDATES", "EAGER", "graph_ceiling", "steps_frame", "windows_frame"]
+__all__ = ["CANDIDATES", "EAGER", "EXCLUSIVE_ONLY", "graph_ceiling", "steps_frame", "windows_frame"]
 
 # A candidate model uses a subset of the step model's design columns (``engine_harness.step_model``).
 CANDIDATES: dict[str, list[str]] = {
     "c·ctx": ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m"],
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
     "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
-}
+    "c·(ctx + c/2) + φ per chunk": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "chunks"],
+    "c·(ctx + c/2) + (φ + κ·ctx) per chunk": [
+        "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "chunks", "p_ctx_m"
+    ],
+}  # fmt: skip
+# Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
+# SGLang's default), where the per-chunk terms were measured (results/calibrate-sglang-cpu). On the CPU
+# vLLM fit (results/calibrate-vllm-cpu) the one with κ also wins leave-one-P-out (4.6% against 7.6%) but moves
+# that committed calibration's median errors (TTFT 5.4 → 5.4% and 10.8 → 8.8%, E2E 5.8 → 5.0% and
+# 5.8 → 6.7%, Poisson and bursty): for vLLM it is a decision of its own, not taken here.
+EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + φ per chunk", "c·(ctx + c/2) + (φ + κ·ctx) per chunk"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
 

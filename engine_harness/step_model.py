@@ -4,7 +4,7 @@ The simulated engine runs it (its ground truth), ``analysis`` fits it (the desig
 from here) and ``analysis.synthetic`` generates runs from it. A step computing ``D`` decode tokens and
 prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already in the KV cache, costs::
 
-    α + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec
+    α + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + Σ (φ + κ·ctx)
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
 - ``β_d`` (``beta_d_ms``): per decode token; ``β_c`` (``beta_c_ms``): per prefill (chunk) token;
@@ -12,7 +12,14 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
   and, causally, to half of its own chunk: the ``c/2`` is the intra-chunk attention real engines pay (a
   bare first chunk grows faster than linearly);
 - ``δ`` (``delta_ns``): a decode token's attention to its own request's context (``ctx_dec``), which grows
-  while a batch is reused.
+  while a batch is reused;
+- ``φ`` (``phi_ms``) and ``κ`` (``kappa_ns``): per prefill chunk, a fixed cost and a cost per token of the
+  context its request already holds, whatever the chunk's size. SGLang on CPU (``torch_native``
+  attention) pays both: per request of an extend batch it gathers the request's whole KV from the pool
+  and runs its attention alone, and it admits and answers each new request; in
+  ``results/calibrate-sglang-cpu``'s workloads a chunk of 87–147 tokens after 2048 of its prompt took
+  30–34 ms where the same chunk at context 0 takes ≈ 20 ms, and prefill steps of under 256 tokens took
+  ≈ 20 ms where a decode step takes 6–10 ms. Both are 0 unless a fit finds them.
 
 On a GPU whose engine runs CUDA graphs (vLLM: steps up to ``max_cudagraph_capture_size`` tokens, 512 by
 default), a step above that ceiling runs eagerly: it pays ``eager_ms`` more (kernel launches a graph
@@ -90,6 +97,11 @@ class StepShape:
         return sum(c.tokens * (c.context + c.tokens / 2) for c in self.chunks)
 
     @property
+    def prefill_context(self) -> float:
+        """Σ ctx over the chunks: the κ term's multiplier (context each chunk's request already holds)."""
+        return float(sum(c.context for c in self.chunks))
+
+    @property
     def chunk_context(self) -> float:
         """Σ c·ctx over the chunks (attention to the cached context only: the analysis' alternative)."""
         return float(sum(c.tokens * c.context for c in self.chunks))
@@ -115,6 +127,10 @@ class StepModel(StrictModel):
         default=15.0, ge=0, le=1e6, description="per chunk token × (its context + chunk/2) token (ns)"
     )
     delta_ns: float = Field(default=0.0, ge=0, le=1e6, description="per decode token × its context (ns)")
+    phi_ms: float = Field(default=0.0, ge=0, le=10_000, description="fixed cost per prefill chunk (ms)")
+    kappa_ns: float = Field(
+        default=0.0, ge=0, le=1e6, description="per prefill chunk × its request's context already cached (ns)"
+    )
     eager_ms: float = Field(
         default=0.0,
         ge=0,
@@ -133,6 +149,8 @@ class StepModel(StrictModel):
             + self.beta_c_ms * shape.prefill_tokens
             + self.gamma_ns * 1e-6 * shape.chunk_attention
             + self.delta_ns * 1e-6 * shape.decode_context
+            + self.phi_ms * len(shape.chunks)
+            + self.kappa_ns * 1e-6 * shape.prefill_context
             + self.eager_ms * is_eager(shape, self.cuda_graph_max_tokens)
         )
 
@@ -147,12 +165,17 @@ def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
 
 
 # The design matrix of the linear fit: one column per term, in ms-consistent units, so that a column's
-# coefficient is the parameter ``PARAMS[column]`` (attention columns are in millions of token × token, so
-# their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only alternative to
-# ``c_attn_m`` (both estimate γ); ``eager_steps`` (1 for a step above the CUDA-graph ceiling) is fitted
-# where the data hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
-COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m", "eager_steps"]
-MODEL_COLUMNS = ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "eager_steps"]
+# coefficient is the parameter ``PARAMS[column]`` (attention and context columns are in millions of
+# tokens, so their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only
+# alternative to ``c_attn_m`` (both estimate γ); ``eager_steps`` (1 for a step above the CUDA-graph
+# ceiling) is fitted where the data hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
+COLUMNS = [
+    "n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m", "chunks", "p_ctx_m",
+    "eager_steps",
+]  # fmt: skip
+MODEL_COLUMNS = [
+    "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "chunks", "p_ctx_m", "eager_steps"
+]  # fmt: skip
 PARAMS = {
     "n_steps": "alpha_ms",
     "decode_tokens": "beta_d_ms",
@@ -160,6 +183,8 @@ PARAMS = {
     "c_ctx_m": "gamma_ns",
     "c_attn_m": "gamma_ns",
     "d_ctx_m": "delta_ns",
+    "chunks": "phi_ms",
+    "p_ctx_m": "kappa_ns",
     "eager_steps": "eager_ms",
 }
 
@@ -175,6 +200,8 @@ def design_row(shape: StepShape, cuda_graph_max_tokens: int | None = 0) -> dict[
         "c_ctx_m": shape.chunk_context / 1e6,
         "c_attn_m": shape.chunk_attention / 1e6,
         "d_ctx_m": shape.decode_context / 1e6,
+        "chunks": float(len(shape.chunks)),
+        "p_ctx_m": shape.prefill_context / 1e6,
         "eager_steps": float(is_eager(shape, cuda_graph_max_tokens)),
     }
 

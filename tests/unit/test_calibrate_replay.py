@@ -183,3 +183,11 @@ def test_replay_runs_sglang_exclusive_steps() -> None:
     shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
     assert shapes == [(100, 0), (512, 0), (488, 0), (0, 1), (0, 1), (0, 1)]
     assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
+
+
+def test_a_candidate_the_grid_cannot_check_is_not_the_physical_fallback() -> None:
+    # results/calibrate-sglang-cpu's sweep has three prompt lengths: its choice has γ < 0 (−0.09 ns), and the
+    # one candidate with every term ≥ 0 (a fixed cost per prefill chunk) has no leave-one-P-out error (two
+    # lengths cannot determine it): it fits the three exactly (γ 25 ns), so the choice stays, γ clipped to 0
+    fit = fit_to_sim(Path(__file__).resolve().parents[2] / "results" / "calibrate-sglang-cpu" / "fit")
+    assert fit.fit.candidate == "c·(ctx + c/2)" and fit.fit.clipped == ["gamma_ns=-0.08805"]
