@@ -12,9 +12,9 @@ differ in their attention terms (``CANDIDATES``):
 - ``c·(ctx + c/2) + φ per chunk``: plus a fixed cost per prefill chunk (``step_model``'s φ), so that a
   prefill step's fixed cost need not be a decode step's (SGLang on CPU: ≈ 16 ms for a 128-token prefill
   step where a decode step of 2 takes ≈ 8.5);
-- ``c·(ctx + c/2) + (φ + κ·ctx) per chunk``: plus one per token of the chunk's request's cached context
-  (SGLang's CPU attention gathers each request's KV: κ). A sweep whose prompts all fit one step (context
-  0) cannot tell κ: the candidate is then left out.
+- ``c·(ctx + c/2) + (φ + λ·ctx) per chunk``: plus one per token of the chunk's request's cached context
+  (SGLang's CPU attention gathers each request's KV: λ). A sweep whose prompts all fit one step (context
+  0) cannot tell λ: the candidate is then left out.
 The last two are offered to exclusive scheduling only (``EXCLUSIVE_ONLY``).
 
 ``steps_frame`` reads every prefill step of the valid records' ``engine_steps_log`` and one decode-only
@@ -38,16 +38,16 @@ CANDIDATES: dict[str, list[str]] = {
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
     "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
     "c·(ctx + c/2) + φ per chunk": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "chunks"],
-    "c·(ctx + c/2) + (φ + κ·ctx) per chunk": [
+    "c·(ctx + c/2) + (φ + λ·ctx) per chunk": [
         "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "chunks", "p_ctx_m"
     ],
 }  # fmt: skip
 # Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
 # SGLang's default), where the per-chunk terms were measured (results/calibrate-sglang-cpu). On the CPU
-# vLLM fit (results/calibrate-vllm-cpu) the one with κ also wins leave-one-P-out (4.6% against 7.6%) but moves
+# vLLM fit (results/calibrate-vllm-cpu) the one with λ also wins leave-one-P-out (4.6% against 7.6%) but moves
 # that committed calibration's median errors (TTFT 5.4 → 5.4% and 10.8 → 8.8%, E2E 5.8 → 5.0% and
 # 5.8 → 6.7%, Poisson and bursty): for vLLM it is a decision of its own, not taken here.
-EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + φ per chunk", "c·(ctx + c/2) + (φ + κ·ctx) per chunk"})
+EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + φ per chunk", "c·(ctx + c/2) + (φ + λ·ctx) per chunk"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
 

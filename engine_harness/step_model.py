@@ -4,7 +4,7 @@ The simulated engine runs it (its ground truth), ``analysis`` fits it (the desig
 from here) and ``analysis.synthetic`` generates runs from it. A step computing ``D`` decode tokens and
 prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already in the KV cache, costs::
 
-    α + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + Σ (φ + κ·ctx)
+    α + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + Σ (φ + λ·ctx)
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
 - ``β_d`` (``beta_d_ms``): per decode token; ``β_c`` (``beta_c_ms``): per prefill (chunk) token;
@@ -13,7 +13,7 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
   bare first chunk grows faster than linearly);
 - ``δ`` (``delta_ns``): a decode token's attention to its own request's context (``ctx_dec``), which grows
   while a batch is reused;
-- ``φ`` (``phi_ms``) and ``κ`` (``kappa_ns``): per prefill chunk, a fixed cost and a cost per token of the
+- ``φ`` (``phi_ms``) and ``λ`` (``lambda_ns``): per prefill chunk, a fixed cost and a cost per token of the
   context its request already holds, whatever the chunk's size. SGLang on CPU (``torch_native``
   attention) pays both: per request of an extend batch it gathers the request's whole KV from the pool
   and runs its attention alone, and it admits and answers each new request; in
@@ -98,7 +98,7 @@ class StepShape:
 
     @property
     def prefill_context(self) -> float:
-        """Σ ctx over the chunks: the κ term's multiplier (context each chunk's request already holds)."""
+        """Σ ctx over the chunks: the λ term's multiplier (context each chunk's request already holds)."""
         return float(sum(c.context for c in self.chunks))
 
     @property
@@ -128,7 +128,7 @@ class StepModel(StrictModel):
     )
     delta_ns: float = Field(default=0.0, ge=0, le=1e6, description="per decode token × its context (ns)")
     phi_ms: float = Field(default=0.0, ge=0, le=10_000, description="fixed cost per prefill chunk (ms)")
-    kappa_ns: float = Field(
+    lambda_ns: float = Field(
         default=0.0, ge=0, le=1e6, description="per prefill chunk × its request's context already cached (ns)"
     )
     eager_ms: float = Field(
@@ -150,7 +150,7 @@ class StepModel(StrictModel):
             + self.gamma_ns * 1e-6 * shape.chunk_attention
             + self.delta_ns * 1e-6 * shape.decode_context
             + self.phi_ms * len(shape.chunks)
-            + self.kappa_ns * 1e-6 * shape.prefill_context
+            + self.lambda_ns * 1e-6 * shape.prefill_context
             + self.eager_ms * is_eager(shape, self.cuda_graph_max_tokens)
         )
 
@@ -184,7 +184,7 @@ PARAMS = {
     "c_attn_m": "gamma_ns",
     "d_ctx_m": "delta_ns",
     "chunks": "phi_ms",
-    "p_ctx_m": "kappa_ns",
+    "p_ctx_m": "lambda_ns",
     "eager_steps": "eager_ms",
 }
 

@@ -80,13 +80,13 @@ def test_a_per_chunk_cost_and_a_cached_context_cost_are_found(tmp_path: Path) ->
     # SGLang on CPU: a prefill chunk pays a fixed cost and one per token of its request's cached context
     # (the KV gather), next to a small attention term; prompts of up to 8 chunks give contexts to 14336
     params = StepModel(
-        alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, phi_ms=6.0, kappa_ns=7000.0
+        alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, phi_ms=6.0, lambda_ns=7000.0
     )
     grid = {**GRID, "scheduling": "exclusive"}  # SGLang's default: where the candidate is offered
     fit = fit_step_model(load_records(synthesize_run(tmp_path / "kv", params=params, **grid)))  # type: ignore[arg-type]
-    assert fit.model == "c·(ctx + c/2) + (φ + κ·ctx) per chunk"
+    assert fit.model == "c·(ctx + c/2) + (φ + λ·ctx) per chunk"
     assert fit.params["phi_ms"] == pytest.approx(6.0, rel=0.10)
-    assert fit.params["kappa_ns"] == pytest.approx(7000.0, rel=0.10)
+    assert fit.params["lambda_ns"] == pytest.approx(7000.0, rel=0.10)
     assert fit.params["alpha_ms"] == pytest.approx(5.0, rel=0.10)
 
 
@@ -100,7 +100,7 @@ def test_a_per_chunk_cost_alone_is_found_without_a_context_term(tmp_path: Path) 
 
 def test_the_per_chunk_candidates_are_not_offered_to_mixed_scheduling(records: list[RunRecord]) -> None:
     offered = set(fit_step_model(records).selection["model"])
-    assert not offered & {"c·(ctx + c/2) + φ per chunk", "c·(ctx + c/2) + (φ + κ·ctx) per chunk"}
+    assert not offered & {"c·(ctx + c/2) + φ per chunk", "c·(ctx + c/2) + (φ + λ·ctx) per chunk"}
 
 
 def test_no_intercept_and_tiny_last_chunks_do_not_break_the_fit(tmp_path: Path) -> None:

@@ -26,14 +26,14 @@ from engine_harness.step_model import (
 )
 
 MODEL = StepModel(
-    alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=100.0, delta_ns=50.0, phi_ms=4.0, kappa_ns=3000.0
+    alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=100.0, delta_ns=50.0, phi_ms=4.0, lambda_ns=3000.0
 )
 
 
 def test_the_cost_of_one_step_by_hand() -> None:
     # 4 decodes whose contexts sum to 2000, one chunk of 1000 tokens after 2000 of its prompt:
     # α 1 + β_d·4 = 0.4 + β_c·1000 = 10 + γ·1000·(2000 + 500) = 100e-6 · 2.5e6 = 250 + δ·2000 = 0.1
-    # + φ 4 + κ·2000 = 3000e-6 · 2000 = 6
+    # + φ 4 + λ·2000 = 3000e-6 · 2000 = 6
     shape = StepShape(4, (Chunk(1000, 2000),), 2000.0)
     assert shape.prefill_tokens == 1000 and shape.num_tokens == 1004
     assert shape.chunk_attention == 2.5e6 and shape.chunk_context == 2e6
@@ -53,14 +53,14 @@ def test_the_design_row_times_the_parameters_is_the_step() -> None:
         assert sum(row[c] * coef[PARAMS[c]] for c in MODEL_COLUMNS) == pytest.approx(model.step_ms(shape))
     assert row["c_ctx_m"] == pytest.approx(300 * 1200 / 1e6)  # the cached-context-only alternative
     assert set(coef) == {
-        "alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "phi_ms", "kappa_ns", "eager_ms"
+        "alpha_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "phi_ms", "lambda_ns", "eager_ms"
     }  # fmt: skip
 
 
 def test_each_prefill_chunk_pays_a_fixed_cost_and_one_per_token_of_its_cached_context() -> None:
     # SGLang's CPU attention gathers each prefilling request's whole KV: two chunks, one after 2048 tokens
-    # of its prompt, one cold: 2 × φ + κ × 2048 on top of the rest, whatever the chunks' sizes
-    model = StepModel(alpha_ms=5.0, beta_d_ms=0.0, beta_c_ms=0.0, gamma_ns=0.0, phi_ms=6.0, kappa_ns=4000.0)
+    # of its prompt, one cold: 2 × φ + λ × 2048 on top of the rest, whatever the chunks' sizes
+    model = StepModel(alpha_ms=5.0, beta_d_ms=0.0, beta_c_ms=0.0, gamma_ns=0.0, phi_ms=6.0, lambda_ns=4000.0)
     assert model.step_ms(StepShape(0, (Chunk(100, 2048), Chunk(300, 0)))) == pytest.approx(5 + 12 + 8.192)
     assert model.step_ms(StepShape(3, ())) == pytest.approx(5.0)  # a decode-only step has no chunk
 
