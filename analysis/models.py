@@ -176,14 +176,8 @@ def step_model_candidates(frame: pd.DataFrame, exclusive: bool = False) -> pd.Da
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue
         predicted = frame[cols].to_numpy(float) @ _ols(frame, cols).params
-        rows.append(
-            {
-                "model": name,
-                "parameters": len(cols),
-                "r2": r_squared(frame["elapsed_ms"].to_numpy(float), predicted),
-                "loo_p_median_ape_pct": _loo_steps(frame, cols),
-            }
-        )
+        r2 = r_squared(frame["elapsed_ms"].to_numpy(float), predicted)
+        rows.append((name, len(cols), r2, _loo_steps(frame, cols)))
     return pd.DataFrame(rows, columns=["model", "parameters", "r2", "loo_p_median_ape_pct"])
 
 
