@@ -32,7 +32,15 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.robust import RobustFit, huber_fit, r_squared
-from analysis.steps import CANDIDATES, EAGER, PREFILL, graph_ceiling, steps_frame, windows_frame
+from analysis.steps import (
+    CANDIDATES,
+    EAGER,
+    EXCLUSIVE_ONLY,
+    PREFILL,
+    graph_ceiling,
+    steps_frame,
+    windows_frame,
+)
 from engine_harness import step_model
 from microbench.results.records import RunRecord
 
@@ -157,22 +165,19 @@ def _columns(name: str, frame: pd.DataFrame) -> list[str]:
     )
 
 
-def step_model_candidates(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every candidate's in-sample R² and leave-one-P-out median error on the steps."""
+def step_model_candidates(frame: pd.DataFrame, exclusive: bool = False) -> pd.DataFrame:
+    """Every candidate's in-sample R² and leave-one-P-out median error on the steps (``exclusive``: the
+    run's prefill steps ran instead of the decodes, which ``EXCLUSIVE_ONLY``'s candidates need)."""
     rows = []
     for name in CANDIDATES:
+        if name in EXCLUSIVE_ONLY and not exclusive:
+            continue
         cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue
         predicted = frame[cols].to_numpy(float) @ _ols(frame, cols).params
-        rows.append(
-            {
-                "model": name,
-                "parameters": len(cols),
-                "r2": r_squared(frame["elapsed_ms"].to_numpy(float), predicted),
-                "loo_p_median_ape_pct": _loo_steps(frame, cols),
-            }
-        )
+        r2 = r_squared(frame["elapsed_ms"].to_numpy(float), predicted)
+        rows.append((name, len(cols), r2, _loo_steps(frame, cols)))
     return pd.DataFrame(rows, columns=["model", "parameters", "r2", "loo_p_median_ape_pct"])
 
 
@@ -198,13 +203,17 @@ def fit_step_model(records: list[RunRecord], model: str | None = None) -> StepFi
     """Fit the step model (``model``: a name of ``CANDIDATES``; None: the one with the lowest
     leave-one-P-out error; a simpler one wins when within 10% of it) by weighted least squares."""
     frame, data = _design(records)
-    selection = step_model_candidates(frame)
+    exclusive = bool(records) and all(r.config.scheduling == "exclusive" for r in records)
+    selection = step_model_candidates(frame, exclusive)
     if selection.empty:
         raise ValueError(f"{len(frame)} rows are too few (or too alike) to fit the step model")
     if model is None:
         best = selection["loo_p_median_ape_pct"].min()
         ok = selection[selection["loo_p_median_ape_pct"] <= best * 1.1] if math.isfinite(best) else selection
         model = str(ok.sort_values(["parameters", "loo_p_median_ape_pct"]).iloc[0]["model"])
+    if model not in set(selection["model"]):
+        offered = ", ".join(map(repr, selection["model"]))
+        raise ValueError(f"step-model candidate {model!r} is not one this run can fit (it can: {offered})")
     cols = _columns(model, frame)
     result = _ols(frame, cols)
     ci = result.conf_int

@@ -8,7 +8,14 @@ differ in their attention terms (``CANDIDATES``):
 - ``c·ctx``: attention to the cached context only (DESIGN §5's first model);
 - ``c·(ctx + c/2)``: plus the chunk's causal attention to itself (a bare first chunk grows faster than
   linearly: 1024 → 62 ms, 2048 → 137 ms, 4096 → 336 ms on the CPU engine);
-- ``c·(ctx + c/2) + D·ctx_dec``: plus the decodes' attention to their own growing context.
+- ``c·(ctx + c/2) + D·ctx_dec``: plus the decodes' attention to their own growing context;
+- ``c·(ctx + c/2) + λ·ctx per chunk``: plus a cost per token of each chunk's request's cached context
+  (SGLang's CPU attention gathers each request's KV: ``step_model``'s λ). A sweep whose prompts all fit
+  one step (context 0) cannot tell λ: the candidate is then left out. Offered to exclusive scheduling
+  only (``EXCLUSIVE_ONLY``).
+Every candidate also carries a prefill step's own fixed cost (``PREFILL``, ``step_model``'s κ) where the
+data hold decode-only steps beside prefill ones (SGLang on CPU: ≈ 16 ms for a 128-token prefill step
+where a decode step of 2 takes ≈ 8.5).
 
 ``steps_frame`` reads every prefill step of the valid records' ``engine_steps_log`` and one decode-only
 row per record (its ``decode_step_ms``); ``windows_frame`` gives one row per valid record *without* a
@@ -23,14 +30,29 @@ import pandas as pd
 from engine_harness.step_model import COLUMNS, Chunk, StepShape, chunk_schedule, design_row
 from microbench.results.records import RunRecord
 
-__all__ = ["CANDIDATES", "EAGER", "PREFILL", "graph_ceiling", "steps_frame", "windows_frame"]
+__all__ = [
+    "CANDIDATES",
+    "EAGER",
+    "EXCLUSIVE_ONLY",
+    "PREFILL",
+    "graph_ceiling",
+    "steps_frame",
+    "windows_frame",
+]
 
 # A candidate model uses a subset of the step model's design columns (``engine_harness.step_model``).
 CANDIDATES: dict[str, list[str]] = {
     "c·ctx": ["n_steps", "decode_tokens", "prefill_tokens", "c_ctx_m"],
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
     "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
+    "c·(ctx + c/2) + λ·ctx per chunk": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "p_ctx_m"],
 }
+# Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
+# SGLang's default), where the cached-context term was measured (results/calibrate-sglang-cpu). On the CPU
+# vLLM fit (results/calibrate-vllm-cpu) κ + λ also wins leave-one-P-out (4.6% against 6.0% for κ alone) but
+# moves that committed calibration's median errors (TTFT 5.1 → 5.3% and 10.0 → 9.8%, E2E 4.6 → 5.2% and
+# 7.3 → 7.2%, Poisson and bursty): for vLLM it is a decision of its own, not taken here.
+EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per chunk"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
 # Added to every candidate where the data hold decode-only steps beside prefill-carrying ones: a prefill

@@ -4,20 +4,27 @@ The simulated engine runs it (its ground truth), ``analysis`` fits it (the desig
 from here) and ``analysis.synthetic`` generates runs from it. A step computing ``D`` decode tokens and
 prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already in the KV cache, costs::
 
-    α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec
+    α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + λ·Σ ctx
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
 - ``κ`` (``prefill_fixed_ms``): the further fixed cost of a step that carries prompt tokens. On the CPU
   engine a decode-only step takes ≈ 1.6 ms but a prefill step extrapolates to ≈ 8 ms at zero prompt
   tokens (110 tokens: 11.8 ms, 214: 13.4, 448: 21.4, 895: 37.9 in results/calibrate-vllm-cpu's Poisson
   trace): with one fixed term, a fit holding both kinds of step sets α between the two, over-pricing
-  every decode step (a sweep with P = 256 over-predicted the traces' E2E by 15%);
+  every decode step (a sweep with P = 256 over-predicted the traces' E2E by 15%). SGLang on CPU pays
+  one too: in ``results/calibrate-sglang-cpu``'s workloads prefill steps of under 256 tokens took ≈ 20 ms
+  where a decode step takes 6–10 ms;
 - ``β_d`` (``beta_d_ms``): per decode token; ``β_c`` (``beta_c_ms``): per prefill (chunk) token;
 - ``γ`` (``gamma_ns``): attention of a chunk token to the ``ctx`` tokens before it (cached prefix included)
   and, causally, to half of its own chunk: the ``c/2`` is the intra-chunk attention real engines pay (a
   bare first chunk grows faster than linearly);
 - ``δ`` (``delta_ns``): a decode token's attention to its own request's context (``ctx_dec``), which grows
-  while a batch is reused.
+  while a batch is reused;
+- ``λ`` (``lambda_ns``): per prefill chunk, a cost per token of the context its request already holds,
+  whatever the chunk's size. SGLang on CPU (``torch_native`` attention) pays it: per request of an extend
+  batch it gathers the request's whole KV from the pool and runs its attention alone; in
+  ``results/calibrate-sglang-cpu``'s workloads a chunk of 87–147 tokens after 2048 of its prompt took
+  30–34 ms where the same chunk at context 0 takes ≈ 20 ms. 0 unless a fit finds it.
 
 On a GPU whose engine runs CUDA graphs (vLLM: steps up to ``max_cudagraph_capture_size`` tokens, 512 by
 default), a step above that ceiling runs eagerly: it pays ``eager_ms`` more (kernel launches a graph
@@ -95,6 +102,11 @@ class StepShape:
         return sum(c.tokens * (c.context + c.tokens / 2) for c in self.chunks)
 
     @property
+    def prefill_context(self) -> float:
+        """Σ ctx over the chunks: the λ term's multiplier (context each chunk's request already holds)."""
+        return float(sum(c.context for c in self.chunks))
+
+    @property
     def chunk_context(self) -> float:
         """Σ c·ctx over the chunks (attention to the cached context only: the analysis' alternative)."""
         return float(sum(c.tokens * c.context for c in self.chunks))
@@ -123,6 +135,9 @@ class StepModel(StrictModel):
     prefill_fixed_ms: float = Field(
         default=0.0, ge=0, le=10_000, description="extra fixed cost of a step carrying prompt tokens (ms)"
     )
+    lambda_ns: float = Field(
+        default=0.0, ge=0, le=1e6, description="per prefill chunk × its request's context already cached (ns)"
+    )
     eager_ms: float = Field(
         default=0.0,
         ge=0,
@@ -142,6 +157,7 @@ class StepModel(StrictModel):
             + self.beta_c_ms * shape.prefill_tokens
             + self.gamma_ns * 1e-6 * shape.chunk_attention
             + self.delta_ns * 1e-6 * shape.decode_context
+            + self.lambda_ns * 1e-6 * shape.prefill_context
             + self.eager_ms * is_eager(shape, self.cuda_graph_max_tokens)
         )
 
@@ -156,17 +172,18 @@ def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
 
 
 # The design matrix of the linear fit: one column per term, in ms-consistent units, so that a column's
-# coefficient is the parameter ``PARAMS[column]`` (attention columns are in millions of token × token, so
-# their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only alternative to
-# ``c_attn_m`` (both estimate γ); ``prefill_steps`` (1 for a step carrying prompt tokens) is fitted where
-# the data hold decode-only steps beside prefill ones, ``eager_steps`` (1 for a step above the CUDA-graph
-# ceiling) where they hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
+# coefficient is the parameter ``PARAMS[column]`` (attention and context columns are in millions of
+# tokens, so their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only
+# alternative to ``c_attn_m`` (both estimate γ); ``prefill_steps`` (1 for a step carrying prompt tokens)
+# is fitted where the data hold decode-only steps beside prefill ones, ``eager_steps`` (1 for a step above
+# the CUDA-graph ceiling) where they hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
 COLUMNS = [
     "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m",
-    "eager_steps",
+    "p_ctx_m", "eager_steps",
 ]  # fmt: skip
 MODEL_COLUMNS = [
-    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "eager_steps",
+    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "p_ctx_m",
+    "eager_steps",
 ]  # fmt: skip
 PARAMS = {
     "n_steps": "alpha_ms",
@@ -176,6 +193,7 @@ PARAMS = {
     "c_ctx_m": "gamma_ns",
     "c_attn_m": "gamma_ns",
     "d_ctx_m": "delta_ns",
+    "p_ctx_m": "lambda_ns",
     "eager_steps": "eager_ms",
 }
 
@@ -192,6 +210,7 @@ def design_row(shape: StepShape, cuda_graph_max_tokens: int | None = 0) -> dict[
         "c_ctx_m": shape.chunk_context / 1e6,
         "c_attn_m": shape.chunk_attention / 1e6,
         "d_ctx_m": shape.decode_context / 1e6,
+        "p_ctx_m": shape.prefill_context / 1e6,
         "eager_steps": float(is_eager(shape, cuda_graph_max_tokens)),
     }
 

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--beta-c-ms", type=float, help="step model: cost per prefill token (ms)")
     a("--gamma-ns", type=float, help="step model: cost per chunk token × (context + chunk/2) token (ns)")
     a("--delta-ns", type=float, help="step model: cost per decode token × its context token (ns)")
+    a("--lambda-ns", type=float, help="step model: cost per prefill chunk × its cached context token (ns)")
     a("--frontend-ns-per-token", type=float, help="API-server time per prompt token before the engine")
     a("--jitter", type=float, help="step model: relative std of a seeded Gaussian factor")
     a("--eager-ms", type=float, help="step model: extra cost of a step above the CUDA-graph ceiling (ms)")
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _STEP_KEYS = (
-    "alpha_ms", "prefill_fixed_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "jitter",
+    "alpha_ms", "prefill_fixed_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "lambda_ns", "jitter",
     "eager_ms", "cuda_graph_max_tokens",
 )  # fmt: skip
 _FAULT_KEYS = (

@@ -6,9 +6,9 @@ tokens of the served model (specials excluded), read from a local model folder w
 
 Cold prompts are unique per call: their RNG is seeded from ``uuid4`` and ``time.time_ns()`` (the fix
 for seed 002's prefix-cache bug, where deterministic prompts hit the cache after repetition 0). Their
-first 16-token block alone makes a prefix-cache hit practically impossible (≥ 256¹⁶ choices); the
-protocol still verifies zero hits on the engine's counters. Shared prefixes are deterministic in
-their seed, so every decode stream of a batch gets the same warm prefix.
+first 16-token block (``BLOCK_TOKENS``) alone makes a hit on a cached block practically impossible
+(≥ 256¹⁶ choices); the protocol still verifies on the engine's counters that no block was hit. Shared
+prefixes are deterministic in their seed, so every decode stream of a batch gets the same warm prefix.
 """
 
 from __future__ import annotations
@@ -20,7 +20,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FALLBACK_SPACE", "TokenSpace", "cold_prompt", "shared_prefix", "token_space_for"]
+__all__ = ["BLOCK_TOKENS", "FALLBACK_SPACE", "TokenSpace", "cold_prompt", "shared_prefix", "token_space_for"]
+
+# The first block of a cold prompt, what makes it cold: two cold prompts never share one (256 ids give
+# 256¹⁶ first blocks; ``microbench.workloads.prompts.PromptFactory`` even refuses a repeat). A cache that
+# matches token by token (SGLang's radix cache, page size 1) still matches a cold prompt's first ids by
+# chance: no prompt can start with an id never seen before once as many prompts as ids went by (256 on the
+# bundled byte models; SGLang adds no BOS to token-id prompts, so the hit is the prompt's own first id),
+# and 1-token hits were seen on 5 of 32 sweep attempts. So a hit shorter than this block is a chance match
+# of a cold prompt's first ids (it saves under 16 of P tokens: 0.2% of a 512-token prompt for the usual
+# 1), and one of this block or more is a warm prompt (``microbench.results.derive.cold_and_clean``).
+BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)

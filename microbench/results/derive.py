@@ -19,6 +19,7 @@ import pandas as pd
 from engine_harness.metric_names import MetricNames
 from engine_harness.metrics import MetricsError, Snapshot, step_counts
 from engine_harness.step_model import num_prefill_steps
+from microbench.client.prompts import BLOCK_TOKENS
 from microbench.results.records import (
     Baseline,
     Derived,
@@ -149,12 +150,14 @@ def engine_counts(
 
 
 def cold_and_clean(obs: Observation, counts: EngineCounts, scraped_after: bool) -> list[str]:
-    """The injection hit no prefix cache, nothing was preempted, the engine saw exactly P tokens."""
+    """The injection hit no prefix cache, nothing was preempted, the engine saw exactly P tokens. A hit
+    shorter than a cold prompt's first block (``BLOCK_TOKENS``) is a token-granular cache matching its
+    first ids by chance (SGLang's radix cache, page size 1), not a warm prompt: it does not count."""
     reasons = []
     cached = obs.cached_prompt_tokens
-    if counts.hits:
+    if counts.hits and counts.hits >= BLOCK_TOKENS:
         reasons.append(f"the injection hit the prefix cache ({counts.hits:.0f} tokens in /metrics)")
-    if cached:
+    if cached and cached >= BLOCK_TOKENS:
         reasons.append(f"the injection hit the prefix cache (usage.cached_tokens = {cached})")
     if scraped_after and counts.hits is None and cached is None:
         reasons.append("prefix-cache hits could not be verified (no counter, no usage details)")

@@ -29,7 +29,7 @@ import numpy as np
 
 from engine_harness.engines import DEFAULT_MODEL
 from engine_harness.spec import MODELS_DIR
-from microbench.client.prompts import TokenSpace, token_space_for
+from microbench.client.prompts import BLOCK_TOKENS, TokenSpace, token_space_for
 
 __all__ = [
     "BLOCK_TOKENS",
@@ -43,7 +43,6 @@ __all__ = [
     "text_space",
 ]
 
-BLOCK_TOKENS = 16  # prefix-cache block the uniqueness rule is about
 QUESTION_TOKENS = 100  # the Long Context workload's fixed question (IETF A.5.1: "~100 tokens")
 BYTE_SPACE = TokenSpace(0, 256)  # the bundled tiny models' byte tokens (specials 256–258 left out)
 

@@ -93,6 +93,36 @@ def test_a_decode_context_term_is_found_when_decode_attention_grows(tmp_path: Pa
     assert fit.params["gamma_ns"] == pytest.approx(8.0, rel=0.10)
 
 
+def test_a_prefill_step_s_fixed_cost_and_a_cached_context_cost_are_found(tmp_path: Path) -> None:
+    # SGLang on CPU: a prefill step pays a fixed cost (κ) and its chunk one per token of its request's
+    # cached context (λ: the KV gather), next to a small attention term; prompts of up to 8 chunks give
+    # contexts to 14336
+    params = StepModel(
+        alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, prefill_fixed_ms=6.0, lambda_ns=7000.0
+    )
+    grid = {**GRID, "scheduling": "exclusive"}  # SGLang's default: where the candidate is offered
+    fit = fit_step_model(load_records(synthesize_run(tmp_path / "kv", params=params, **grid)))  # type: ignore[arg-type]
+    assert fit.model == "c·(ctx + c/2) + λ·ctx per chunk"
+    assert fit.params["prefill_fixed_ms"] == pytest.approx(6.0, rel=0.10)
+    assert fit.params["lambda_ns"] == pytest.approx(7000.0, rel=0.10)
+    assert fit.params["alpha_ms"] == pytest.approx(5.0, rel=0.10)
+
+
+def test_a_prefill_step_s_fixed_cost_alone_is_found_without_a_context_term(tmp_path: Path) -> None:
+    params = StepModel(alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, prefill_fixed_ms=6.0)
+    grid = {**GRID, "scheduling": "exclusive"}
+    fit = fit_step_model(load_records(synthesize_run(tmp_path / "kappa", params=params, **grid)))  # type: ignore[arg-type]
+    assert fit.model == "c·(ctx + c/2)"  # κ alone: the simpler of the two within 10% of κ + λ
+    assert fit.params["prefill_fixed_ms"] == pytest.approx(6.0, rel=0.10)
+
+
+def test_the_cached_context_candidate_is_not_offered_to_mixed_scheduling(records: list[RunRecord]) -> None:
+    offered = set(fit_step_model(records).selection["model"])
+    assert "c·(ctx + c/2) + λ·ctx per chunk" not in offered
+    with pytest.raises(ValueError, match="not one this run can fit"):  # named, it is refused in words
+        fit_step_model(records, "c·(ctx + c/2) + λ·ctx per chunk")
+
+
 def test_no_intercept_and_tiny_last_chunks_do_not_break_the_fit(tmp_path: Path) -> None:
     # The failure seen on real data: a fit whose intercept went negative gave tiny last chunks ~0 fitted
     # values and, weighted by them, 20 of 98 rows all the weight (R² 0.515). Here: α = 0 and P equal to

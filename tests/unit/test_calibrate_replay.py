@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
 import pytest
 
+from analysis.calibrate import config
 from analysis.calibrate.__main__ import main
 from analysis.calibrate.config import FitSummary, SimSettings, fit_to_sim, with_round_trip
 from analysis.calibrate.metrics import itl_values, request_metrics, split_requests
@@ -196,3 +198,18 @@ def test_replay_runs_sglang_exclusive_steps() -> None:
     shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
     assert shapes == [(100, 0), (512, 0), (488, 0), (0, 1), (0, 1), (0, 1)]
     assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
+
+
+def test_a_candidate_the_grid_cannot_check_is_not_the_physical_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # results/calibrate-sglang-cpu's sweep (three prompt lengths) before κ: its choice had γ < 0, and the one
+    # candidate with every term ≥ 0 (a fixed cost per prefill chunk) had no leave-one-P-out error (two lengths
+    # could not determine it) and fitted the three exactly (γ 25 ns): the choice stays, its γ clipped to 0
+    selection = pd.DataFrame({"model": ["a", "b", "c"], "loo_p_median_ape_pct": [5.0, 6.0, float("nan")]})
+    params = {"a": {"gamma_ns": -0.09}, "b": {"delta_ns": -2.0}, "c": {"gamma_ns": 25.0}}
+    fits = {name: SimpleNamespace(model=name, params=p, selection=selection) for name, p in params.items()}
+    monkeypatch.setattr(config, "fit_step_model", lambda records, name: fits[name or "a"])
+    assert config._physical_fit([], None).model == "a"
+    params["b"]["delta_ns"] = 2.0  # a checked candidate with every term ≥ 0 is taken
+    assert config._physical_fit([], None).model == "b"

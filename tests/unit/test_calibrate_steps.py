@@ -102,3 +102,20 @@ def test_sglang_steps_read_the_mixed_flag_and_drop_idle_intervals(tmp_path: Path
     assert pd.isna(elapsed[0]) and pd.isna(elapsed[3])  # no interval; an interval that began idle
     assert elapsed[1:3] == pytest.approx([10.0, 10.0], abs=1e-3)
     assert elapsed[4:] == pytest.approx([50.0, 10.0], abs=1e-3)
+    # the replay's steps: a's prefill (began idle), two decodes, b's prefill 0.45 s later (idle again), c's
+    ms_ = 1e6
+    predicted = pd.DataFrame(
+        {
+            "t_start_ns": [990 * ms_, 1011 * ms_, 1021 * ms_, 1500 * ms_, 1525 * ms_],
+            "duration_ns": [20 * ms_, 9 * ms_, 11 * ms_, 24 * ms_, 40 * ms_],
+            "stream_ns": [1 * ms_] * 5,
+            "prefill_tokens": [500, 0, 0, 800, 300],
+            "decode_tokens": [0, 1, 1, 0, 0],
+        }
+    )
+    c = step_composition(real, predicted, str(log))
+    # like with like: only c's prefill step began on a busy engine, on both sides (50 ms real, 40 replayed;
+    # all three replayed: 24)
+    assert c.real.median_prefill_step_ms == pytest.approx(50.0, abs=1e-3)
+    assert c.predicted.median_prefill_step_ms == pytest.approx(40.0)
+    assert c.predicted.median_decode_step_ms == pytest.approx(10.0)

@@ -173,6 +173,18 @@ def test_a_prefix_cache_hit_or_a_wrong_prompt_length_invalidates() -> None:
     ]
 
 
+def test_a_chance_match_of_a_cold_prompts_first_ids_is_no_prefix_cache_hit() -> None:
+    # SGLang's radix cache (page size 1) matched 1 token of cold prompts on 5 of 32 sweep attempts: a chance
+    # match of the first id, not a warm prompt; a hit of a whole first block (16 tokens) still invalidates
+    reads = [*_steady(100), (130.0, 1), (150.0, 1), (170.0, 1), (180.0, 1), (190.0, 1)]
+    for hit, valid in ((1, True), (15, True), (16, False)):
+        obs = _obs(1, 105, 160, engine_steps=TWO_CHUNKS, cached_prompt_tokens=hit)
+        after = _snap(hit, 512)
+        rec = derive(DeriveInputs(obs, _stamps({0: reads}), BASELINE, _snap(0, 0), after, RULES, VLLM))
+        assert rec.validity.valid is valid, (hit, rec.validity.reasons)
+        assert any("prefix cache" in why for why in rec.validity.reasons) is not valid
+
+
 def test_the_discard_rule_counts_from_the_streams_real_start() -> None:
     # the stored slice starts at the stream's 30th token: discarding 16 tokens must drop nothing of it
     from microbench.results.derive import stream_gaps

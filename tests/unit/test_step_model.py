@@ -25,16 +25,20 @@ from engine_harness.step_model import (
     prefill_budget,
 )
 
-MODEL = StepModel(alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=100.0, delta_ns=50.0)
+MODEL = StepModel(
+    alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=100.0, delta_ns=50.0,
+    prefill_fixed_ms=4.0, lambda_ns=3000.0,
+)  # fmt: skip
 
 
 def test_the_cost_of_one_step_by_hand() -> None:
     # 4 decodes whose contexts sum to 2000, one chunk of 1000 tokens after 2000 of its prompt:
     # α 1 + β_d·4 = 0.4 + β_c·1000 = 10 + γ·1000·(2000 + 500) = 100e-6 · 2.5e6 = 250 + δ·2000 = 0.1
+    # + κ 4 (the step carries prompt tokens) + λ·2000 = 3000e-6 · 2000 = 6
     shape = StepShape(4, (Chunk(1000, 2000),), 2000.0)
     assert shape.prefill_tokens == 1000 and shape.num_tokens == 1004
     assert shape.chunk_attention == 2.5e6 and shape.chunk_context == 2e6
-    assert MODEL.step_ms(shape) == pytest.approx(261.5)
+    assert MODEL.step_ms(shape) == pytest.approx(271.5)
     assert MODEL.step_ms(StepShape()) == pytest.approx(1.0)  # an empty step still pays α
     # two chunks in one step: each attends to its own context
     two = StepShape(0, (Chunk(10, 0), Chunk(20, 100)))
@@ -44,20 +48,15 @@ def test_the_cost_of_one_step_by_hand() -> None:
 def test_the_design_row_times_the_parameters_is_the_step() -> None:
     shape = StepShape(7, (Chunk(300, 1200),), 7 * 900.0)
     graphs = MODEL.model_copy(update={"eager_ms": 3.0, "cuda_graph_max_tokens": 256})
-    for model in (MODEL, graphs, MODEL.model_copy(update={"prefill_fixed_ms": 4.0})):
+    for model in (MODEL, graphs):
         row = design_row(shape, model.cuda_graph_max_tokens)
         coef = model.coefficients()
         assert sum(row[c] * coef[PARAMS[c]] for c in MODEL_COLUMNS) == pytest.approx(model.step_ms(shape))
     assert row["c_ctx_m"] == pytest.approx(300 * 1200 / 1e6)  # the cached-context-only alternative
     assert set(coef) == {
-        "alpha_ms",
-        "prefill_fixed_ms",
-        "beta_d_ms",
-        "beta_c_ms",
-        "gamma_ns",
-        "delta_ns",
+        "alpha_ms", "prefill_fixed_ms", "beta_d_ms", "beta_c_ms", "gamma_ns", "delta_ns", "lambda_ns",
         "eager_ms",
-    }
+    }  # fmt: skip
 
 
 def test_only_a_step_carrying_prompt_tokens_pays_the_prefill_fixed_cost() -> None:
@@ -66,6 +65,16 @@ def test_only_a_step_carrying_prompt_tokens_pays_the_prefill_fixed_cost() -> Non
     assert model.step_ms(StepShape(2, (Chunk(1),))) == pytest.approx(7.7)  # one prompt token: + κ
     assert design_row(StepShape(2))["prefill_steps"] == 0.0
     assert design_row(StepShape(0, (Chunk(5), Chunk(7))))["prefill_steps"] == 1.0  # once per step
+
+
+def test_each_prefill_chunk_pays_one_cost_per_token_of_its_cached_context() -> None:
+    # SGLang's CPU attention gathers each prefilling request's whole KV: two chunks, one after 2048 tokens
+    # of its prompt, one cold: κ once (per step) + λ × 2048 on top of the rest, whatever the chunks' sizes
+    model = StepModel(
+        alpha_ms=5.0, beta_d_ms=0.0, beta_c_ms=0.0, gamma_ns=0.0, prefill_fixed_ms=6.0, lambda_ns=4000.0
+    )
+    assert model.step_ms(StepShape(0, (Chunk(100, 2048), Chunk(300, 0)))) == pytest.approx(5 + 6 + 8.192)
+    assert model.step_ms(StepShape(3, ())) == pytest.approx(5.0)  # a decode-only step has no chunk
 
 
 def test_a_step_above_the_cuda_graph_ceiling_pays_the_eager_cost() -> None:
