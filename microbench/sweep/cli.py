@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--reps", type=int, dest="repetitions", help="repetitions per cell (default 5)")
     grid.add_argument("--decode-context", type=int, help="shared prefix of each decode stream (default 4096)")
     grid.add_argument(
+        "--decode-prompts",
+        choices=["shared", "distinct"],
+        help="decode streams on one shared warm prefix (seed 002's protocol, default) or each on its own "
+        "warm prompt (a serving mix's decodes, whose cost grows with the batch: the calibration sweeps)",
+    )
+    grid.add_argument(
         "--decode-tokens",
         type=int,
         help="max_tokens per decode stream (default: enough for warm-up, baseline and every "
@@ -135,6 +141,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_tokens",
         "repetitions",
         "decode_context",
+        "decode_prompts",
         "decode_tokens",
         "seed",
         "max_attempts",
