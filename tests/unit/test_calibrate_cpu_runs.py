@@ -39,7 +39,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
 @pytest.mark.parametrize(
     ("run", "n", "ttft", "e2e", "real_steps"),
     [
-        ("calibrate-vllm-cpu", (296, 259), (6.1, 14.8), (4.7, 5.8), 10546),
+        ("calibrate-vllm-cpu", (296, 259), (6.9, 10.4), (5.0, 6.8), 10641),
         ("calibrate-sglang-cpu", (252, 241), (9.4, 9.2), (11.4, 7.1), 10242),
     ],
 )
