@@ -49,9 +49,10 @@ CANDIDATES: dict[str, list[str]] = {
 }
 # Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
 # SGLang's default), where the cached-context term was measured (results/calibrate-sglang-cpu). On the CPU
-# vLLM fit (results/calibrate-vllm-cpu) κ + λ also wins leave-one-P-out (4.6% against 6.0% for κ alone) but
-# moves that committed calibration's median errors (TTFT 5.1 → 5.3% and 10.0 → 9.8%, E2E 4.6 → 5.2% and
-# 7.3 → 7.2%, Poisson and bursty): for vLLM it is a decision of its own, not taken here.
+# vLLM fit of 2026-11-25 14:45 UTC (since replaced in results/calibrate-vllm-cpu) κ + λ also wins
+# leave-one-P-out (4.6% against 6.0% for κ alone) but moved that calibration's median errors (TTFT 5.1 → 5.3%
+# and 10.0 → 9.8%, E2E 4.6 → 5.2% and 7.3 → 7.2%, Poisson and bursty): for vLLM it is a decision of its own,
+# not taken here.
 EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per chunk"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"

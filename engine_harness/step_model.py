@@ -7,13 +7,13 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
     α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + λ·Σ ctx
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
-- ``κ`` (``prefill_fixed_ms``): the further fixed cost of a step that carries prompt tokens. On the CPU
-  engine a decode-only step takes ≈ 1.6 ms but a prefill step extrapolates to ≈ 8 ms at zero prompt
-  tokens (110 tokens: 11.8 ms, 214: 13.4, 448: 21.4, 895: 37.9 in results/calibrate-vllm-cpu's Poisson
-  trace): with one fixed term, a fit holding both kinds of step sets α between the two, over-pricing
-  every decode step (a sweep with P = 256 over-predicted the traces' E2E by 15%). SGLang on CPU pays
-  one too: in ``results/calibrate-sglang-cpu``'s workloads prefill steps of under 256 tokens took ≈ 20 ms
-  where a decode step takes 6–10 ms;
+- ``κ`` (``prefill_fixed_ms``): the further fixed cost of a step that carries prompt tokens. On the CPU engine
+  a decode-only step takes ≈ 1.6 ms but a prefill step extrapolates to ≈ 8 ms at zero prompt tokens (110
+  tokens: 11.8 ms, 214: 13.4, 448: 21.4, 895: 37.9 in the Poisson trace of the first CPU vLLM calibration run,
+  2026-11-25 14:45 UTC, since replaced in results/calibrate-vllm-cpu): with one fixed term, a fit holding both
+  kinds of step sets α between the two, over-pricing every decode step (a sweep with P = 256 over-predicted
+  the traces' E2E by 15%). SGLang on CPU pays one too: in the first SGLang calibration run's workloads (14:50
+  UTC) prefill steps of under 256 tokens took ≈ 20 ms where a decode step takes 6–10 ms;
 - ``β_d`` (``beta_d_ms``): per decode token; ``β_c`` (``beta_c_ms``): per prefill (chunk) token;
 - ``γ`` (``gamma_ns``): attention of a chunk token to the ``ctx`` tokens before it (cached prefix included)
   and, causally, to half of its own chunk: the ``c/2`` is the intra-chunk attention real engines pay (a
@@ -23,7 +23,7 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
 - ``λ`` (``lambda_ns``): per prefill chunk, a cost per token of the context its request already holds,
   whatever the chunk's size. SGLang on CPU (``torch_native`` attention) pays it: per request of an extend
   batch it gathers the request's whole KV from the pool and runs its attention alone; in
-  ``results/calibrate-sglang-cpu``'s workloads a chunk of 87–147 tokens after 2048 of its prompt took
+  that run's workloads a chunk of 87–147 tokens after 2048 of its prompt took
   30–34 ms where the same chunk at context 0 takes ≈ 20 ms. 0 unless a fit finds it.
 
 On a GPU whose engine runs CUDA graphs (vLLM: steps up to ``max_cudagraph_capture_size`` tokens, 512 by

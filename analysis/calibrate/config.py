@@ -139,10 +139,11 @@ def _physical_fit(records: list[RunRecord], candidate: str | None) -> StepFit:
     negative coefficient (a step cannot cost less with more work: a term the data cannot pin down, e.g.
     the decodes' context on a small grid), then the next candidate by leave-one-P-out error that has none.
     A candidate whose leave-one-P-out error the grid cannot give (too few prompt lengths for its terms:
-    without one P the rest cannot determine it) is never the next one: it fits the grid's few lengths
-    exactly and nothing checks it (results/calibrate-sglang-cpu's three single-chunk lengths give a prefill
-    step's own fixed cost κ and γ no check: γ comes out 25 ns, against 5.6 from a grid of nine lengths; with
-    κ in every candidate none of that grid's candidates can be checked, and the choice is that exact fit)."""
+    without one P the rest cannot determine it) is never the next one: it fits the grid's few lengths exactly
+    and nothing checks it (the first SGLang calibration fit's three single-chunk lengths, 2026-11-25 14:50
+    UTC, since replaced, give a prefill step's own fixed cost κ and γ no check: γ comes out 25 ns, against 5.6
+    from a grid of nine lengths; with κ in every candidate none of that grid's candidates can be checked, and
+    the choice is that exact fit)."""
     fit = fit_step_model(records, candidate)
     if candidate is not None or all(v >= 0 for v in fit.params.values()):
         return fit

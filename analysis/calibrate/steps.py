@@ -3,12 +3,12 @@
 The real engine's steps come from its log (vLLM's iteration-details lines, SGLang's batch lines: parsed
 by ``engine_harness.steps``), kept where their stamps fall inside the trace (the header's session start
 plus the first send to the last chunk); the predicted ones are the replay's step log (``steps.parquet``).
-Compared: the number of steps, prompt and decode tokens in all, the share of steps that carry both
-(mixed), tokens per step (median, and two-sample KS), and the median step time of prefill-carrying and of
-decode-only steps. Where the engine's log cannot time a step that began on an idle engine (SGLang), the
-replay's steps that began on an idle engine are left out of its medians too: like with like (on
-``results/calibrate-sglang-cpu`` the median prefill step of all replayed steps was 41.6 ms, of those
-that began on a busy engine 45.3, against the engine's 49.4).
+Compared: the number of steps, prompt and decode tokens in all, the share of steps that carry both (mixed),
+tokens per step (median, and two-sample KS), and the median step time of prefill-carrying and of decode-only
+steps. Where the engine's log cannot time a step that began on an idle engine (SGLang), the replay's steps
+that began on an idle engine are left out of its medians too: like with like (on the first SGLang calibration
+run, 2026-11-25 14:50 UTC, the median prefill step of all replayed steps was 41.6 ms, of those that began on a
+busy engine 45.3, against the engine's 49.4).
 """
 
 from __future__ import annotations

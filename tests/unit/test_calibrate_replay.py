@@ -203,9 +203,10 @@ def test_replay_runs_sglang_exclusive_steps() -> None:
 def test_a_candidate_the_grid_cannot_check_is_not_the_physical_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # results/calibrate-sglang-cpu's sweep (three prompt lengths) before κ: its choice had γ < 0, and the one
-    # candidate with every term ≥ 0 (a fixed cost per prefill chunk) had no leave-one-P-out error (two lengths
-    # could not determine it) and fitted the three exactly (γ 25 ns): the choice stays, its γ clipped to 0
+    # the first SGLang calibration sweep of 2026-11-25 (three prompt lengths, since replaced) before κ: its
+    # choice had γ < 0, and the one candidate with every term ≥ 0 (a fixed cost per prefill chunk) had no
+    # leave-one-P-out error (two lengths could not determine it) and fitted the three exactly (γ 25 ns): the
+    # choice stays, its γ clipped to 0
     selection = pd.DataFrame({"model": ["a", "b", "c"], "loo_p_median_ape_pct": [5.0, 6.0, float("nan")]})
     params = {"a": {"gamma_ns": -0.09}, "b": {"delta_ns": -2.0}, "c": {"gamma_ns": 25.0}}
     fits = {name: SimpleNamespace(model=name, params=p, selection=selection) for name, p in params.items()}
