@@ -48,7 +48,7 @@ def _key_results(report: BatteryReport) -> list[tuple[str, str]]:
 
 def _scaled_by(cap: Capacity) -> str:
     """When a later level was sustainable above 5.2's search result, which of the two set the loads."""
-    searched = [e.offered for e in cap.entries if e.test == "5.2" and e.loop == "open" and e.sustainable]
+    searched = [e.tested_rps for e in cap.entries if e.test == "5.2" and e.loop == "open" and e.sustainable]
     if not searched or cap.sustainable_rate_rps is None or cap.sustainable_rate_rps <= max(searched):
         return ""
     return (

@@ -8,8 +8,9 @@ Two phases, each level judged by ``saturation`` and summarised by ``levels``:
    keeps the batch full with no arrival noise.
 2. **Open-loop search** (``search.rate_search``): Poisson levels at fractions of X, from 0.9: +0.1 while
    sustainable, −0.1 while not, then bisection until the last sustainable and the first saturated
-   fraction are within 0.05, within ``search_probes`` levels. The highest sustainable offered rate is
-   the run's sustainable rate (the battery's 5.1, 5.3, 5.4 scale by it; 5.2 reports it).
+   fraction are within 0.05, within ``search_probes`` levels. The highest rate a sustainable level put
+   to the engine (``sustainable_rate``: offered, or sent when a short Poisson draw sent less) is the
+   run's sustainable rate (the battery's 5.1, 5.3, 5.4 scale by it; 5.2 reports it).
 
 Levels run through a ``runs.StageRunner``; requests come from a ``RequestSource`` called once per level.
 ``capacity_ledger`` enters every level of a search in the capacity ledger (``sustainable``).
@@ -25,7 +26,7 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import Stage
-from microbench.measure.levels import LevelRow, ledger_entry, level_row
+from microbench.measure.levels import LevelRow, ledger_entry, level_row, tested_rps
 from microbench.measure.runs import StageRunner
 from microbench.measure.search import SearchStep, rate_search
 from microbench.measure.sustainable import LedgerEntry
@@ -67,7 +68,7 @@ class CapacitySearch(StrictModel):
     closed_rps: float = Field(..., description="best closed-loop completion rate X (req/s)")
     open_loop: list[LevelRow] = Field(default_factory=list, description="in the order run")
     search: list[SearchStep] = Field(default_factory=list)
-    sustainable_rps: float | None = None
+    sustainable_rps: float | None = Field(default=None, description="``sustainable_rate``: as sent")
 
 
 def sustainable_open(
@@ -146,8 +147,16 @@ async def measure_capacity(run: StageRunner, requests: RequestSource, plan: Capa
         rows.append(row)
         return ok
 
-    best, steps = await rate_search(passes, x, plan.search_probes)
-    return CapacitySearch(closed_loop=ramp, closed_rps=x, open_loop=rows, search=steps, sustainable_rps=best)
+    _, steps = await rate_search(passes, x, plan.search_probes)
+    return CapacitySearch(
+        closed_loop=ramp, closed_rps=x, open_loop=rows, search=steps, sustainable_rps=sustainable_rate(rows)
+    )
+
+
+def sustainable_rate(rows: list[LevelRow]) -> float | None:
+    """The search's result: the highest rate a sustainable open-loop level put to the engine (``tested_rps``:
+    offered, or sent when less), not the highest offered rate that passed."""
+    return max((tested_rps(r) for r in rows if r.sustainable), default=None)
 
 
 def capacity_ledger(search: CapacitySearch, test: str) -> list[LedgerEntry]:

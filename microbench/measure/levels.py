@@ -19,9 +19,9 @@ from microbench.loadgen.metrics_series import time_average
 from microbench.measure.runs import StageWindow
 from microbench.measure.saturation import SteadyState, steady_state
 from microbench.measure.stats import Distribution, summarize
-from microbench.measure.sustainable import LedgerEntry
+from microbench.measure.sustainable import LedgerEntry, tested_rate
 
-__all__ = ["LevelRow", "ledger_entry", "level_row", "verdict_text"]
+__all__ = ["LevelRow", "ledger_entry", "level_row", "tested_rps", "verdict_text"]
 
 
 class LevelRow(StrictModel):
@@ -63,6 +63,11 @@ class LevelRow(StrictModel):
         window of at least three E2E times: a shorter one cannot tell a ramp from growth."""
         judged = self.loop == "closed" or self.steady.conclusive
         return judged and not self.steady.saturated and self.slo_met is not False
+
+
+def tested_rps(row: LevelRow) -> float:
+    """The open-loop rate ``row`` vouches for (``sustainable.tested_rate``)."""
+    return tested_rate(row.offered, row.sent_rps)
 
 
 def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:

@@ -5,8 +5,9 @@
 * **max sustainable output throughput**: the highest achieved output tok/s among levels judged
   sustainable (open loop: not saturated by ``saturation.SATURATION_RULE`` and within its test's SLOs;
   closed loop: 5.5's success criteria). Its 95% half-width comes from the completions' Poisson count.
-* **max sustainable rate**: the highest open-loop *offered* rate judged sustainable (5.2's search result),
-  the reference 5.1, 5.3, 5.4 and 5.6 scale their load levels by.
+* **max sustainable rate**: the highest open-loop rate a sustainable level *put to the engine* (5.2's
+  search result; ``tested_rate``: the offered rate, or the rate sent in the judged window when that was
+  less), the reference 5.1, 5.3, 5.4 and 5.6 scale their load levels by.
 * **peak**: the highest output tok/s achieved anywhere, sustainable or not (a saturated level can
   deliver the engine's full throughput while its queue grows).
 
@@ -23,7 +24,15 @@ from pydantic import Field
 
 from benchcore.schema import StrictModel
 
-__all__ = ["Capacity", "LedgerEntry", "capacity_from"]
+__all__ = ["Capacity", "LedgerEntry", "capacity_from", "tested_rate"]
+
+
+def tested_rate(offered: float, sent_rps: float | None) -> float:
+    """The open-loop rate a level vouches for: what it offered, or what it sent in its judged window when
+    that was less. A Poisson level of a few seconds sends ±12% of its offered rate (one σ of a 70-request
+    count), and a generator that falls behind sends less still; a level at 27 req/s offered that sent 23
+    shows the engine keeping up with 23, not 27 (a real CI run: the sim's capacity was 23.7 req/s)."""
+    return offered if sent_rps is None else min(offered, sent_rps)
 
 
 class LedgerEntry(StrictModel):
@@ -41,6 +50,11 @@ class LedgerEntry(StrictModel):
     why: str = ""
 
     @property
+    def tested_rps(self) -> float:
+        """Open loop: the rate this level vouches for (``tested_rate``)."""
+        return tested_rate(self.offered, self.sent_rps)
+
+    @property
     def source(self) -> str:
         return f"{self.test} {self.label}"
 
@@ -53,7 +67,9 @@ class Capacity(StrictModel):
     max_output_tps_ci: float | None = None
     max_rps: float | None = Field(default=None, description="achieved requests/s at the max level")
     max_source: str | None = None
-    sustainable_rate_rps: float | None = Field(default=None, description="highest sustainable open-loop rate")
+    sustainable_rate_rps: float | None = Field(
+        default=None, description="highest open-loop rate a sustainable level sent (``tested_rate``)"
+    )
     sustainable_rate_source: str | None = None
     peak_output_tps: float | None = None
     peak_source: str | None = None
@@ -65,7 +81,7 @@ def capacity_from(entries: Sequence[LedgerEntry], rule: str) -> Capacity:
     good = [e for e in entries if e.sustainable]
     best = max(good, key=lambda e: e.output_tps, default=None)
     open_good = [e for e in good if e.loop == "open"]
-    rate = max(open_good, key=lambda e: e.offered, default=None)
+    rate = max(open_good, key=lambda e: e.tested_rps, default=None)
     peak = max(entries, key=lambda e: e.output_tps, default=None)
     return Capacity(
         rule=rule,
@@ -73,7 +89,7 @@ def capacity_from(entries: Sequence[LedgerEntry], rule: str) -> Capacity:
         max_output_tps_ci=None if best is None else best.output_tps_ci,
         max_rps=None if best is None else best.achieved_rps,
         max_source=None if best is None else best.source,
-        sustainable_rate_rps=None if rate is None else rate.offered,
+        sustainable_rate_rps=None if rate is None else rate.tested_rps,
         sustainable_rate_source=None if rate is None else rate.source,
         peak_output_tps=None if peak is None else peak.output_tps,
         peak_source=None if peak is None else peak.source,

@@ -21,6 +21,7 @@ from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
 from microbench.battery.render import markdown_minimum
 from microbench.battery.runner import run_battery
+from microbench.measure.levels import tested_rps
 
 pytestmark = pytest.mark.integration
 
@@ -87,10 +88,15 @@ async def test_capacity_matches_the_step_model_and_every_test_agrees(tmp_path: P
         )
     assert cap.max_output_tps == pytest.approx(CAPACITY_TPS, rel=0.05), cap.max_source
     assert check_report(report) == []
-    # 5.2: its sustainable open-loop rate is within the search's resolution below capacity, never above it
+    # 5.2: its sustainable open-loop rate is the rate a passing level *sent* (never its offered rate when the
+    # Poisson draw sent less), within the search's resolution below capacity and above it by no more than
+    # the saturation rule lets through: a window whose completions reach 90% of its arrivals passes, so a
+    # level that sent up to 1/0.9 of capacity can. A CI run's search passed 27.27 req/s offered that sent
+    # 23.33 (1.15x capacity if the offered rate were reported; 0.98x as sent).
     tp = report.result("throughput").data  # type: ignore[union-attr]
     assert tp.battery_capacity.max_output_tps == cap.max_output_tps
-    assert 0.8 * CAPACITY_RPS <= tp.search.sustainable_rps <= 1.05 * CAPACITY_RPS
+    assert 0.8 * CAPACITY_RPS <= tp.search.sustainable_rps <= CAPACITY_RPS / 0.9
+    assert tp.search.sustainable_rps in {tested_rps(r) for r in tp.search.open_loop if r.sustainable}
     assert tp.search.closed_rps == pytest.approx(CAPACITY_RPS, rel=0.05)
     # 5.3: levels below capacity are sustainable and deliver what was sent; the one above is saturated and
     # delivers no more than capacity

@@ -109,6 +109,17 @@ def test_capacity_is_the_best_sustainable_level_of_any_test() -> None:
     assert capacity_from([], "rule").max_output_tps is None
 
 
+def test_the_sustainable_rate_is_what_a_level_sent_when_its_poisson_draw_fell_short() -> None:
+    """CI's sim run: 27.27 req/s offered sent 23.33 in its window and kept up, against a capacity of 23.7;
+    26.08 offered sent 24.73. The rate the engine was shown to sustain is the larger *sent* rate, 24.73."""
+    short = _entry("e", "open", 27.27, 350.0, True).model_copy(update={"sent_rps": 23.33})
+    fuller = _entry("f", "open", 26.08, 360.0, True).model_copy(update={"sent_rps": 24.73})
+    lucky = _entry("g", "open", 20.0, 330.0, True).model_copy(update={"sent_rps": 22.0})  # vouches for 20
+    cap = capacity_from([short, fuller, lucky], "rule")
+    assert cap.sustainable_rate_rps == 24.73 and cap.sustainable_rate_source == "5.x f"
+    assert capacity_from([lucky], "rule").sustainable_rate_rps == 20.0
+
+
 def test_saturation_point_ignores_a_fall_within_sampling_error() -> None:
     levels, achieved = [1, 2, 3, 4], [100.0, 200.0, 190.0, 150.0]
     assert saturation_point(levels, achieved) == 3  # the draft's rule, literally
