@@ -12,7 +12,11 @@ differ in their attention terms (``CANDIDATES``):
 - ``c·(ctx + c/2) + λ·ctx per chunk``: plus a cost per token of each chunk's request's cached context
   (SGLang's CPU attention gathers each request's KV: ``step_model``'s λ). A sweep whose prompts all fit
   one step (context 0) cannot tell λ: the candidate is then left out. Offered to exclusive scheduling
-  only (``EXCLUSIVE_ONLY``).
+  only (``EXCLUSIVE_ONLY``), alone and with ``D·ctx_dec``: SGLang's CPU decode step gathers each
+  request's whole KV too, so a lone decode costs more the longer its context (the committed SGLang
+  calibration of 2026-11-25, fitted at one decode context of 1024 tokens: its predicted TPOT was 22% high
+  for prompts under 256 tokens and right for 2048–4096). Sweeps at one decode context cannot tell δ from
+  β_d (every decode row's context is D times the same number): pool two (``calibrate predict --model A B``).
 Every candidate also carries a prefill step's own fixed cost (``PREFILL``, ``step_model``'s κ) where the
 data hold decode-only steps beside prefill ones (SGLang on CPU: ≈ 16 ms for a 128-token prefill step
 where a decode step of 2 takes ≈ 8.5).
@@ -46,14 +50,17 @@ CANDIDATES: dict[str, list[str]] = {
     "c·(ctx + c/2)": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m"],
     "c·(ctx + c/2) + D·ctx_dec": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m"],
     "c·(ctx + c/2) + λ·ctx per chunk": ["n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "p_ctx_m"],
-}
+    "c·(ctx + c/2) + λ·ctx per chunk + D·ctx_dec": [
+        "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "p_ctx_m", "d_ctx_m",
+    ],
+}  # fmt: skip
 # Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
 # SGLang's default), where the cached-context term was measured (results/calibrate-sglang-cpu). On the CPU
 # vLLM fit of 2026-11-25 14:45 UTC (since replaced in results/calibrate-vllm-cpu) κ + λ also wins
 # leave-one-P-out (4.6% against 6.0% for κ alone) but moved that calibration's median errors (TTFT 5.1 → 5.3%
 # and 10.0 → 9.8%, E2E 4.6 → 5.2% and 7.3 → 7.2%, Poisson and bursty): for vLLM it is a decision of its own,
 # not taken here.
-EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per chunk"})
+EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per chunk", "c·(ctx + c/2) + λ·ctx per chunk + D·ctx_dec"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
 # Added to every candidate where the data hold decode-only steps beside prefill-carrying ones: a prefill

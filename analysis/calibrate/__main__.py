@@ -1,8 +1,9 @@
 """Observe → predict → calibrate (seed 003 §11): predict a recorded trace with a simulator fitted from a
 sweep, and say with statistics how far the prediction is from reality.
 
-  python -m analysis.calibrate predict TRACE --model RUN_FOLDER --out DIR
-      Fit the step model and read the engine settings of sweep RUN_FOLDER (analysis.calibrate.config),
+  python -m analysis.calibrate predict TRACE --model RUN_FOLDER [RUN_FOLDER ...] --out DIR
+      Fit the step model and read the engine settings of sweep RUN_FOLDER (analysis.calibrate.config;
+      several folders of one engine are pooled in one fit, e.g. one grid at two decode contexts),
       replay TRACE's requests (their send times, prompt and output lengths, prefix groups) through the
       simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR.
   python -m analysis.calibrate report REAL PREDICTED --out DIR
@@ -39,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("predict", help="replay a trace through the fitted simulator (virtual time)")
     p.add_argument("trace", type=Path, help="a trace folder (python -m microbench.loadgen run --out ...)")
-    p.add_argument("--model", type=Path, required=True, metavar="RUN_FOLDER", help="a sweep run folder")
+    p.add_argument(
+        "--model", type=Path, nargs="+", required=True, metavar="RUN_FOLDER",
+        help="a sweep run folder, or several of one engine and its settings whose steps are pooled in one "
+        "fit (the first gives the settings)",
+    )  # fmt: skip
     p.add_argument("--chunk", type=int, help="token budget to predict for (default: the run's only one)")
     p.add_argument("--candidate", help="step-model candidate (default: the fit's choice)")
     add_out(p, "results/predict-<UTC time>")
@@ -63,7 +68,7 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
     try:
         settings = fit_to_sim(args.model, args.chunk, args.candidate)
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise BadInput(f"--model {args.model}: {exc}") from None
+        raise BadInput(f"--model {' '.join(map(str, args.model))}: {exc}") from None
     held.enter_context(hold_folder(args.out))
     try:
         pred = predict_trace(args.trace, settings, args.out)
@@ -77,7 +82,8 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
     held_out = f"{loo:.1f}%" if loo is not None else "none: too few P values to hold one out"
     print(
         f"simulator: {settings.mode}, budget {settings.max_num_batched_tokens}, step model "
-        f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error {held_out})"
+        f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error {held_out}; "
+        f"{settings.fit.n_steps} steps of {1 + len(settings.fit.pooled)} sweep run(s))"
     )
     for d in settings.defaulted:
         print(f"defaulted: {d}")

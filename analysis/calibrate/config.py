@@ -1,7 +1,9 @@
 """Fit → sim: a sweep run folder's fitted step model and engine settings as one simulator configuration.
 
-``fit_to_sim(run_dir)`` fits the one step-time model (``analysis.models.fit_step_model``) to the run's
-steps, the API server's share of the first token (``analysis.frontend.fit_frontend``) where the run has
+``fit_to_sim(run_dirs)`` fits the one step-time model (``analysis.models.fit_step_model``) to the steps of
+one sweep run folder, or of several pooled (same engine, same settings: e.g. one grid swept at two decode
+contexts, whose cost per context token one context cannot tell from the per-decode cost), the API
+server's share of the first token (``analysis.frontend.fit_frontend``) where the run has
 it, and reads the engine's settings from the manifest: the token budget (the chunk size the prediction is
 for), seats (``max_num_seqs``), block size, KV capacity (vLLM CPU: ``cpu_kvcache_gib`` over the model's KV
 bytes per token; SGLang: ``max_total_tokens``), prefix caching and the scheduling mode (vLLM; SGLang's
@@ -17,6 +19,7 @@ its per-streamed-token part has no sim counterpart and is the replay's alone).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,10 @@ DEFAULT_KV_BLOCKS = 65536  # the sim's own pool where the run does not say how b
 class FitSummary(StrictModel):
     """Where the configuration's step model came from and how good the fit was."""
 
-    run: str = Field(description="the sweep run folder fitted")
+    run: str = Field(description="the sweep run folder fitted (its manifest gives the engine's settings)")
+    pooled: list[str] = Field(
+        default_factory=list, description="further sweep run folders of the same engine, steps pooled"
+    )
     candidate: str = Field(description="the step-model candidate chosen (analysis.steps.CANDIDATES)")
     r2: float
     loo_step_mape_pct: float | None = Field(
@@ -155,17 +161,48 @@ def _physical_fit(records: list[RunRecord], candidate: str | None) -> StepFit:
     return fit
 
 
+# Engine-spec keys that say where or how an engine was reached or logged, not what it computes: two sweep
+# runs whose specs differ only in these measured the same engine.
+_SPEC_PLACE = frozenset({"python", "host", "port", "url", "api_key_env", "log_iteration_details"})
+
+
+def _pooled_records(run_dirs: Sequence[Path]) -> tuple[dict[str, Any], list[RunRecord]]:
+    """The first run's engine spec and the records of every run, which must have measured the same engine
+    with the same settings (a fit across two engines' steps describes neither)."""
+    spec: dict[str, Any] | None = None
+    records: list[RunRecord] = []
+    for run_dir in run_dirs:
+        manifest = load_manifest(run_dir)
+        if manifest is None:
+            raise ValueError(f"{run_dir} has no manifest.json: not a sweep run folder")
+        this = {k: v for k, v in manifest.engine_spec.items() if k not in _SPEC_PLACE}
+        this["engine_version"] = manifest.engine_version
+        if spec is None:
+            spec = this
+        elif this != spec:
+            differ = sorted(k for k in spec.keys() | this.keys() if spec.get(k) != this.get(k))
+            raise ValueError(
+                f"{run_dir} measured another engine or other settings than {run_dirs[0]} "
+                f"({', '.join(f'{k}: {spec.get(k)!r} vs {this.get(k)!r}' for k in differ)}): "
+                "pool only sweeps of one engine"
+            )
+        records += load_records(run_dir)
+    assert spec is not None
+    return spec, records
+
+
 def fit_to_sim(
-    run_dir: str | Path, chunk_size: int | None = None, candidate: str | None = None
+    run_dirs: str | Path | Sequence[str | Path], chunk_size: int | None = None, candidate: str | None = None
 ) -> SimSettings:
-    """The sim configuration fitted from sweep run ``run_dir`` for token budget ``chunk_size`` (default:
-    the run's only chunk size; a run of several needs one named). ``candidate``: a step-model candidate
+    """The sim configuration fitted from sweep run folder ``run_dirs`` (or several of one engine, their
+    steps pooled: the first one's manifest gives the settings) for token budget ``chunk_size`` (default:
+    the runs' only chunk size; runs of several need one named). ``candidate``: a step-model candidate
     (default: the fit's own choice). Raises ``ValueError`` naming what is missing."""
-    run_dir = Path(run_dir)
-    manifest = load_manifest(run_dir)
-    if manifest is None:
-        raise ValueError(f"{run_dir} has no manifest.json: not a sweep run folder")
-    records = load_records(run_dir)
+    dirs = [Path(run_dirs)] if isinstance(run_dirs, str | Path) else [Path(d) for d in run_dirs]
+    if not dirs:
+        raise ValueError("no sweep run folder given")
+    run_dir = dirs[0]
+    spec, records = _pooled_records(dirs)
     chunks = sorted({r.config.chunk_size for r in records})
     if chunk_size is None:
         if len(chunks) > 1:
@@ -173,7 +210,6 @@ def fit_to_sim(
                 f"{run_dir} measured chunk sizes {chunks}: say which one the prediction is for (--chunk)"
             )
         chunk_size = chunks[0]
-    spec = dict(manifest.engine_spec)
     kind = str(spec.get("kind") or "vllm")
     fit = _physical_fit(records, candidate)
     step, clipped = _step_model(fit.params, fit.cuda_graph_max_tokens)
@@ -245,6 +281,7 @@ def fit_to_sim(
         step=step,
         fit=FitSummary(
             run=str(run_dir),
+            pooled=[str(d) for d in dirs[1:]],
             candidate=fit.model,
             r2=fit.r2,
             loo_step_mape_pct=fit.loo_step_mape if math.isfinite(fit.loo_step_mape) else None,

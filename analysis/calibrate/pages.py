@@ -87,6 +87,22 @@ def step_rows(report: CalibrationReport) -> list[list[str]]:
     ]  # fmt: skip
 
 
+BAND_COLUMNS = ["prompt tokens", "requests", "TTFT median err %", "TPOT median err %", "E2E median err %"]
+BAND_NOTE = (
+    "The compared requests in four bands of equal count by prompt length: an error that moves with the "
+    "prompt is a cost per context token the step model lacks or misprices."
+)
+
+
+def band_rows(report: CalibrationReport) -> list[list[str]]:
+    """The by-prompt-length table's rows (none where the report has no bands)."""
+    return [
+        [f"{b.prompt_tokens[0]}–{b.prompt_tokens[1]}", str(b.n)]
+        + [f"{b.median_error_pct[m]:+.1f}" for m in ("ttft", "tpot", "e2e")]
+        for b in report.by_prompt
+    ]
+
+
 def _steps_note(report: CalibrationReport) -> str:
     st = report.steps
     return "" if st is None else (
@@ -141,6 +157,10 @@ def markdown(report: CalibrationReport, figures: bool = True) -> str:
             "|" + "---|" * len(STEP_COLUMNS),
         ]
         md += ["| " + " | ".join(r) + " |" for r in step_rows(report)] + ["", _steps_note(report)]
+    if report.by_prompt:
+        md += ["", "## Error by prompt length", "", "| " + " | ".join(BAND_COLUMNS) + " |"]
+        md += ["|" + "---|" * len(BAND_COLUMNS)] + ["| " + " | ".join(r) + " |" for r in band_rows(report)]
+        md += ["", BAND_NOTE]
     matched, defaulted = _setup(report)
     if matched or defaulted:
         md += ["", "## Simulator settings", ""] + [f"- matched: {m}" for m in matched]
@@ -208,6 +228,9 @@ def write_pages(report: CalibrationReport, out_dir: Path) -> list[Path]:
         step_columns=STEP_COLUMNS,
         step_rows=step_rows(report),
         steps_note=_steps_note(report),
+        band_columns=BAND_COLUMNS,
+        band_rows=band_rows(report),
+        band_note=BAND_NOTE,
         matched=matched,
         defaulted=defaulted,
         qq=png_data_uri(qq),

@@ -22,7 +22,14 @@ from analysis.calibrate.steps import StepComposition, engine_log_steps, step_com
 from benchcore.schema import StrictModel
 from microbench.results.trace import read_trace
 
-__all__ = ["MIN_REQUESTS", "CalibrationReport", "MetricComparison", "PercentileError", "calibration_report"]
+__all__ = [
+    "MIN_REQUESTS",
+    "BandBias",
+    "CalibrationReport",
+    "MetricComparison",
+    "PercentileError",
+    "calibration_report",
+]
 
 MIN_REQUESTS = 30  # fewer compared requests: seed 003's "insufficient for statistical significance"
 KNOWN_LIMITATIONS = [
@@ -40,6 +47,14 @@ class PercentileError(StrictModel):
     real_ms: float
     predicted_ms: float
     error_pct: float
+
+
+class BandBias(StrictModel):
+    """One band of requests by prompt length: its median signed error per paired metric."""
+
+    prompt_tokens: tuple[int, int] = Field(description="shortest and longest prompt of the band")
+    n: int
+    median_error_pct: dict[str, float] = Field(description="metric → median (predicted − real) / real, %")
 
 
 class MetricComparison(StrictModel):
@@ -91,6 +106,9 @@ class CalibrationReport(StrictModel):
     bootstrap: dict[str, int] = Field(description="resamples and seed of the CIs")
     metrics: list[MetricComparison]
     steps: StepComposition | None = Field(default=None, description="the engine's steps against the replay's")
+    by_prompt: list[BandBias] = Field(
+        default_factory=list, description="median signed error per quartile of the prompt's length"
+    )
     warnings: list[str] = Field(default_factory=list)
     known_limitations: list[str] = Field(default_factory=lambda: list(KNOWN_LIMITATIONS))
 
@@ -170,6 +188,7 @@ def calibration_report(
         if both.sum() >= 2:
             r, p = rm.loc[both, f"{name}_ms"].to_numpy(), pm.loc[both, f"{name}_ms"].to_numpy()
             metrics.append(_compare(name, r, p, True, n_boot, seed))
+    prompts = real.set_index(real["request_id"].astype(str))["prompt_tokens"].loc[split.compared]
     real_itl, pred_itl = itl_values(real, split.compared), itl_values(pred, split.compared)
     if real_itl.size >= 2 and pred_itl.size >= 2:
         metrics.append(_compare("itl", real_itl, pred_itl, False, n_boot, seed))
@@ -196,5 +215,26 @@ def calibration_report(
         bootstrap={"resamples": n_boot, "seed": seed},
         metrics=metrics,
         steps=steps,
+        by_prompt=_by_prompt(prompts.to_numpy(float), rm, pm),
         warnings=warnings,
     )
+
+
+def _by_prompt(prompt_tokens: np.ndarray, rm: pd.DataFrame, pm: pd.DataFrame) -> list[BandBias]:
+    """TTFT, TPOT and E2E median signed errors per quartile of the prompt's length (requests with every
+    metric defined in both traces; none below ``MIN_REQUESTS`` of them: four bands of a few say nothing)."""
+    names = ("ttft", "tpot", "e2e")
+    ok = np.isfinite(prompt_tokens)
+    for name in names:
+        ok &= rm[f"{name}_ms"].notna().to_numpy() & pm[f"{name}_ms"].notna().to_numpy()
+        ok &= (rm[f"{name}_ms"] > 0).to_numpy()
+    if ok.sum() < MIN_REQUESTS:
+        return []
+    per = {
+        n: stats.banded_bias(prompt_tokens[ok], rm[f"{n}_ms"].to_numpy()[ok], pm[f"{n}_ms"].to_numpy()[ok])
+        for n in names
+    }
+    return [
+        BandBias(prompt_tokens=(int(lo), int(hi)), n=count, median_error_pct={n: per[n][i][3] for n in names})
+        for i, (lo, hi, count, _) in enumerate(per["ttft"])
+    ]

@@ -8,6 +8,9 @@ Kolmogorov–Smirnov test (scipy) gives D and p; QQ data pairs the distributions
 spaced levels (the midpoints 0.5%, 1.5%, …, 99.5%, numpy's linear interpolation). Bootstrap CIs resample
 the pairs with replacement (``n_boot`` times, a seeded generator) and take the 2.5th and 97.5th percentiles
 of the statistic. The quality rating is seed 003's table: the worse of the MAPE's band and r's band.
+``banded_bias`` splits the pairs into bands of equal count by a key (the prompt's length) and gives each
+band's median signed error: a miss that moves with the key (a cost per context token the model lacks)
+shows as a trend across bands, which one overall figure averages away.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import numpy as np
 from scipy import stats as sps
 
 __all__ = [
+    "BANDS",
     "PERCENTILES",
     "QQ_LEVELS",
     "RATINGS",
+    "banded_bias",
     "bias_direction",
     "bootstrap_ci",
     "ks_two_sample",
@@ -40,6 +45,7 @@ RATINGS = ("Excellent", "Good", "Fair", "Poor")
 _MAPE_BANDS = (10.0, 20.0, 35.0)  # below the first: Excellent; up to the second: Good; the third: Fair
 _R_BANDS = (0.95, 0.85, 0.70)  # above the first: Excellent; from the second: Good; the third: Fair
 NEUTRAL_BIAS_PCT = 1.0  # a mean signed error within ±1% is called neutral
+BANDS = 4  # banded_bias: quartiles of the key
 
 
 def _rel(real: np.ndarray, pred: np.ndarray) -> np.ndarray:
@@ -49,6 +55,22 @@ def _rel(real: np.ndarray, pred: np.ndarray) -> np.ndarray:
     if np.any(real <= 0):
         raise ValueError("a real value ≤ 0 has no relative error")
     return (pred - real) / real
+
+
+def banded_bias(
+    key: np.ndarray, real: np.ndarray, pred: np.ndarray, bands: int = BANDS
+) -> list[tuple[float, float, int, float]]:
+    """``(key low, key high, n, median signed error %)`` per band: the pairs sorted by ``key`` and cut into
+    ``bands`` groups of equal count (the first ones one larger where it does not divide)."""
+    key = np.asarray(key, float)
+    rel = _rel(real, pred) * 100
+    if key.shape != rel.shape:
+        raise ValueError(f"need one key per pair (got {key.shape} for {rel.shape})")
+    order = np.argsort(key, kind="stable")
+    return [
+        (float(key[g].min()), float(key[g].max()), int(g.size), float(np.median(rel[g])))
+        for g in np.array_split(order, min(bands, key.size))
+    ]
 
 
 def mape(real: np.ndarray, pred: np.ndarray) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +20,7 @@ from analysis.calibrate.replay import ReplayRequest, replay, replay_requests
 from analysis.calibrate.report import calibration_report
 from analysis.synthetic import synthesize_run
 from engine_harness.sim.params import SimConfig
-from engine_harness.step_model import StepModel
+from engine_harness.step_model import StepModel, StepShape
 from microbench.results.trace import INT_COLUMNS, TRACE_COLUMNS, TraceHeader, read_trace, write_trace_files
 
 MS = 1_000_000
@@ -145,6 +146,29 @@ def test_predicted_trace_round_trips_and_reports(tmp_path: Path) -> None:
     assert "| TTFT | 39 | 15.0" in markdown(report) and not report.warnings
 
 
+def test_the_report_bands_the_errors_by_prompt_length(tmp_path: Path) -> None:
+    # 40 requests, prompts 100…4000 tokens; the prediction's decode gap grows with the prompt (a missing cost
+    # per context token), its TTFT is right: TPOT's and E2E's error climbs across the bands, TTFT's stays 0
+    real_rows, pred_rows = [], []
+    for i in range(40):
+        prompt, send = 100 * (i + 1), 1000.0 * i
+        gap = 2.0 * (1 + prompt / 4000)  # real: 2 ms per token; predicted: up to 4 ms at 4000 tokens
+        real_rows.append(_row(i, send, [send + 50, send + 52, send + 54], prompt_tokens=prompt))
+        pred = [send + 50, send + 50 + gap, send + 50 + 2 * gap]
+        pred_rows.append(_row(i, send, pred, prompt_tokens=prompt))
+    real, predicted = _write(tmp_path / "r", real_rows), _write(tmp_path / "p", pred_rows)
+    report = calibration_report(real, predicted, n_boot=100)
+    bands = report.by_prompt
+    assert [b.prompt_tokens for b in bands] == [(100, 1000), (1100, 2000), (2100, 3000), (3100, 4000)]
+    assert [b.n for b in bands] == [10] * 4
+    assert all(b.median_error_pct["ttft"] == pytest.approx(0.0, abs=1e-6) for b in bands)
+    # TPOT error = prompt / 4000, median of a band of 10: its middle pair's mean (550 → 13.75%, …)
+    assert [b.median_error_pct["tpot"] for b in bands] == pytest.approx([13.75, 38.75, 63.75, 88.75])
+    assert "## Error by prompt length" in markdown(report) and "| 3100–4000 | 10 |" in markdown(report)
+    few = _write(tmp_path / "r5", real_rows[:5]), _write(tmp_path / "p5", pred_rows[:5])
+    assert not calibration_report(*few, n_boot=100).by_prompt  # under 30 requests: no bands
+
+
 def test_few_requests_are_warned(tmp_path: Path) -> None:
     real = _write(tmp_path / "real", [_row(i, 100 * i, [100 * i + 50, 100 * i + 52]) for i in range(5)])
     pred = _write(tmp_path / "pred", [_row(i, 100 * i, [100 * i + 55, 100 * i + 57]) for i in range(5)])
@@ -166,6 +190,41 @@ def test_fit_to_sim_recovers_a_known_model(tmp_path: Path) -> None:
         assert getattr(settings.step, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
     assert any(d.startswith("num_kv_blocks") for d in settings.defaulted)
     assert SimConfig.model_validate(settings.sim_params()).step.gamma_ns == settings.step.gamma_ns
+
+
+def test_two_sweeps_at_two_decode_contexts_pooled_recover_the_decodes_context_cost(tmp_path: Path) -> None:
+    """SGLang-like (exclusive) steps whose decodes pay δ per token of context, swept at decode contexts 2048
+    and 256 and pooled: the fit recovers δ and β_d and prices a lone decode at 200 tokens of context (the
+    committed SGLang calibration's fit at one context of 1024 priced it 17% high)."""
+    truth = StepModel(
+        alpha_ms=5.0, prefill_fixed_ms=5.0, beta_d_ms=0.15, beta_c_ms=0.035, gamma_ns=3.5, lambda_ns=6600,
+        delta_ns=1300,
+    )  # fmt: skip
+    grid = {"chunks": (2048,), "decode_batches": (0, 1, 2, 4), "prefill_tokens": (128, 512, 1024, 2176, 3072)}
+    runs = [
+        synthesize_run(tmp_path / f"ctx{ctx}", **grid, repetitions=2, params=truth, noise=0.01, seed=ctx,
+                       decode_context=ctx, scheduling="exclusive")
+        for ctx in (2048, 256)
+    ]  # fmt: skip
+    one, pooled = fit_to_sim(runs[0]), fit_to_sim(runs)
+    assert one.fit.pooled == [] and pooled.fit.pooled == [str(runs[1])]
+    assert pooled.fit.n_steps == one.fit.n_steps + fit_to_sim(runs[1]).fit.n_steps
+    assert pooled.fit.candidate == "c·(ctx + c/2) + λ·ctx per chunk + D·ctx_dec"
+    assert pooled.step.delta_ns == pytest.approx(1300, rel=0.1)
+    assert pooled.step.beta_d_ms == pytest.approx(0.15, abs=0.05)
+    lone = StepShape(1, (), 200.0)
+    assert pooled.step.step_ms(lone) == pytest.approx(truth.step_ms(lone), rel=0.02)
+
+
+def test_sweeps_of_two_engines_are_not_pooled(tmp_path: Path) -> None:
+    grid = {"chunks": (2048,), "decode_batches": (0, 2), "prefill_tokens": (512, 1024, 2048)}
+    a = synthesize_run(tmp_path / "a", **grid, repetitions=1, scheduling="exclusive")
+    b = synthesize_run(tmp_path / "b", **grid, repetitions=1, scheduling="exclusive")
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["engine_spec"]["max_num_seqs"] = 8
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"other settings than .*max_num_seqs"):
+        fit_to_sim([a, b])
 
 
 def test_a_fit_no_p_can_be_held_out_of_says_so_and_its_settings_read_back(tmp_path: Path) -> None:

@@ -95,3 +95,18 @@ def test_bootstrap_ci() -> None:
 )
 def test_quality_rating_is_the_worse_band(mape: float, r: float | None, rating: str) -> None:
     assert stats.quality_rating(mape, r) == rating
+
+
+def test_banded_bias_splits_by_the_key_into_equal_counts() -> None:
+    key = np.array([900, 100, 500, 300, 700, 200, 800, 400, 600])  # prompt lengths, unsorted
+    real = np.full(9, 10.0)
+    pred = 10.0 * (1 + key / 1000)  # +10% at 100 tokens … +90% at 900: the error grows with the key
+    bands = stats.banded_bias(key, real, pred, bands=4)
+    # sorted 100…900 in groups of 3, 2, 2, 2: (100, 200, 300), (400, 500), (600, 700), (800, 900)
+    assert [(lo, hi, n) for lo, hi, n, _ in bands] == [
+        (100, 300, 3), (400, 500, 2), (600, 700, 2), (800, 900, 2),
+    ]  # fmt: skip
+    assert [e for *_, e in bands] == pytest.approx([20.0, 45.0, 65.0, 85.0])
+    assert len(stats.banded_bias(key[:2], real[:2], pred[:2])) == 2  # no empty band
+    with pytest.raises(ValueError, match="one key per pair"):
+        stats.banded_bias(key[:3], real, pred)
