@@ -102,6 +102,7 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     figures = (
         f"stretch {stretch:.3f}, {stalls} stalls, TTFT MAPE {ttft.mape_pct:.1f}%, E2E {e2e.mape_pct:.1f}%"
     )
+    print(figures)  # pytest -s shows what the bars were judged on
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
     # batched worse than the engine would be)
     assert e2e.bias_pct <= 2.0 and ttft.bias_pct is not None and ttft.bias_pct <= 5.0, figures
