@@ -13,10 +13,10 @@ differ in their attention terms (``CANDIDATES``):
   (SGLang's CPU attention gathers each request's KV: ``step_model``'s λ). A sweep whose prompts all fit
   one step (context 0) cannot tell λ: the candidate is then left out. Offered to exclusive scheduling
   only (``EXCLUSIVE_ONLY``), alone and with ``D·ctx_dec``: SGLang's CPU decode step gathers each
-  request's whole KV too, so a lone decode costs more the longer its context (the committed SGLang
-  calibration of 2026-11-25, fitted at one decode context of 1024 tokens: its predicted TPOT was 22% high
-  for prompts under 256 tokens and right for 2048–4096). Sweeps at one decode context cannot tell δ from
-  β_d (every decode row's context is D times the same number): pool two (``calibrate predict --model A B``).
+  request's whole KV too (sweeps of 2026-11-28 at decode contexts 407 / 1464 / 3224 tokens: D = 4 steps
+  22.6 / 23.7 / 34.8 ms, a lone decode 16.1 / 14.6 / 15.4 ms). Sweeps at one decode context cannot tell δ
+  from β_d (every decode row's context is D times the same number): pool sweeps at several
+  (``sweeps/calibrate-*-cpu-contexts.yaml``, ``calibrate predict --model A B C``).
 Every candidate also carries a prefill step's own fixed cost (``PREFILL``, ``step_model``'s κ) where the
 data hold decode-only steps beside prefill ones (SGLang on CPU: ≈ 16 ms for a 128-token prefill step
 where a decode step of 2 takes ≈ 8.5).

@@ -1,12 +1,10 @@
 #!/bin/bash
-# Issue 36's calibration loop on CPU SGLang in one go, for a quiet box: the fit sweeps
-# (sweeps/calibrate-sglang-cpu.yaml at decode context 1024, sweeps/calibrate-sglang-cpu-contexts.yaml at 256
-# and 3072: pooled, they tell a decode's cost per context token from its fixed cost), then each workload
-# observed on a freshly started engine, predicted from the fit and compared (README "Observe, predict, calibrate"; results/README.md
+# Issue 36's calibration loop on CPU SGLang in one go, for a quiet box: the fit sweep
+# (sweeps/calibrate-sglang-cpu.yaml), then each workload observed on a freshly started engine, predicted
+# from the fit and compared (README "Observe, predict, calibrate"; results/README.md
 # "calibrate-sglang-cpu"). /proc/loadavg is logged every 5 s to OUT/loadavg.txt: quote it with the figures.
 #   flock /tmp/engine.lock scripts/calibrate_sglang_cpu.sh OUT      (OUT: a new folder, e.g. /tmp/calq-sgl)
-# Holds the engine lock for about 17 min (sweeps ≈ 3 + 2 × 2 min, two engines ≈ 1 min each to start,
-# 2 × 280 s).
+# Holds the engine lock for about 13 min (sweep ≈ 3 min, two engines ≈ 1 min each to start, 2 × 280 s).
 # Every step's console output is in OUT/*.log; the reports are OUT/report-{poisson,bursty}/calibration.md.
 set -u
 OUT=${1:?usage: scripts/calibrate_sglang_cpu.sh OUT}
@@ -19,11 +17,6 @@ trap 'kill $LOADAVG 2>/dev/null' EXIT
 echo "sweep start $(date -u +%T) $(cat /proc/loadavg)"
 .venv/bin/python -m microbench.sweep --config sweeps/calibrate-sglang-cpu.yaml --out "$OUT/fit" > "$OUT/sweep.log" 2>&1 \
   || { echo "the sweep failed: $OUT/sweep.log"; exit 1; }
-for CTX in 256 3072; do
-  echo "sweep at decode context $CTX start $(date -u +%T) $(cat /proc/loadavg)"
-  .venv/bin/python -m microbench.sweep --config sweeps/calibrate-sglang-cpu-contexts.yaml --decode-context "$CTX" \
-    --out "$OUT/fit-ctx$CTX" > "$OUT/sweep-ctx$CTX.log" 2>&1 || { echo "the sweep failed: $OUT/sweep-ctx$CTX.log"; exit 1; }
-done
 for W in poisson bursty; do
   .venv/bin/python -m engine_harness serve --engine sglang --preset sglang-cpu --chunk 2048 --max-model-len 16384 \
     --log-iteration-details --out "$OUT/serve-$W" > "$OUT/serve-$W.log" 2>&1 &
@@ -36,8 +29,7 @@ for W in poisson bursty; do
     --duration 280s --warmup-requests 8 --rate 0.75 --out "$OUT/observe-$W" > "$OUT/loadgen-$W.log" 2>&1
   echo "observe $W rc=$? end $(date -u +%T) $(cat /proc/loadavg)"
   kill -TERM $ENGINE; wait $ENGINE
-  .venv/bin/python -m analysis.calibrate predict "$OUT/observe-$W" --model "$OUT/fit" "$OUT/fit-ctx256" \
-    "$OUT/fit-ctx3072" --out "$OUT/predict-$W" \
+  .venv/bin/python -m analysis.calibrate predict "$OUT/observe-$W" --model "$OUT/fit" --out "$OUT/predict-$W" \
     > "$OUT/predict-$W.log" 2>&1
   .venv/bin/python -m analysis.calibrate report "$OUT/observe-$W" "$OUT/predict-$W" \
     --engine-log "$OUT/serve-$W/engine.log" --out "$OUT/report-$W" > "$OUT/report-$W.log" 2>&1

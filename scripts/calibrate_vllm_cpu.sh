@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
 # The calibration loop on the embedded default (README "Observe, predict, calibrate"), in one step: the fit
-# sweeps (sweeps/calibrate-vllm-cpu.yaml at decode context 1024, sweeps/calibrate-vllm-cpu-contexts.yaml at
-# 256 and 3072: pooled, they tell a decode's cost per context token from its fixed cost), the engine observed under both workloads right after it (same
+# sweep (sweeps/calibrate-vllm-cpu.yaml), the engine observed under both workloads right after it (same
 # settings: chunk 2048, max_model_len 16384, every step logged), then predictions and reports.
 #
 #   bash scripts/calibrate_vllm_cpu.sh OUT     # OUT: a new folder, e.g. results/calibrate-vllm-cpu-new
 #
-# About 12 minutes on a 2-core box (sweeps ≈ 2.5 + 2 × 1.5 min with their engine starts, the engine start
-# ≈ 1 min, two 90 s workloads, predictions in seconds). Run it on a quiet machine: on a shared 2-core box the load
+# About 8 minutes on a 2-core box (sweep ≈ 2.5 min with its engine start, the engine start ≈ 1 min, two
+# 90 s workloads, predictions in seconds). Run it on a quiet machine: on a shared 2-core box the load
 # moves the engine's decode steps by up to 2× in stretches of seconds (README), more than the model
 # misses. The box's load average is sampled every 5 s into OUT/loadavg.txt; say it next to the figures.
-# Writes OUT/{fit, fit-ctx256, fit-ctx3072, serve, observe-W, predict-W, report-W} for W in poisson, bursty,
-# and OUT/*.log.
+# Writes OUT/{fit, serve, observe-W, predict-W, report-W} for W in poisson, bursty, and OUT/*.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 1 ]; then
@@ -39,11 +37,6 @@ trap cleanup EXIT
 
 echo "fit sweep: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
 $py -m microbench.sweep --config sweeps/calibrate-vllm-cpu.yaml --out "$out/fit" > "$out/sweep.log" 2>&1
-for ctx in 256 3072; do
-    echo "fit sweep at decode context $ctx: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
-    $py -m microbench.sweep --config sweeps/calibrate-vllm-cpu-contexts.yaml --decode-context "$ctx" \
-        --out "$out/fit-ctx$ctx" > "$out/sweep-ctx$ctx.log" 2>&1
-done
 
 $py -m engine_harness serve --chunk 2048 --max-model-len 16384 --log-iteration-details --port "$port" \
     --out "$out/serve" > "$out/serve.log" 2>&1 &
@@ -65,8 +58,7 @@ wait "$serve" || true
 serve=""
 
 for w in poisson bursty; do
-    $py -m analysis.calibrate predict "$out/observe-$w" --model "$out/fit" "$out/fit-ctx256" "$out/fit-ctx3072" \
-        --out "$out/predict-$w" \
+    $py -m analysis.calibrate predict "$out/observe-$w" --model "$out/fit" --out "$out/predict-$w" \
         > "$out/predict-$w.log" 2>&1
     $py -m analysis.calibrate report "$out/observe-$w" "$out/predict-$w" --engine-log "$out/serve/engine.log" \
         --out "$out/report-$w" > "$out/report-$w.log" 2>&1

@@ -21,8 +21,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
 def test_the_committed_prediction_is_reproduced(run: str, workload: str, tmp_path: Path) -> None:
     folder = RESULTS / run
-    fits = [folder / "fit", *sorted(folder.glob("fit-ctx*"))]  # the sweeps at other decode contexts, pooled
-    predict_trace(folder / f"observe-{workload}", fit_to_sim(fits), tmp_path)
+    predict_trace(folder / f"observe-{workload}", fit_to_sim(folder / "fit"), tmp_path)
     _, fresh = read_trace(tmp_path)
     _, kept = read_trace(folder / f"predict-{workload}")
     for column in ("request_id", "first_chunk_ns", "last_chunk_ns", "output_tokens"):
