@@ -26,7 +26,7 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import Stage
-from microbench.measure.levels import LevelRow, ledger_entry, level_row, tested_rps
+from microbench.measure.levels import LevelRow, ledger_entry, level_row
 from microbench.measure.runs import StageRunner
 from microbench.measure.search import SearchStep, rate_search
 from microbench.measure.sustainable import LedgerEntry
@@ -156,7 +156,7 @@ async def measure_capacity(run: StageRunner, requests: RequestSource, plan: Capa
 def sustainable_rate(rows: list[LevelRow]) -> float | None:
     """The search's result: the highest rate a sustainable open-loop level put to the engine (``tested_rps``:
     offered, or sent when less), not the highest offered rate that passed."""
-    return max((tested_rps(r) for r in rows if r.sustainable), default=None)
+    return max((r.tested_rps for r in rows if r.sustainable), default=None)
 
 
 def capacity_ledger(search: CapacitySearch, test: str) -> list[LedgerEntry]:

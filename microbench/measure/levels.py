@@ -21,7 +21,7 @@ from microbench.measure.saturation import SteadyState, steady_state
 from microbench.measure.stats import Distribution, summarize
 from microbench.measure.sustainable import LedgerEntry, tested_rate
 
-__all__ = ["LevelRow", "ledger_entry", "level_row", "tested_rps", "verdict_text"]
+__all__ = ["LevelRow", "ledger_entry", "level_row", "verdict_text"]
 
 
 class LevelRow(StrictModel):
@@ -64,10 +64,10 @@ class LevelRow(StrictModel):
         judged = self.loop == "closed" or self.steady.conclusive
         return judged and not self.steady.saturated and self.slo_met is not False
 
-
-def tested_rps(row: LevelRow) -> float:
-    """The open-loop rate ``row`` vouches for (``sustainable.tested_rate``)."""
-    return tested_rate(row.offered, row.sent_rps)
+    @property
+    def tested_rps(self) -> float:
+        """Open loop: the rate this level vouches for (``sustainable.tested_rate``), as its ledger entry's."""
+        return tested_rate(self.offered, self.sent_rps)
 
 
 def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:

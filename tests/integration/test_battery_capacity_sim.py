@@ -21,7 +21,6 @@ from microbench.battery.gate import check_report
 from microbench.battery.profiles import profile
 from microbench.battery.render import markdown_minimum
 from microbench.battery.runner import run_battery
-from microbench.measure import levels
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +95,7 @@ async def test_capacity_matches_the_step_model_and_every_test_agrees(tmp_path: P
     tp = report.result("throughput").data  # type: ignore[union-attr]
     assert tp.battery_capacity.max_output_tps == cap.max_output_tps
     assert 0.8 * CAPACITY_RPS <= tp.search.sustainable_rps <= CAPACITY_RPS / 0.9
-    assert tp.search.sustainable_rps in {levels.tested_rps(r) for r in tp.search.open_loop if r.sustainable}
+    assert tp.search.sustainable_rps in {r.tested_rps for r in tp.search.open_loop if r.sustainable}
     assert tp.search.closed_rps == pytest.approx(CAPACITY_RPS, rel=0.05)
     # 5.3: levels below capacity are sustainable and deliver what was sent; the one above is saturated and
     # delivers no more than capacity

@@ -24,7 +24,7 @@ from microbench.battery.plots import new_figure
 from microbench.battery.registry import FigureSpec, Outcome, duration_requirement, register_test
 from microbench.battery.report import TEST_DATA, Table, TestData, capacity_rows, level_rate_rows, ms, num
 from microbench.measure.capacity import CapacitySearch
-from microbench.measure.levels import LevelRow, tested_rps
+from microbench.measure.levels import LevelRow
 from microbench.measure.search import RESOLUTION
 
 __all__ = ["ThroughputData", "batch_utilization", "run_throughput"]
@@ -84,7 +84,7 @@ class ThroughputData(TestData):
             ]
             tables.append(
                 Table(
-                    title=f"Latency at the maximum sustainable rate, {tested_rps(m):.2f} req/s "
+                    title=f"Latency at the maximum sustainable rate, {m.tested_rps:.2f} req/s "
                     f"({m.offered:.2f} offered) (Table 4)",
                     columns=["Metric", "P50", "P95", "P99"],
                     rows=rows,
@@ -142,7 +142,7 @@ async def run_throughput(ctx: BatteryContext) -> Outcome:
     await ctx.capacity_rps()  # notes a capacity without a sustainable level
     search = await ctx.capacity_search()
     best = search.sustainable_rps
-    at_max = next((r for r in search.open_loop if r.sustainable and tested_rps(r) == best), None)
+    at_max = next((r for r in search.open_loop if r.sustainable and r.tested_rps == best), None)
     data = ThroughputData(
         workload=ctx.workload_spec().name,
         search=search,
