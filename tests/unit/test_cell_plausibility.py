@@ -59,8 +59,11 @@ def test_a_prefill_frozen_for_3_s_is_named_with_its_reference() -> None:
     assert "stalled" in reason
 
 
-def test_fewer_than_two_other_repetitions_judge_nothing() -> None:
-    assert stalled_in_cell(3040.0, [40.0]) is None
+def test_one_other_repetition_is_reference_enough_and_none_judges_nothing() -> None:
+    # two repetitions: the frozen one is flagged against the sound one, never the other way round
+    assert stalled_in_cell(3040.0, [40.0]) is not None
+    assert stalled_in_cell(40.0, [3040.0]) is None
+    assert stalled_in_cell(52.0, [28.0]) is None  # CPU noise between two sound repetitions
     assert stalled_in_cell(3040.0, []) is None
     assert stalled_in_cell(None, [40.0, 41.0]) is None  # no first token: nothing to judge
 
@@ -120,3 +123,16 @@ def test_a_point_taken_back_on_a_worker_leaves_the_drivers_run_folder_too(tmp_pa
         relay.apply(message)
     assert driver.stored_record(512, 0, 1024, 1) is None and not driver.is_done(512, 0, 1024, 1)
     assert driver.invalid_path(512, "D0_P1024_r1_a0").is_file() and relay.points == 2
+
+
+def test_a_two_repetition_cell_takes_back_its_frozen_repetition_whichever_came_first(tmp_path: Path) -> None:
+    for order in ([3040.0, 40.0], [40.0, 3040.0]):
+        folder = RunFolder(tmp_path / str(order[0]))
+        _store(folder, _record(0, order[0]))
+        assert folder.judge_cell(512, 0, 1024, max_attempts=3) == []  # alone: nothing to judge by
+        _store(folder, _record(1, order[1]))
+        ((record, final),) = folder.judge_cell(512, 0, 1024, max_attempts=3)
+        frozen = order.index(3040.0)
+        assert record.config.repetition == frozen and not record.validity.valid and not final
+        assert folder.stored_record(512, 0, 1024, frozen) is None
+        assert folder.stored_record(512, 0, 1024, 1 - frozen) is not None
