@@ -3,11 +3,15 @@
 # (sweeps/calibrate-sglang-cpu.yaml), then each workload observed on a freshly started engine, predicted
 # from the fit and compared (README "Observe, predict, calibrate"; results/README.md
 # "calibrate-sglang-cpu"). /proc/loadavg is logged every 5 s to OUT/loadavg.txt: quote it with the figures.
-#   flock /tmp/engine.lock scripts/calibrate_sglang_cpu.sh OUT      (OUT: a new folder, e.g. /tmp/calq-sgl)
+#   flock /tmp/engine.lock scripts/calibrate_sglang_cpu.sh OUT [PRESET]   (OUT: a new folder, e.g. /tmp/calq-sgl)
+# PRESET: sglang-cpu (default scheduling: a prefill step runs instead of the decodes) or sglang-cpu-mixed
+# (--enable-mixed-chunk: the decodes ride in every prefill step); the fit and both engines use it.
 # Holds the engine lock for about 13 min (sweep ≈ 3 min, two engines ≈ 1 min each to start, 2 × 280 s).
 # Every step's console output is in OUT/*.log; the reports are OUT/report-{poisson,bursty}/calibration.md.
 set -u
-OUT=${1:?usage: scripts/calibrate_sglang_cpu.sh OUT}
+OUT=${1:?usage: scripts/calibrate_sglang_cpu.sh OUT [sglang-cpu|sglang-cpu-mixed]}
+PRESET=${2:-sglang-cpu}
+case "$PRESET" in sglang-cpu|sglang-cpu-mixed) ;; *) echo "PRESET must be sglang-cpu or sglang-cpu-mixed, not $PRESET" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD
 mkdir -p "$OUT"
@@ -15,10 +19,10 @@ mkdir -p "$OUT"
 LOADAVG=$!
 trap 'kill $LOADAVG 2>/dev/null' EXIT
 echo "sweep start $(date -u +%T) $(cat /proc/loadavg)"
-.venv/bin/python -m microbench.sweep --config sweeps/calibrate-sglang-cpu.yaml --out "$OUT/fit" > "$OUT/sweep.log" 2>&1 \
+.venv/bin/python -m microbench.sweep --config sweeps/calibrate-sglang-cpu.yaml --preset "$PRESET" --out "$OUT/fit" > "$OUT/sweep.log" 2>&1 \
   || { echo "the sweep failed: $OUT/sweep.log"; exit 1; }
 for W in poisson bursty; do
-  .venv/bin/python -m engine_harness serve --engine sglang --preset sglang-cpu --chunk 2048 --max-model-len 16384 \
+  .venv/bin/python -m engine_harness serve --engine sglang --preset "$PRESET" --chunk 2048 --max-model-len 16384 \
     --log-iteration-details --out "$OUT/serve-$W" > "$OUT/serve-$W.log" 2>&1 &
   ENGINE=$!
   for _ in $(seq 200); do grep -q "ready in" "$OUT/serve-$W.log" && break; kill -0 $ENGINE 2>/dev/null || break; sleep 1; done

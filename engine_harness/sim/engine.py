@@ -9,14 +9,21 @@ waiting at all, only a yield to the event loop). The event loop's timers have mi
 the last ``busy_wait_ms`` (+1 ms) pass in short naps between loop yields (see ``wait_until``).
 Tokens are handed to their streams when the step ends; while the engine runs back to back, a step starts
 where the previous one ended, so host work between steps counts in the step and wall times follow the
-model. The next step starts at the previous one's *planned* end, so a late wake-up (tens of µs on a
-loaded box) is not carried into every later step: over a busy period of thousands of steps the engine's
-clock stays on the model's (step boundaries, and so which step a request joins, as a virtual-time replay
-of the model puts them): the next step waits that much less. A host stall longer than ``_RESYNC_NS``
-moves the clock on instead, as it would a real engine's (catching up on it would log steps far shorter
-than their model, which a step fit would read as truth). ``StepRecord.t_start_ns``/``duration_ns`` are
-``time.perf_counter_ns()`` wall (scaled) times as they happened (a step the host made late is logged
-late); ``model_duration_s`` is unscaled.
+model. A step waits until the model's step grid says it ends: the previous step's *planned* end plus its
+own model time. So a late wake-up or a host hiccup (tens of µs to a few ms on a loaded 2-core box) is not
+carried into every later step: over a busy period of thousands of steps the engine's clock stays on the
+model's (step boundaries, and so which step a request joins, as a virtual-time replay of the model puts
+them): the next steps wait that much less. A step that ends more than ``_RESYNC_NS`` behind the grid (a
+freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
+engine's. Below that the noise is the test box's: moving the grid on at every 1 ms (the bound before
+2026-11-28), 14 hiccups of 1-6 ms in a 15 s calibration trace set it 20 ms behind the model's, and
+requests joined a step earlier than a replay of the model put them. ``StepRecord.behind_ns`` says how
+far each step ended behind the grid.
+
+``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times: a
+back-to-back step is logged from the previous one's actual end, so durations add up to the wall time and
+no step carries the wake-up's lateness (5-7 µs: the sweep's fit read α 0.05% high from it, and the replay's
+grid fell 4 ms behind in 600 steps). ``model_duration_s`` is unscaled.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from engine_harness.step_model import StepShape
 __all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
 
 _NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
-_RESYNC_NS = 1_000_000  # a step ending this much after its planned end (a host stall): the clock moves on
+_RESYNC_NS = 50_000_000  # a step ending this much after its planned end (an engine stall): the clock moves on
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +59,7 @@ class StepRecord:
     t_start_ns: int
     duration_ns: int
     model_duration_s: float  # the whole step, as the decodes wait it
+    behind_ns: int  # how far the step ended behind the model's step grid (above ``_RESYNC_NS``: moved on)
     reported_ms: float  # what vLLM's iteration field would say in the sim's mode (sim.gpu_modes)
     decode_tokens: int
     prefill_tokens: int
@@ -75,12 +83,11 @@ class StepRecord:
         return asdict(self)
 
 
-def _next_start(t0: int, model_s: float, scale: float, t1: int) -> int:
-    """Where the next back-to-back step starts: this step's planned end (``t0`` + its scaled model time),
-    unless the step ended more than ``_RESYNC_NS`` after it (a host stall) or nothing is waited (scale 0):
-    then its actual end ``t1``."""
-    planned = t0 + int(model_s * scale * 1e9)
-    return planned if scale > 0 and t1 - planned <= _RESYNC_NS else t1
+def _next_start(planned_end: int, scale: float, t1: int) -> int:
+    """Where the next back-to-back step is planned to start: this step's planned end, unless the step
+    ended more than ``_RESYNC_NS`` after it (an engine stall) or nothing is waited (scale 0): then its
+    actual end ``t1``."""
+    return planned_end if scale > 0 and t1 - planned_end <= _RESYNC_NS else t1
 
 
 class SimEngine:
@@ -221,7 +228,10 @@ class SimEngine:
         faults = cfg.faults
         scale = cfg.time_scale
         spin_ns = int(cfg.busy_wait_ms * 1e6)
-        prev_end: int | None = None  # end of the previous step while the engine runs back to back
+        # while the engine runs back to back: the previous step's actual end (where the next one is logged
+        # to start) and where the model's grid puts the next one's start (what it waits from)
+        prev_end: int | None = None
+        planned = 0
         plan: StepPlan | None = None  # async scheduling: planned before the previous step's outputs went out
         while True:
             if plan is None:
@@ -238,32 +248,36 @@ class SimEngine:
             host = host_s(cfg, shape)
             # Back to back, a step starts when the previous one ended: the host work in between (token
             # hand-off, scheduling) is part of the step's time, so the wall time follows the model exactly.
-            t0 = time.perf_counter_ns() if prev_end is None else prev_end
+            if prev_end is None:
+                t0 = planned = time.perf_counter_ns()
+            else:
+                t0 = prev_end
             for req in plan.admitted:
                 stream = self._streams.get(req.request_id)
                 if stream is not None and stream.t_scheduled_ns is None:
                     stream.t_scheduled_ns = t0
             done, plan, host_next = plan, None, 0.0
             if not cfg.async_scheduling:
-                await self._sleep(t0, host + device_s, scale, spin_ns)
+                await self._sleep(planned, host + device_s, scale, spin_ns)
                 t1 = time.perf_counter_ns()  # the step's end; committing is the next one's time
-                prev_end = _next_start(t0, host + device_s, scale, t1)
+                planned_end = planned + int((host + device_s) * scale * 1e9)
                 result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
             else:
                 # the device work first; then the next step is planned and launched (its host work overlaps
                 # this step's device work) before this step's outputs go out
-                await self._sleep(t0, device_s, scale, spin_ns)
+                await self._sleep(planned, device_s, scale, spin_ns)
                 result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
                 if sched.has_work():
                     plan = sched.schedule()
                     plan = plan if plan.chunks else None
                     host_next = host_s(cfg, plan.shape) if plan is not None else 0.0
                 if host_next > device_s:
-                    await self._sleep(t0, host_next, scale, spin_ns)
+                    await self._sleep(planned, host_next, scale, spin_ns)
                 t1 = time.perf_counter_ns()
-                prev_end = _next_start(t0, max(device_s, host_next), scale, t1)
+                planned_end = planned + int(max(device_s, host_next) * scale * 1e9)
+            prev_end, planned = t1, _next_start(planned_end, scale, t1)
             whole_s, reported_s = step_times(cfg, device_s, host, host_next)
-            self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1)
+            self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1, t1 - planned_end)
 
     async def _sleep(self, t0: int, model_s: float, scale: float, spin_ns: int) -> None:
         """Until ``model_s`` model seconds after ``t0`` (no waiting at all at time scale 0)."""
@@ -299,6 +313,7 @@ class SimEngine:
         times_s: tuple[float, float],
         t0: int,
         t1: int,
+        behind_ns: int,
     ) -> None:
         """Hand the step's tokens to their streams, log it, count it (``times_s``: the whole step and the
         engine's elapsed field, in model seconds)."""
@@ -312,6 +327,7 @@ class SimEngine:
             t_start_ns=t0,
             duration_ns=t1 - t0,
             model_duration_s=times_s[0],
+            behind_ns=behind_ns,
             reported_ms=times_s[1] * 1e3,
             decode_tokens=shape.decode_tokens,
             prefill_tokens=shape.prefill_tokens,

@@ -4,15 +4,17 @@ The sim runs as a process (engine kind ``sim``) with a known step model and a kn
 prompt token; the interference sweep measures it on a small grid (its own sim process) and is fitted
 (``fit_to_sim``); the load generator records a Poisson workload against a second sim process of the same
 model; the trace is predicted in virtual time and compared. The loop must recover reality: the fitted
-model, E2E MAPE ≤ 2% (TTFT ≤ 2% where reality had no host stall: see below), the same step composition
-as the sim's own step log, and a predicted trace the trace reader reads. On a loaded box the sim's own
-steps run late (its ground-truth log says by how much: the stretch); the prediction must then
-not be slower than reality, and the 2% bar is judged where reality held its model within 1%.
+model, E2E MAPE ≤ 2% (TTFT ≤ 2% where reality's step grid held the model's: see below), the same step
+composition as the sim's own step log, and a predicted trace the trace reader reads. On a loaded box the
+sim's own steps can run late past what it catches up on (its ground-truth log says by how much: the
+slips); the prediction must then not be slower than reality, and the 2% bar is judged where reality
+held its model within 1%.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import sys
 from pathlib import Path
@@ -22,19 +24,29 @@ import pytest
 import yaml
 
 from analysis.calibrate.__main__ import main as calibrate_main
-from analysis.calibrate.config import fit_to_sim
+from analysis.calibrate.config import SimSettings, fit_to_sim
+from analysis.calibrate.replay import replay_requests
 from analysis.calibrate.report import CalibrationReport
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
+from engine_harness.sim.engine import _RESYNC_NS
 from engine_harness.step_model import StepModel
 from microbench.results.trace import TRACE_COLUMNS, read_trace
 
 pytestmark = pytest.mark.integration
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "sweeps/workloads/calibrate-poisson.yaml"
-TRUTH = StepModel(alpha_ms=15.0, beta_d_ms=0.3, beta_c_ms=0.08, gamma_ns=20.0)
+# Steps of ≈ 40 ms (a large model's decode step on a GPU). Which step a request joins turns on its way in,
+# and the way in through two Python event loops jitters by ≈ 0.3-1.5 ms on a quiet 2-core box: a request
+# that close to a step boundary joins one step off (a third of a short prompt's TTFT). With 15 ms steps
+# that struck 2-3 of 36 requests a run (TTFT MAPE 1.4-4.6% over 7 quiet runs of 2026-11-28); at 40 ms
+# it is rarer (0.4-1.1% over 3).
+TRUTH = StepModel(alpha_ms=40.0, beta_d_ms=0.3, beta_c_ms=0.08, gamma_ns=20.0)
 FRONTEND_NS = 10_000.0  # 10 µs per prompt token: ≈ 10 ms for a 1000-token prompt
 BUDGET = 2048
+# the openers' jitter, as a fraction of a step, within which reality's step grid is the model's: a request
+# arriving that close to a step boundary joins one step off, and a short prompt's TTFT is about two steps
+_PHASE_OF_STEP = 0.025
 
 
 async def _run(module: str, *args: str) -> None:
@@ -93,25 +105,51 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     assert report.warmup_excluded == 4 and report.n_compared == ok.sum() - 4
     ttft, e2e = report.metric("ttft"), report.metric("e2e")
     assert ttft.mape_pct is not None and e2e.mape_pct is not None and e2e.bias_pct is not None
-    # Reality's own deviation from its model, from its ground-truth step log: on a loaded box the sim's
-    # steps run late (the process waits for a core), and no prediction from the model can know by how much.
-    stretch = sim_steps["duration_ns"].sum() / (sim_steps["model_duration_s"].sum() * 1e9)
-    # a host stall: a step ending over 1 ms past its model time; the sim's clock then moves on, and every
-    # later step boundary (which step a request joins) departs from the model's by as much
-    stalls = int((sim_steps["duration_ns"] - sim_steps["model_duration_s"] * 1e9 > 1e6).sum())
+    # Reality's own deviation from its model, from its ground-truth step log. The sim holds its step grid
+    # on the model's through host hiccups up to 50 ms; a longer stall (the host gave the process no core)
+    # moves the grid on, and every later step boundary (which step a request joins) departs from the
+    # model's by the slip. No prediction from the model can know it.
+    behind = sim_steps["behind_ns"]
+    moved_on = behind > _RESYNC_NS
+    slips, slip_ms = int(moved_on.sum()), float(behind[moved_on].sum() / 1e6)
+    busy_ms = float(sim_steps["model_duration_s"].sum() * 1e3)
+    step_ms = float(sim_steps["model_duration_s"].median() * 1e3)
+    # The step grid's phase: an idle engine starts a step the moment a request arrives, so the request
+    # that opens a busy period sets the phase of every later step of it; its TTFT error is its way in's
+    # own jitter (HTTP parsing on a busy loop: a 5.5 ms late opener, on a box installing packages beside
+    # the test, put 80% of a 6-second busy period's TTFTs 5.5 ms late and the rest a step early). Judged
+    # over the openers of the periods that hold measured requests (the first request's connection set-up
+    # makes it ~3 ms late: a warm-up period's phase does not matter)
+    settings_used = SimSettings.model_validate_json((predicted / "sim-settings.json").read_text())
+    starts = set(replayed["t_start_ns"])
+    arrivals = sorted((q.arrival_ns, q.request_id) for q in replay_requests(real, settings_used))
+    opened = [(t, rid) for t, rid in arrivals if t in starts]  # each busy period's opener, by arrival
+    measured = set(real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str))
+    openers = {
+        opened[bisect.bisect_right(opened, (t, "\uffff")) - 1][1] for t, rid in arrivals if rid in measured
+    }
+    ttft_ms = {
+        k: (f["first_chunk_ns"] - f["send_ns"]).astype(float) / 1e6
+        for k, f in (("real", real), ("pred", pred))
+    }
+    ttft_err_ms = (ttft_ms["real"] - ttft_ms["pred"])[real["request_id"].astype(str).isin(openers)]
+    phase_ms = float(ttft_err_ms.abs().max())
     figures = (
-        f"stretch {stretch:.3f}, {stalls} stalls, TTFT MAPE {ttft.mape_pct:.1f}%, E2E {e2e.mape_pct:.1f}%"
+        f"{slips} slips of the step grid ({slip_ms:.1f} ms in {busy_ms:.0f} ms busy), phase set "
+        f"{phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) by the openers of {len(openers)} busy periods, "
+        f"TTFT MAPE {ttft.mape_pct:.1f}%, E2E {e2e.mape_pct:.1f}%"
     )
     print(figures)  # pytest -s shows what the bars were judged on
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
     # batched worse than the engine would be)
     assert e2e.bias_pct <= 2.0 and ttft.bias_pct is not None and ttft.bias_pct <= 5.0, figures
-    if stretch <= 1.01:  # reality held its model: the loop recovers it
+    if slip_ms <= 0.01 * busy_ms:  # reality held its model: the loop recovers it
         assert e2e.pearson_r is not None and e2e.pearson_r > 0.98, figures
-        assert e2e.mape_pct <= 2.0, figures  # issue #36's bar (measured on a quiet box: 0.7%)
-        # TTFT turns on which 15 ms step a request joins: a tenth of a short prompt's TTFT. Issue #36's 2%
-        # where reality held its model step by step (no host stall); else each stall re-phases the step
-        # grid (measured on this 2-core box shared by 8 jobs, 21-35 stalls in 15 s: 3.7-7.3%)
-        assert ttft.mape_pct <= (2.0 if stalls == 0 else 10.0), figures
+        assert e2e.mape_pct <= 2.0, figures  # issue #36's bar
+        # TTFT turns on which step a request joins. Issue #36's 2% where reality's step grid never
+        # slipped and its phase was set within 2.5% of a step of the model's; else each slip or late
+        # opener re-phases it
+        held = slips == 0 and phase_ms <= _PHASE_OF_STEP * step_ms
+        assert ttft.mape_pct <= (2.0 if held else 10.0), figures
     for name in ("calibration.md", "calibration.html", "calibration_qq.png", "calibration_scatter.png"):
         assert (report_dir / name).stat().st_size > 0

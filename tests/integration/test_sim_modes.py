@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 
 import aiohttp
 import pytest
@@ -76,6 +75,8 @@ async def test_accelerated_mode_scales_wall_time_and_jitter_is_seeded() -> None:
     a, b = logs
     assert [st.model_duration_s for st in a] == [st.model_duration_s for st in b]  # same seed, same steps
     assert len({st.model_duration_s for st in a}) > 30  # jitter on
-    ratio = statistics.median(st.duration_ns / 1e9 / st.model_duration_s for st in a)
-    print(f"\naccelerated ×0.05: median wall/model step time {ratio:.4f}")
+    # the busy period's wall time over its model time (a step after a late one is logged short: it catches
+    # up on the model's step grid, so single steps scatter around 0.05 both ways)
+    ratio = sum(st.duration_ns for st in a) / 1e9 / sum(st.model_duration_s for st in a)
+    print(f"\naccelerated ×0.05: wall/model time of the busy period {ratio:.4f}")
     assert 0.05 <= ratio < 0.2  # ≈2 ms of wall time per 40 ms model step (more on a starved CPU)

@@ -114,6 +114,8 @@ async def test_client_gaps_match_step_log_in_real_time_mode() -> None:
     assert median_err_ms < 1.5  # gaps are ≈3-4 ms; the error is transport and scheduling noise
     for c, g in zip(long_client, long_log, strict=True):  # the prefill's long gap is seen by the client
         assert g > 15e6 and abs(c - g) < 0.25 * g
-    assert all(st.duration_ns >= st.model_duration_s * 1e9 - 2e5 for st in log)  # never early
+    # never early: no step ends before the model's step grid says it does (a step after a late one is
+    # logged shorter than its model: it catches up on the grid)
+    assert all(st.behind_ns >= 0 for st in log)
     # Back to back, wall time follows the model (≈0.01 ms idle; a core shared with a CPU hog: ≈1 ms).
     assert overshoot_ms < 2.0 and median_model_err_ms < 2.5
