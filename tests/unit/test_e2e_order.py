@@ -15,7 +15,14 @@ ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 def _item(name: str, *marks: str, shared: bool = False) -> Any:
     fixtures = ["tmp_path"] + (["vllm_engine"] if shared else [])
-    return SimpleNamespace(name=name, keywords=dict.fromkeys(marks, True), fixturenames=fixtures)
+    added: list[str] = []
+    return SimpleNamespace(
+        name=name,
+        keywords=dict.fromkeys(marks, True),
+        fixturenames=fixtures,
+        added=added,
+        add_marker=lambda mark: added.append(mark.name),
+    )
 
 
 def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_after_them(
@@ -38,6 +45,13 @@ def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_a
     ]
     conftest.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
     assert [i.name for i in items] == ["unit", "sim", "battery_e2e", "stream_e2e", "sweep_e2e", "dying_e2e"]
+    # every real-engine test runs in the serial pass (pytest -m serial), never beside another test
+    assert {i.name for i in items if "serial" in i.added} == {
+        "battery_e2e",
+        "stream_e2e",
+        "sweep_e2e",
+        "dying_e2e",
+    }
 
     stopped: list[str] = []
     monkeypatch.setattr(conftest, "_stop_shared", [lambda: stopped.append("engine")])
