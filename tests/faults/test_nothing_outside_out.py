@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 from fault_checks import Place, start_sim
 
+# It watches the whole repository (and the sweep and the load generator judge their clocks): nothing may
+# run beside it, not even another test's first import writing __pycache__.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -55,19 +59,7 @@ def _argv(command: str, place: Place, sim_url: str, finished: Path) -> list[str]
     }[command]  # fmt: skip
 
 
-# the sweep judges its points by their step times and the load generator its schedule: alone
-SERIAL = pytest.mark.serial
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        pytest.param("sweep", marks=SERIAL),
-        "transfer",
-        pytest.param("loadgen", marks=SERIAL),
-        "analysis.report",
-    ],
-)
+@pytest.mark.parametrize("command", ["sweep", "transfer", "loadgen", "analysis.report"])
 def test_a_command_writes_nothing_outside_out(place: Place, sim_url: str, command: str) -> None:
     finished = place.tmp / "finished"
     if command == "analysis.report":  # a finished run to report on, made before the snapshot
