@@ -259,6 +259,18 @@ def test_replay_runs_sglang_exclusive_steps() -> None:
     assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
 
 
+def test_replay_prices_the_decodes_riding_in_a_sglang_mixed_step_with_lambda() -> None:
+    step = StepModel(alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.05, gamma_ns=0.0, lambda_ns=10_000.0)
+    a, b = ReplayRequest("a", 0, list(range(100)), 4), ReplayRequest("b", 3 * MS, list(range(900, 1900)), 1)
+    result = replay([a, b], _settings(mode="sglang-mixed", max_num_batched_tokens=512, step=step))
+    shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
+    assert shapes == [(100, 0), (511, 1), (489, 1), (0, 1)]
+    # a's decode rides in b's chunks as an extend request: λ on its context (100, then 101) beside the
+    # chunk's (0, then 511); 1 + 0.1 + 0.05 · 511 + 0.01 · 100 = 27.65, 1 + 0.1 + 0.05 · 489 + 0.01 · 612 =
+    # 31.67; alone, a's decode step pays no λ (1.1)
+    assert [s["duration_ns"] for s in result.steps] == [6 * MS, 27_650_000, 31_670_000, 1_100_000]
+
+
 def test_a_candidate_the_grid_cannot_check_is_not_the_physical_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
