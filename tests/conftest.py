@@ -29,6 +29,10 @@ def _has_gpu() -> bool:
     return out.returncode == 0 and out.stdout.startswith("GPU")
 
 
+def _real_engine(item: pytest.Item) -> bool:
+    return "e2e" in item.keywords or "gpu" in item.keywords
+
+
 def _on_shared_engine(item: pytest.Item | None) -> bool:
     return item is not None and "vllm_engine" in getattr(item, "fixturenames", ())
 
@@ -36,15 +40,13 @@ def _on_shared_engine(item: pytest.Item | None) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before -m selects: a real engine's test is always in the serial pass
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "e2e" in item.keywords or "gpu" in item.keywords:
+        if _real_engine(item):
             item.add_marker(pytest.mark.serial)
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
     # started only when they are done, so it never slows them down. Among them the tests on the shared
     # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that
     # start engines of their own never run beside it.
-    items.sort(
-        key=lambda item: ("e2e" in item.keywords or "gpu" in item.keywords, not _on_shared_engine(item))
-    )
+    items.sort(key=lambda item: (_real_engine(item), not _on_shared_engine(item)))
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)")
