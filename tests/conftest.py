@@ -42,6 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _real_engine(item):
             item.add_marker(pytest.mark.serial)
+    # The clock pass (-m clock -n 2) and the serial pass (-m serial) must not share a test: it would run
+    # twice, once beside another test.
+    both = [item.nodeid for item in items if "clock" in item.keywords and "serial" in item.keywords]
+    if both:
+        raise pytest.UsageError(f"marked both clock and serial (choose one): {', '.join(both)}")
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
     # started only when they are done, so it never slows them down. Among them the tests on the shared
     # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that

@@ -31,7 +31,7 @@ from microbench.results.faults import infrastructure_reasons
 from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
-pytestmark = pytest.mark.serial  # reads the clock (stalls, schedule delay): alone
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
 
 
 def _notes(out: Path) -> list[str]:
