@@ -227,6 +227,25 @@ def test_sweeps_of_two_engines_are_not_pooled(tmp_path: Path) -> None:
         fit_to_sim([a, b])
 
 
+def test_a_manifest_that_predates_a_setting_pools_with_its_default_and_not_with_another_value(
+    tmp_path: Path,
+) -> None:
+    grid = {"chunks": (2048,), "decode_batches": (0, 1, 2, 4), "prefill_tokens": (128, 512, 1024, 2176, 3072)}
+    old, new, eager = (
+        synthesize_run(tmp_path / name, **grid, repetitions=1, noise=0.01, seed=seed, scheduling="exclusive")
+        for seed, name in enumerate(("old", "new", "eager"))
+    )
+    for run, value in ((old, None), (new, True), (eager, False)):
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["engine_spec"].pop("torch_compile", None)
+        if value is not None:
+            manifest["engine_spec"]["torch_compile"] = value
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    assert fit_to_sim([old, new]).fit.pooled == [str(new)]  # torch.compile on: the default it ran with
+    with pytest.raises(ValueError, match=r"torch_compile: True vs False"):
+        fit_to_sim([old, eager])
+
+
 def test_a_fit_no_p_can_be_held_out_of_says_so_and_its_settings_read_back(tmp_path: Path) -> None:
     # three single-chunk P values beside decode-only rows: α + κ, β_c and γ need all three of them
     truth = StepModel(alpha_ms=1.5, prefill_fixed_ms=6.0, beta_d_ms=0.2, beta_c_ms=0.04, gamma_ns=12.0)
