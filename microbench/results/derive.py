@@ -30,7 +30,14 @@ from microbench.results.records import (
     RunRecord,
     Validity,
 )
-from microbench.results.steps import ChunkCount, PrefillSteps, count_chunks, prefill_steps, window_steps
+from microbench.results.steps import (
+    ChunkCount,
+    PrefillSteps,
+    attempt_decode_steps,
+    count_chunks,
+    prefill_steps,
+    window_steps,
+)
 from microbench.results.validity import implausible_steps, stalled_between_steps
 from microbench.results.windows import Gap, gaps_of, is_steady, percentile_ms, split_window
 
@@ -255,6 +262,7 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
     queue, prefill_time, frontend = engine_times(inp, duration)
     during = cut.during if cut else []
     has_log = bool(steps.prefill)
+    attempt_decode = attempt_decode_steps(obs.engine_steps or [], obs.config.decode_batch_size)
     return Interference(
         tpot_during_prefill_p50_ms=percentile_ms(during, 50),
         tpot_during_prefill_p90_ms=percentile_ms(during, 90),
@@ -273,6 +281,8 @@ def _interference(inp: DeriveInputs, cut: WindowCut | None, steps: PrefillSteps,
         step_time_full_chunk_ms=steps.full_ms if has_log else None,
         step_time_last_chunk_ms=steps.last_partial.elapsed_ms if steps.last_partial else None,
         decode_step_ms=steps.decode_step_ms,
+        attempt_decode_step_ms=attempt_decode[0],
+        attempt_decode_steps=attempt_decode[1] or None,
         engine_prefill_ms=steps.prefill_ms if has_log else None,
         engine_queue_ms=queue,
         engine_prefill_time_ms=prefill_time,

@@ -117,6 +117,10 @@ class Interference(StrictModel):
         None, description="median decode-only engine step right before the first prefill step (engine log): "
         "the engine's local baseline of the per-step penalty"
     )  # fmt: skip
+    attempt_decode_step_ms: float | None = Field(
+        None, description="median of every decode-only engine step at its D in the attempt (engine log)"
+    )
+    attempt_decode_steps: int | None = Field(None, description="decode-only steps in attempt_decode_step_ms")
     engine_prefill_ms: float | None = Field(None, description="Σ of the prefill-carrying steps (engine log)")
     engine_queue_ms: float | None = Field(
         None, description="the engine's queue time of the injection (/metrics)"

@@ -175,7 +175,8 @@ def test_a_step_log_without_durations_falls_back_to_the_windows(records: list[Ru
             s.model_copy(update={"elapsed_ms": None, "reported_ms": 1.0})
             for s in r.interference.engine_steps_log
         ]
-        itf = r.interference.model_copy(update={"engine_steps_log": log, "decode_step_ms": None})
+        untimed = {"decode_step_ms": None, "attempt_decode_step_ms": None, "attempt_decode_steps": None}
+        itf = r.interference.model_copy(update={"engine_steps_log": log, **untimed})
         return r.model_copy(update={"interference": itf})
 
     fit = fit_step_model([untimed(r) for r in records])
