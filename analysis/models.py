@@ -119,7 +119,8 @@ class StepFit:
 
 
 def _design(records: list[RunRecord]) -> tuple[pd.DataFrame, str]:
-    steps, windows = steps_frame(records), windows_frame(records, only_without_log=True)
+    steps = steps_frame(records)
+    windows = windows_frame(records, only_without_log=True)
     parts = [f for f in (steps, windows) if not f.empty]
     if not parts:
         raise ValueError("no valid record to fit the step model to (every point invalid, or none)")
@@ -131,11 +132,10 @@ def _ols(frame: pd.DataFrame, cols: list[str]) -> RobustFit:
     """A robust fit on relative errors: every row divided by its measured time, so a 2 ms decode step
     counts as much as a 300 ms mixed one (step noise is multiplicative), and Huber's M-estimator
     (statsmodels RLM) so that a step a host stall stretched does not pull the coefficients. The scale
-    comes from the measurements, never from a first-stage fit, which a negative intercept can drive to 0.
-    A row weighs its ``weight`` (√n for a median of n steps: ``analysis.steps.decode_row_ms``), else 1."""
+    comes from the measurements, never from a first-stage fit, which a negative intercept can drive to 0."""
     y = np.maximum(np.abs(frame["elapsed_ms"].to_numpy(float)), 1e-3)
-    w = frame["weight"].to_numpy(float) if "weight" in frame else np.ones_like(y)
-    return huber_fit(w, frame[cols].to_numpy(float) / y[:, None] * w[:, None])
+    x = frame[cols].to_numpy(float) / y[:, None]
+    return huber_fit(np.ones_like(y), x)
 
 
 def _mape(y: np.ndarray, pred: np.ndarray) -> float:

@@ -27,15 +27,13 @@ data hold decode-only steps beside prefill ones (SGLang on CPU: ≈ 16 ms for a 
 where a decode step of 2 takes ≈ 8.5).
 
 ``steps_frame`` reads every prefill step of the valid records' ``engine_steps_log`` and one decode-only
-row per record (the median of the attempt's decode-only steps, weighted √n: ``decode_row_ms``; a ``weight``
-column says each row's weight in the fit); ``windows_frame`` gives one row per valid record *without* a
-step log, the regressors summed over its prefill window from the step model's chunk schedule in the
-record's scheduling (mixed: the decodes ride in every chunk step; exclusive: they wait).
+row per record (the median of the attempt's decode-only steps: ``decode_row_ms``); ``windows_frame``
+gives one row per valid record *without* a step log, the regressors summed over its prefill window from
+the step model's chunk schedule in the record's scheduling (mixed: the decodes ride in every chunk step;
+exclusive: they wait).
 """
 
 from __future__ import annotations
-
-import math
 
 import pandas as pd
 
@@ -124,13 +122,13 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
             if step.elapsed_ms is None:  # the engine did not report this step's duration
                 ctx += c
                 continue
-            row = {**_keys(rec), "step_index": i, "kind": "mixed", "context": float(ctx), "weight": 1.0}
+            row = {**_keys(rec), "step_index": i, "kind": "mixed", "context": float(ctx)}
             shape = StepShape(step.decode_tokens, (Chunk(c, ctx),), step.decode_tokens * dec_ctx)
             rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": step.elapsed_ms})
             ctx += c
-        decode_ms, weight = decode_row_ms(rec)
+        decode_ms = decode_row_ms(rec)
         if rec.interference.engine_steps_log and decode_ms is not None and d:
-            row = {**_keys(rec), "step_index": -1, "kind": "decode", "context": 0.0, "weight": weight}
+            row = {**_keys(rec), "step_index": -1, "kind": "decode", "context": 0.0}
             shape = StepShape(d, (), d * dec_ctx)
             rows.append(row | design_row(shape, ceiling) | {"elapsed_ms": decode_ms})
     columns = [
@@ -142,28 +140,30 @@ def steps_frame(records: list[RunRecord]) -> pd.DataFrame:
         "kind",
         *COLUMNS,
         "context",
-        "weight",
         "elapsed_ms",
     ]
     return pd.DataFrame(rows, columns=columns)
 
 
-def decode_row_ms(rec: RunRecord) -> tuple[float | None, float]:
-    """A record's decode-only step for the step-model fit and its weight: the median of every decode-only
-    step of the attempt at its D (``attempt_decode_step_ms``) weighted √n, as the mean of n steps would be
-    (a prefill step's row weighs 1); a record without it (derived before 2026-11-29) gives its local
-    baseline (``decode_step_ms``, the ~10 steps before the prefill) at weight 1, as it always had.
+def decode_row_ms(rec: RunRecord) -> float | None:
+    """A record's decode-only step for the step-model fit: the median of every decode-only step of the
+    attempt at its D (``attempt_decode_step_ms``, 25-40 steps); a record derived before 2026-11-29 gives
+    its local baseline (``decode_step_ms``, the ~10 steps before the prefill), as it always had.
 
-    Why: the decode-only step is most of a serving trace's steps, and a replay adds them up: α + β_d·D read
-    0.1 ms short at D = 1 and 0.2 ms long at D = 12 from one decode row per record among twice as many
-    prefill rows (the sim calibration's fit sweep of 2026-11-29: α 39.865 for 40.0, β_d 0.328 for 0.3),
-    which moved the replay's step grid up to 10 ms off the sim's over a 450-step busy period, and the
-    requests near a step boundary joined the step before or after (TTFT MAPE 5.6%; the sim's true step
-    model: 0.7%)."""
+    Why: the decode-only step is most of a serving trace's steps, and a replay adds them up. The local
+    baseline was more than 0.1 ms off the sim's true step in 8 of 36 attempts of the sim calibration's fit
+    sweeps (up to 2.1 ms): α 39.865 for 40.0, which moved the replay's step grid up to 10 ms off the sim's
+    over a 450-step busy period, so requests near a step boundary joined the step before or after (TTFT
+    MAPE 5.6-11.9%; with the attempt's median 0.7-1.4%, three quiet runs).
+
+    The row weighs 1, as a prefill step's row does, not √n as the mean of n independent steps would: a
+    box's slow stretches run whole attempts late, so the steps of one attempt are not independent, and
+    √n narrowed β_d's interval until two runs of one sim on a loaded box (``test_frozen_engine_fit``)
+    disagreed beyond both intervals ([0.184, 0.208] against [0.209, 0.237])."""
     itf = rec.interference
     if itf.attempt_decode_step_ms is not None and itf.attempt_decode_steps:
-        return itf.attempt_decode_step_ms, math.sqrt(itf.attempt_decode_steps)
-    return itf.decode_step_ms, 1.0
+        return itf.attempt_decode_step_ms
+    return itf.decode_step_ms
 
 
 def _timed_log(rec: RunRecord) -> bool:
@@ -196,7 +196,6 @@ def windows_frame(records: list[RunRecord], only_without_log: bool = True) -> pd
         elapsed = (
             itf.engine_prefill_time_ms if itf.engine_prefill_time_ms is not None else itf.prefill_duration_ms
         )
-        rows.append({**_keys(rec), **summed.to_dict(), "weight": 1.0, "elapsed_ms": elapsed})
-    keys = ["chunk_size", "decode_batch_size", "new_prefill_tokens", "repetition"]
-    columns = [*keys, *COLUMNS, "weight", "elapsed_ms"]
+        rows.append({**_keys(rec), **summed.to_dict(), "elapsed_ms": elapsed})
+    columns = ["chunk_size", "decode_batch_size", "new_prefill_tokens", "repetition", *COLUMNS, "elapsed_ms"]
     return pd.DataFrame(rows, columns=columns)
