@@ -65,7 +65,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # SGLang's modules, imported once at the lowest priority when the session will start SGLang: the set-up
 # installs without byte-compiling (scripts/setup-lib.sh), so the first SGLang engine would compile them
 # itself (62 s cold against 25 s warm for these imports, 2-core box, 2026-11-29). Here that happens on the
-# core the vLLM tests before it leave idle, at nice 19, so it takes no time from them.
+# core the vLLM tests before it leave idle, at nice 19, so it takes no time from them; scripts/test.sh runs
+# its no-clock pass on that core at nice 19 too, and the two share it (CI: the first SGLang test 111 s, 149
+# where that pass was longer; 132 without the warming).
 SGLANG_MODULES = (
     "sglang.launch_server",
     "sglang.srt.managers.scheduler",

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every test, in three passes (the README's test command; CI runs exactly it). Markers: pyproject.toml.
+#   clock  - tests that read the clock against the simulated engine (step times, stalls, schedule delay),
+#            two at a time (pytest -m clock -n 2): on a 2-core box they keep both cores busy.
+#   serial - tests that start a real engine (tests/conftest.py marks every e2e and gpu test), one at a time.
+#   the rest (unit tests and the like: no clock read, no engine) - beside the serial pass at nice 19. A real
+#            engine leaves most of a core idle (vLLM's CPU build steps on one thread); at nice 19 these take
+#            that idle time and yield the core whenever an engine or its client wakes.
+# Exits non-zero when any pass fails; a pass that collects no test (pytest's exit 5) fails too. Extra
+# arguments go to every pass (e.g. -x).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=.venv/bin/python
+if [ ! -x "$py" ]; then
+    echo "test: $py is missing: run bash scripts/setup.sh first" >&2
+    exit 1
+fi
+failed=()
+judge() {  # judge NAME CODE
+    case "$2" in
+        0) ;;
+        5) failed+=("$1 (collected no test)") ;;
+        *) failed+=("$1 (exit $2)") ;;
+    esac
+}
+
+"$py" -m pytest -m clock -n 2 "$@"
+judge "clock pass" $?
+
+fast_log=$(mktemp)
+trap 'rm -f "$fast_log"' EXIT
+nice -n 19 "$py" -m pytest -m "not clock and not serial" -n 2 "$@" > "$fast_log" 2>&1 &
+fast=$!
+"$py" -m pytest -m serial "$@"
+judge "serial pass" $?
+wait "$fast"
+fast_rc=$?
+echo "test: the pass beside it (not clock and not serial, nice 19):"
+cat "$fast_log"
+judge "pass at nice 19" "$fast_rc"
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "test: failed: ${failed[*]}" >&2
+    exit 1
+fi
+echo "test: every pass passed"
