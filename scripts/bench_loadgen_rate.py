@@ -11,11 +11,12 @@ sims; when they do not (2 workers beside 1 sim on a 2-core box) they share every
 no scaling figure. No core left for the workers is refused. Beside them, as a yardstick in the same run
 (row ``timer``), the same schedule kept by a bare loop on core 0 that sends nothing: the lateness the
 box's own scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per
-tick. ``sim E2E p50`` and ``sim CPU`` (the busiest sim's share of a core over the run) say whether the
-sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
-connection for the client to open). With ``--vllm``, row
-``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request function on
-asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
+tick. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core over the run) and ``sim µs/req``
+(the sims' CPU time over the run per request planned) say whether the sims kept up (a sim that falls
+behind piles requests up, and each one past the connection pool is a new connection for the client to
+open). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf,
+and its request function on asyncio's loop), pinned like one worker; its intended time is
+``start + (i+1)/rate``.
 
 The garbage collector's part: the collector passes that began in each run's sending window (every
 worker's), their longest pause, and the late sends (later than ``--knee-ms``) that a pass could explain
@@ -209,7 +210,7 @@ def one_run(
 KNEE_SENT = 0.98  # a rate counts as kept when at least this share of it was sent
 FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms",
            "gc_passes", "gc_pause_total_ms", "gc_pause_max_ms", "late_sends",
-           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max")  # fmt: skip
+           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max", "sim_cpu_us_per_request")  # fmt: skip
 
 
 def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict[str, float | None]:
@@ -275,7 +276,9 @@ def measure(
                     run = vllm_run(url, rate, args.seconds, cores)
                 else:
                     run = one_run(url, rate, args.seconds, int(row), cores, pinned[int(row)], args.knee_ms)
-                run["sim_cpu_max"] = float(max(_cpu_s(sims) - sim_cpu0) / (time.perf_counter() - wall0))
+                sim_cpu = _cpu_s(sims) - sim_cpu0
+                run["sim_cpu_max"] = float(max(sim_cpu) / (time.perf_counter() - wall0))
+                run["sim_cpu_us_per_request"] = float(sum(sim_cpu) / run["requests"] * 1e6)
                 runs.setdefault(f"{row}@{rate:g}", []).append(run)
                 print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
     return runs
@@ -322,14 +325,15 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict
 def print_report(report: dict[str, Any], knee_ms: float) -> None:
     print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
     print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
-          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'sim CPU':>8} {'GC passes':>10} "
-          f"{'GC max ms':>10} {'late near GC/late (chance)':>27}")  # fmt: skip
+          f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'sim CPU':>8} {'sim µs/req':>11} "
+          f"{'GC passes':>10} {'GC max ms':>10} {'late near GC/late (chance)':>27}")  # fmt: skip
     for row, rates in report["medians"].items():
         for rate, fig in rates.items():
             print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
                   f"{fig['worst_worker_p99_ms']:>12.3g} {fig['achieved_rate']:>11.0f} "
                   f"{fig['best_p99_ms']:>9.3g} {fig['cpu_us_per_request']:>11.0f} "
-                  f"{fig['e2e_p50_ms']:>12.3g} {fig['sim_cpu_max']:>8.0%} {fig['gc_passes']:>10.3g} "
+                  f"{fig['e2e_p50_ms']:>12.3g} {fig['sim_cpu_max']:>8.0%} "
+                  f"{fig['sim_cpu_us_per_request']:>11.0f} {fig['gc_passes']:>10.3g} "
                   f"{fig['gc_pause_max_ms']:>10.3g} "
                   f"{fig['late_sends_near_gc']:>9.0f}/{fig['late_sends']:<6.0f} "
                   f"({fig['window_share_near_gc']:.0%})")  # fmt: skip
