@@ -81,8 +81,10 @@ def _prompt_ids(prompt: Any) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(t < 0 for t in prompt):
+    # a JSON body's token ids are ints (a bool is none): checked at C speed (per-item generators took 10 µs
+    # for 16 tokens, ms for long prompts)
+    if isinstance(prompt, list) and {*map(type, prompt)} <= {int}:
+        if prompt and min(prompt) < 0:
             raise RequestError("token ids in 'prompt' must be non-negative")
         return list(prompt)
     raise RequestError("'prompt' must be a string or a list of token ids (one prompt per request)")
