@@ -35,6 +35,7 @@ from engine_harness.sim.openai_wire import (
     StreamEncoder,
     completion_body,
     error_body,
+    loads,
     new_request_id,
     parse_request,
     usage_dict,
@@ -225,7 +226,7 @@ class SimServer:
         if not self.ready:
             return _error("the engine is starting (sim slow_start fault)", 503, "ServiceUnavailableError")
         try:
-            body = await request.json()
+            body = await request.json(loads=loads)
         except ValueError:
             return _error("request body is not valid JSON", 400, "BadRequestError")
         try:
