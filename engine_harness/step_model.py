@@ -4,7 +4,7 @@ The simulated engine runs it (its ground truth), ``analysis`` fits it (the desig
 from here) and ``analysis.synthetic`` generates runs from it. A step computing ``D`` decode tokens and
 prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already in the KV cache, costs::
 
-    α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + λ·Σ ctx
+    α + κ·[Σc > 0] + β_d·D + β_c·Σc + γ·Σ c·(ctx + c/2) + δ·Σ ctx_dec + λ·(Σ ctx + [Σc > 0]·Σ ctx_dec)
 
 - ``α`` (``alpha_ms``): the fixed cost of any step;
 - ``κ`` (``prefill_fixed_ms``): the further fixed cost of a step that carries prompt tokens. On the CPU engine
@@ -20,11 +20,18 @@ prefill chunks of ``c`` tokens, each after ``ctx`` tokens of its prompt already 
   bare first chunk grows faster than linearly);
 - ``δ`` (``delta_ns``): a decode token's attention to its own request's context (``ctx_dec``), which grows
   while a batch is reused;
-- ``λ`` (``lambda_ns``): per prefill chunk, a cost per token of the context its request already holds,
-  whatever the chunk's size. SGLang on CPU (``torch_native`` attention) pays it: per request of an extend
-  batch it gathers the request's whole KV from the pool and runs its attention alone; in
-  that run's workloads a chunk of 87–147 tokens after 2048 of its prompt took
-  30–34 ms where the same chunk at context 0 takes ≈ 20 ms. 0 unless a fit finds it.
+- ``λ`` (``lambda_ns``): per request a prefill-carrying step extends, a cost per token of the context that
+  request already holds, whatever the tokens it adds. SGLang on CPU (``torch_native`` attention) pays it:
+  per request of an extend batch it gathers the request's whole KV from the pool and runs its attention
+  alone; in that run's workloads a chunk of 87–147 tokens after 2048 of its prompt took
+  30–34 ms where the same chunk at context 0 takes ≈ 20 ms. A decode riding in a prefill-carrying step
+  (mixed scheduling: SGLang ``--enable-mixed-chunk`` runs it as a one-token extend request of that batch)
+  pays it too, on its own context (``Σ ctx_dec``): in the mixed-chunk calibration sweep of 2026-11-28
+  21:46 UTC a riding decode cost ≈ 8 ms against 1–3 ms in a decode-only step; λ over every extend request's
+  context lifted that fit's R² from 0.72 to 0.86 (leave-one-P-out 21.7% → 14.7%), where a coefficient of
+  its own for the riders came out alike (15.4 µs against λ 13.6) and held out worse (15.5%). In a
+  decode-only step, and in a prefill step the decodes do not ride in (exclusive), there is none. 0 unless a
+  fit finds it.
 
 On a GPU whose engine runs CUDA graphs (vLLM: steps up to ``max_cudagraph_capture_size`` tokens, 512 by
 default), a step above that ceiling runs eagerly: it pays ``eager_ms`` more (kernel launches a graph
@@ -103,8 +110,14 @@ class StepShape:
 
     @property
     def prefill_context(self) -> float:
-        """Σ ctx over the chunks: the λ term's multiplier (context each chunk's request already holds)."""
+        """Σ ctx over the chunks (context each chunk's request already holds: the λ term without riders)."""
         return float(sum(c.context for c in self.chunks))
+
+    @property
+    def extend_context(self) -> float:
+        """The λ term's multiplier: Σ ctx over every request a prefill-carrying step extends, its chunks
+        and the decodes riding with them; 0 in a decode-only step."""
+        return self.prefill_context + self.decode_context if self.chunks else 0.0
 
     @property
     def chunk_context(self) -> float:
@@ -136,7 +149,10 @@ class StepModel(StrictModel):
         default=0.0, ge=0, le=10_000, description="extra fixed cost of a step carrying prompt tokens (ms)"
     )
     lambda_ns: float = Field(
-        default=0.0, ge=0, le=1e6, description="per prefill chunk × its request's context already cached (ns)"
+        default=0.0,
+        ge=0,
+        le=1e6,
+        description="per request a prefill-carrying step extends (chunk or riding decode) × its context (ns)",
     )
     eager_ms: float = Field(
         default=0.0,
@@ -157,7 +173,7 @@ class StepModel(StrictModel):
             + self.beta_c_ms * shape.prefill_tokens
             + self.gamma_ns * 1e-6 * shape.chunk_attention
             + self.delta_ns * 1e-6 * shape.decode_context
-            + self.lambda_ns * 1e-6 * shape.prefill_context
+            + self.lambda_ns * 1e-6 * shape.extend_context
             + self.eager_ms * is_eager(shape, self.cuda_graph_max_tokens)
         )
 
@@ -174,15 +190,17 @@ def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
 # The design matrix of the linear fit: one column per term, in ms-consistent units, so that a column's
 # coefficient is the parameter ``PARAMS[column]`` (attention and context columns are in millions of
 # tokens, so their coefficient in ms is the parameter in ns). ``c_ctx_m`` is the cached-context-only
-# alternative to ``c_attn_m`` (both estimate γ); ``prefill_steps`` (1 for a step carrying prompt tokens)
+# alternative to ``c_attn_m`` (both estimate γ), ``p_ctx_m`` (the chunks' context, not the riding decodes')
+# the alternative to ``e_ctx_m`` (both estimate λ; equal where no decode rides in a prefill step: exclusive
+# scheduling); ``prefill_steps`` (1 for a step carrying prompt tokens)
 # is fitted where the data hold decode-only steps beside prefill ones, ``eager_steps`` (1 for a step above
 # the CUDA-graph ceiling) where they hold steps on both sides of one; ``MODEL_COLUMNS`` are the model's own.
 COLUMNS = [
     "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_ctx_m", "c_attn_m", "d_ctx_m",
-    "p_ctx_m", "eager_steps",
+    "p_ctx_m", "e_ctx_m", "eager_steps",
 ]  # fmt: skip
 MODEL_COLUMNS = [
-    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "p_ctx_m",
+    "n_steps", "prefill_steps", "decode_tokens", "prefill_tokens", "c_attn_m", "d_ctx_m", "e_ctx_m",
     "eager_steps",
 ]  # fmt: skip
 PARAMS = {
@@ -194,6 +212,7 @@ PARAMS = {
     "c_attn_m": "gamma_ns",
     "d_ctx_m": "delta_ns",
     "p_ctx_m": "lambda_ns",
+    "e_ctx_m": "lambda_ns",
     "eager_steps": "eager_ms",
 }
 
@@ -211,6 +230,7 @@ def design_row(shape: StepShape, cuda_graph_max_tokens: int | None = 0) -> dict[
         "c_attn_m": shape.chunk_attention / 1e6,
         "d_ctx_m": shape.decode_context / 1e6,
         "p_ctx_m": shape.prefill_context / 1e6,
+        "e_ctx_m": shape.extend_context / 1e6,
         "eager_steps": float(is_eager(shape, cuda_graph_max_tokens)),
     }
 

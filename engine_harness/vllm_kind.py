@@ -33,6 +33,8 @@ def vllm_argv(spec: SpecFields, port: int) -> list[str]:
     argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    if not spec.torch_compile:
+        argv += ["--compilation-config", '{"mode": 0}']
     argv += option("--max-model-len", spec.max_model_len) + option("--max-num-seqs", spec.max_num_seqs)
     argv += option("--gpu-memory-utilization", spec.gpu_memory_utilization)
     argv += option("--block-size", spec.block_size) + option("--load-format", spec.load_format)

@@ -18,7 +18,7 @@
 # with vLLM's (CPU build: torch 2.13; CUDA vLLM 0.33: torch 2.14.0; SGLang 0.5.23: torch 2.14.1), so one
 # box holds both engines for a vLLM-vs-SGLang A/B. The suite in .venv starts SGLang with that
 # environment's Python and never imports it. A fresh .venv set up for SGLang alone gets no vLLM.
-# With CI=true (or SETUP_SGLANG_CPU=1) on a box without a GPU, .venv-sglang is set up after the suite's
+# With CI=true (or SETUP_SGLANG_CPU=1) on a box without a GPU, .venv-sglang is set up beside the suite's
 # own environment, so the test command also runs the SGLang tier (pytest -m sglang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 
 engine=${SETUP_ENGINE:-auto}
-sglang=""  # cpu or gpu: set up .venv-sglang after .venv
+sglang=""  # cpu or gpu: set up .venv-sglang too
 case "$engine" in
     sglang) if has_gpu; then sglang=gpu; else sglang=cpu; fi ;;
     sglang-cpu) sglang=cpu ;;
@@ -64,9 +64,19 @@ esac
 if [ "${SETUP_RAY:-1}" = 0 ]; then extras=${extras%,ray}; fi
 use_lock "$lock"
 
+# SGLang's environment installs beside the suite's: two pip processes keep the two cores busy where one
+# left the second idle (CI's set-up: 175 s + 179 s one after the other, 2026-11-28). Its lines are
+# prefixed; finish waits for it and fails with it.
+sglang_pid=""
+if [ -n "$sglang" ]; then
+    ( set -o pipefail; PYTHON="$PYTHON" bash scripts/setup-sglang.sh "$sglang" 2>&1 | sed -u 's/^/[sglang] /' ) &
+    sglang_pid=$!
+    trap 'kill "$sglang_pid" 2>/dev/null || true' EXIT  # the suite's set-up failed: stop SGLang's too
+fi
+
 finish() {
-    if [ -n "$sglang" ]; then
-        PYTHON="$PYTHON" bash scripts/setup-sglang.sh "$sglang"
+    if [ -n "$sglang_pid" ]; then
+        wait "$sglang_pid" || { echo "setup: SGLang's environment failed (its [sglang] lines above)" >&2; exit 1; }
     fi
     exit 0
 }

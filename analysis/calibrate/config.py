@@ -32,7 +32,7 @@ from analysis.table import load_manifest, load_records
 from benchcore.schema import StrictModel
 from engine_harness.model_kv import read_model_kv
 from engine_harness.scheduler_model import SchedulerMode
-from engine_harness.spec import MODELS_DIR
+from engine_harness.spec import MODELS_DIR, SpecFields
 from engine_harness.step_model import StepModel
 from microbench.results.records import RunRecord
 
@@ -164,6 +164,8 @@ def _physical_fit(records: list[RunRecord], candidate: str | None) -> StepFit:
 # Engine-spec keys that say where or how an engine was reached or logged, not what it computes: two sweep
 # runs whose specs differ only in these measured the same engine.
 _SPEC_PLACE = frozenset({"python", "host", "port", "url", "api_key_env", "log_iteration_details"})
+# A setting a manifest predates (torch_compile, added 2026-11-28) is the default the engine ran with.
+_SPEC_DEFAULTS = {n: f.get_default(call_default_factory=True) for n, f in SpecFields.model_fields.items()}
 
 
 def _pooled_records(run_dirs: Sequence[Path]) -> tuple[dict[str, Any], list[RunRecord]]:
@@ -175,7 +177,7 @@ def _pooled_records(run_dirs: Sequence[Path]) -> tuple[dict[str, Any], list[RunR
         manifest = load_manifest(run_dir)
         if manifest is None:
             raise ValueError(f"{run_dir} has no manifest.json: not a sweep run folder")
-        this = {k: v for k, v in manifest.engine_spec.items() if k not in _SPEC_PLACE}
+        this = {k: v for k, v in (_SPEC_DEFAULTS | manifest.engine_spec).items() if k not in _SPEC_PLACE}
         this["engine_version"] = manifest.engine_version
         if spec is None:
             spec = this

@@ -87,6 +87,27 @@ def step_rows(report: CalibrationReport) -> list[list[str]]:
     ]  # fmt: skip
 
 
+SHAPE_COLUMNS = [
+    "kind", "band", "real steps", "real median ms", "real median decodes", "predicted steps",
+    "predicted median ms", "predicted median decodes",
+]  # fmt: skip
+SHAPE_NOTE = (
+    "Timed steps by shape: decode-only ones by their batch, prefill-carrying ones by their prompt tokens "
+    "(decodes: the requests decoding in the step). Where a band's medians part, the step model misprices "
+    "that shape, or the engine ran it slower than in the sweep; where they agree and the requests' errors "
+    "remain, the schedule differs."
+)
+
+
+def shape_rows(report: CalibrationReport) -> list[list[str]]:
+    """The step-time-by-shape table's rows (none without an engine log)."""
+    return [
+        [b.kind, b.band, str(b.real_steps), _f(b.real_median_ms, ".1f"), _f(b.real_median_decodes, "g"),
+         str(b.predicted_steps), _f(b.predicted_median_ms, ".1f"), _f(b.predicted_median_decodes, "g")]
+        for b in (report.steps.bands if report.steps is not None else [])
+    ]  # fmt: skip
+
+
 BAND_COLUMNS = ["prompt tokens", "requests", "TTFT median err %", "TPOT median err %", "E2E median err %"]
 BAND_NOTE = (
     "The compared requests in four bands of equal count by prompt length: an error that moves with the "
@@ -157,6 +178,13 @@ def markdown(report: CalibrationReport, figures: bool = True) -> str:
             "|" + "---|" * len(STEP_COLUMNS),
         ]
         md += ["| " + " | ".join(r) + " |" for r in step_rows(report)] + ["", _steps_note(report)]
+    if shape := shape_rows(report):
+        md += ["", "## Step time by shape", "", "| " + " | ".join(SHAPE_COLUMNS) + " |"]
+        md += (
+            ["|" + "---|" * len(SHAPE_COLUMNS)]
+            + ["| " + " | ".join(r) + " |" for r in shape]
+            + ["", SHAPE_NOTE]
+        )
     if report.by_prompt:
         md += ["", "## Error by prompt length", "", "| " + " | ".join(BAND_COLUMNS) + " |"]
         md += ["|" + "---|" * len(BAND_COLUMNS)] + ["| " + " | ".join(r) + " |" for r in band_rows(report)]
@@ -228,6 +256,9 @@ def write_pages(report: CalibrationReport, out_dir: Path) -> list[Path]:
         step_columns=STEP_COLUMNS,
         step_rows=step_rows(report),
         steps_note=_steps_note(report),
+        shape_columns=SHAPE_COLUMNS,
+        shape_rows=shape_rows(report),
+        shape_note=SHAPE_NOTE,
         band_columns=BAND_COLUMNS,
         band_rows=band_rows(report),
         band_note=BAND_NOTE,

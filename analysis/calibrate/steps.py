@@ -4,16 +4,19 @@ The real engine's steps come from its log (vLLM's iteration-details lines, SGLan
 by ``engine_harness.steps``), kept where their stamps fall inside the trace (the header's session start
 plus the first send to the last chunk); the predicted ones are the replay's step log (``steps.parquet``).
 Compared: the number of steps, prompt and decode tokens in all, the share of steps that carry both (mixed),
-tokens per step (median, and two-sample KS), and the median step time of prefill-carrying and of decode-only
-steps. Where the engine's log cannot time a step that began on an idle engine (SGLang), the replay's steps
-that began on an idle engine are left out of its medians too: like with like (on the first SGLang calibration
-run, 2026-11-25 14:50 UTC, the median prefill step of all replayed steps was 41.6 ms, of those that began on a
-busy engine 45.3, against the engine's 49.4).
+tokens per step (median, and two-sample KS), the median step time of prefill-carrying and of decode-only
+steps, and the median step time shape by shape (``step_bands``: decode-only steps by batch, prefill-carrying
+ones by prompt tokens), which tells a mispriced step from a different schedule. Where the engine's log
+cannot time a step that began on an idle engine (SGLang), the replay's steps that began on an idle engine are
+left out of its medians too: like with like (on the first SGLang calibration run, 2026-11-25 14:50 UTC, the
+median prefill step of all replayed steps was 41.6 ms, of those that began on a busy engine 45.3, against the
+engine's 49.4).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -24,7 +27,10 @@ from benchcore.schema import StrictModel
 from engine_harness.steps import parse_iteration_lines, parse_sglang_step_lines, sglang_settings
 from microbench.results.trace import TraceHeader
 
-__all__ = ["StepComposition", "StepSide", "engine_log_steps", "replay_began_idle", "step_composition"]
+__all__ = [
+    "StepBand", "StepComposition", "StepSide", "engine_log_steps", "replay_began_idle", "step_bands",
+    "step_composition",
+]  # fmt: skip
 
 
 class StepSide(StrictModel):
@@ -39,6 +45,19 @@ class StepSide(StrictModel):
     median_decode_step_ms: float | None
 
 
+class StepBand(StrictModel):
+    """The timed steps of one shape band, real against predicted."""
+
+    kind: Literal["decode-only", "prefill-carrying"]
+    band: str = Field(description="decode-only: requests in the batch; prefill-carrying: prompt tokens")
+    real_steps: int
+    real_median_ms: float | None
+    real_median_decodes: float | None = Field(description="median decode requests in the band's steps")
+    predicted_steps: int
+    predicted_median_ms: float | None
+    predicted_median_decodes: float | None
+
+
 class StepComposition(StrictModel):
     """The real engine's steps during the trace against the replay's."""
 
@@ -47,6 +66,7 @@ class StepComposition(StrictModel):
     predicted: StepSide
     tokens_ks_d: float
     tokens_ks_p: float
+    bands: list[StepBand] = Field(default_factory=list, description="step time shape by shape (step_bands)")
 
 
 def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.DataFrame:
@@ -114,6 +134,52 @@ def _side(prefill: np.ndarray, decode: np.ndarray, ms: np.ndarray) -> StepSide:
     )
 
 
+# Bands (inclusive upper bounds): decode-only steps by their batch, prefill-carrying ones by prompt tokens.
+_DECODE_EDGES = (1, 2, 4, 8, 16)
+_PROMPT_EDGES = (256, 1024, 2048)
+
+
+def _band_names(edges: tuple[int, ...]) -> list[str]:
+    lows = (1, *(e + 1 for e in edges))
+    names = [str(lo) if lo == hi else f"{lo}–{hi}" for lo, hi in zip(lows, edges, strict=False)]
+    return [*names, f"{lows[-1]}+"]
+
+
+def _in_band(band: np.ndarray, ms: np.ndarray, dec: np.ndarray) -> tuple[int, float | None, float | None]:
+    """Steps in the band (``band`` is the mask), their median ms and median decode requests."""
+    n = int(band.sum())
+    return (n, float(np.median(ms[band])), float(np.median(dec[band]))) if n else (0, None, None)
+
+
+def step_bands(
+    real: tuple[np.ndarray, np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> list[StepBand]:
+    """Timed steps (``prefill tokens, decode requests, ms``; untimed ones NaN) grouped by shape, real against
+    predicted: decode-only by their batch (1, 2, 3–4, 5–8, 9–16, 17+), prefill-carrying by their prompt
+    tokens (1–256, 257–1024, 1025–2048, 2049+); bands neither side has are left out. Where one band's
+    medians part, the step model misprices that shape (or the engine ran it slower than in the sweep);
+    where they agree and the requests' errors remain, the schedule differs."""
+    out = []
+    kinds: tuple[tuple[Literal["decode-only", "prefill-carrying"], tuple[int, ...]], ...] = (
+        ("decode-only", _DECODE_EDGES), ("prefill-carrying", _PROMPT_EDGES),
+    )  # fmt: skip
+    for kind, edges in kinds:
+        sides = []
+        for pre, dec, ms in (real, predicted):
+            carries = pre > 0
+            timed = np.isfinite(ms) & (carries if kind == "prefill-carrying" else ~carries & (dec > 0))
+            key = (pre if kind == "prefill-carrying" else dec)[timed]
+            sides.append((np.searchsorted(edges, key, side="left"), ms[timed], dec[timed]))
+        for i, name in enumerate(_band_names(edges)):
+            (rn, r_ms, r_dec), (pn, p_ms, p_dec) = (_in_band(band == i, ms, dec) for band, ms, dec in sides)
+            if rn or pn:
+                out.append(StepBand(
+                    kind=kind, band=name, real_steps=rn, real_median_ms=r_ms, real_median_decodes=r_dec,
+                    predicted_steps=pn, predicted_median_ms=p_ms, predicted_median_decodes=p_dec,
+                ))  # fmt: skip
+    return out
+
+
 def step_composition(real: pd.DataFrame, predicted: pd.DataFrame, engine_log: str) -> StepComposition:
     """Compare the real steps (``engine_log_steps``) with the replay's (``steps.parquet``); where the real
     ones say which began on an idle engine (untimed), the replay's that did are not timed either."""
@@ -122,11 +188,13 @@ def step_composition(real: pd.DataFrame, predicted: pd.DataFrame, engine_log: st
     p_ms = predicted["duration_ns"].to_numpy(float) / 1e6
     if "began_idle" in real:
         p_ms[replay_began_idle(predicted)] = np.nan
+    r_ms = real["elapsed_ms"].to_numpy(float, na_value=np.nan)
     d, p = ks_two_sample(r_pre + r_dec, p_pre + p_dec)
     return StepComposition(
         engine_log=engine_log,
-        real=_side(r_pre, r_dec, real["elapsed_ms"].to_numpy(float, na_value=np.nan)),
+        real=_side(r_pre, r_dec, r_ms),
         predicted=_side(p_pre, p_dec, p_ms),
         tokens_ks_d=d,
         tokens_ks_p=p,
+        bands=step_bands((r_pre, r_dec, r_ms), (p_pre, p_dec, p_ms)),
     )

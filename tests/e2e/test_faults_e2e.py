@@ -43,7 +43,7 @@ def test_sigkill_of_engine_core_mid_point_is_survived(tmp_path: Path) -> None:
         "repetitions": 2,
         "decode_context": 1024,
         "max_attempts": 1,
-        "engine": {"preset": "cpu", "max_model_len": 16384, "cpu_kvcache_gib": 2},
+        "engine": {"preset": "cpu", "max_model_len": 16384, "cpu_kvcache_gib": 2, "torch_compile": False},
     }
     cfg = tmp_path / "sweep.yaml"
     cfg.write_text(yaml.safe_dump(sweep))

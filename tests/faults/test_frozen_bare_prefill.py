@@ -5,12 +5,15 @@ reason and measured again, and ``analysis.rederive`` reaches the same verdicts f
 
 from __future__ import annotations
 
+import pytest
 from fault_checks import Place, assert_intact, frozen_sweep
 
 from analysis.rederive import rederive_run
 from microbench.results.layout import RunFolder
 from microbench.results.records import RunRecord, read_record
 from microbench.results.validity import IN_CELL
+
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
 
 # one 512-token chunk of about 1 s (2 ms a token), so the freeze lands inside the prefill
 GRID = {"decode_batch_sizes": [0], "prefill_tokens": [512], "repetitions": 3, "max_attempts": 3}

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fault_checks import Place, frozen_sweep
 
 from analysis.models import fit_step_model
 from analysis.table import load_records
 from microbench.results.records import Observation, read_record
+
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
 
 # enough P and D to fit every term; a seeded 3 % jitter so the intervals have a width
 GRID = {"decode_batch_sizes": [0, 2, 4], "prefill_tokens": [256, 512, 1024, 2048], "repetitions": 2}

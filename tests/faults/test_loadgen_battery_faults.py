@@ -15,6 +15,8 @@ from microbench.battery.cli import main as battery
 from microbench.loadgen.cli import main as loadgen
 from microbench.loadgen.trace import read_trace
 
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
+
 BAD_UNIFORM = """name: bad
 seed: 1
 aggregate_rate: 5

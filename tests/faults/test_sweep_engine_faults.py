@@ -31,6 +31,8 @@ from microbench.results.faults import infrastructure_reasons
 from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
+
 
 def _notes(out: Path) -> list[str]:
     return list(json.loads((out / "manifest.json").read_text())["notes"])

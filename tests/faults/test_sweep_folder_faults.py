@@ -26,6 +26,8 @@ from microbench.results.records import RunRecord, read_record
 from microbench.sweep.cli import main
 from microbench.transfer.cli import main as transfer
 
+pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
+
 SMALL = {"repetitions": 2}  # 4 points: enough to damage one and resume
 
 

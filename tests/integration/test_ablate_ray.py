@@ -22,7 +22,7 @@ from microbench.ablate.cli import main
 from microbench.results.records import Observation, RunRecord, read_record
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP_A = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
 STEP_B = ["--alpha-ms", "5.2", "--beta-d-ms", "0.26", "--beta-c-ms", "0.026", "--gamma-ns", "26"]

@@ -12,7 +12,7 @@ from microbench.ablate.cli import main
 from microbench.measure.shard import Shard
 from microbench.results.layout import AblateFolder, job_folder
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 # Steps of 20-40 ms: a loaded host's late wake-ups (a few ms a step, one-sided) stay a small share of each.
 STEP_A = ["--alpha-ms", "8", "--beta-d-ms", "0.4", "--beta-c-ms", "0.04", "--gamma-ns", "40"]

@@ -22,7 +22,7 @@ from microbench.battery.profiles import profile
 from microbench.battery.render import markdown_minimum
 from microbench.battery.runner import run_battery
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 S, P, OUT = 4, 64, 16
 STEP = SimStepModel(alpha_ms=10.0, beta_d_ms=0.1, beta_c_ms=0.01, gamma_ns=0.0)

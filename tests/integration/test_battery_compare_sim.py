@@ -16,7 +16,7 @@ from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery, write_report
 from microbench.workloads.prompts import PromptFactory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP = SimStepModel(alpha_ms=8.0, beta_d_ms=0.1, beta_c_ms=0.02, gamma_ns=2.0)
 SIM = SimConfig(model="sim", max_num_batched_tokens=2048, max_num_seqs=8, step=STEP, time_scale=0.5, seed=1)

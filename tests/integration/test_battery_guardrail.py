@@ -15,7 +15,7 @@ from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
 from microbench.battery.sections.guardrail import GuardrailData
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 TINY = profile("quick", output_cap=16, warmup_requests=4, probe_requests=12, level_duration_s=0.6)
 SERIAL = EngineOverrides({"max_num_seqs": 1})

@@ -12,7 +12,7 @@ from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import profile
 from microbench.battery.runner import run_battery
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 SIM = SimConfig(model="sim", max_num_seqs=8, step=SimStepModel(alpha_ms=4.0), seed=2)
 TINY = profile(

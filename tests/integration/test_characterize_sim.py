@@ -25,7 +25,7 @@ from microbench.characterize.budget import BudgetSearchPlan, Candidate, search_b
 from microbench.characterize.cli import main
 from microbench.characterize.probes import ProbeLimits
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 CONFIG = Path(__file__).resolve().parents[2] / "sweeps" / "characterize" / "sim-memory.yaml"
 BOUNDARY = 35904

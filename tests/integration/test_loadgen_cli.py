@@ -20,7 +20,7 @@ from microbench.loadgen import session as session_module
 from microbench.loadgen.cli import main
 from microbench.loadgen.trace import read_metrics, read_trace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 _CHATML_OVERHEAD = 19  # <|im_start|>user\n … <|im_end|>\n<|im_start|>assistant\n around the text
 

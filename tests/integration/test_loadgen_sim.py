@@ -23,7 +23,7 @@ from microbench.workloads.prompts import PromptFactory
 from microbench.workloads.schedulers import parse_scheduler
 from microbench.workloads.spec import WorkloadSpec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 
 def _workload(output: int = 8, **client: Any) -> Workload:

@@ -13,7 +13,7 @@ from microbench.client.requests import completion_body
 from microbench.client.streams import StreamRecord, stream_request
 from microbench.workloads.prompts import PromptFactory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 OUTPUT = 1000
 

@@ -24,7 +24,7 @@ from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
 RAY = ["--executor", "ray", "--shard-cpus", "1"]  # two shards at once on this 2-core box, a core each

@@ -18,7 +18,7 @@ from microbench.route.predicted import predicted_policy
 from microbench.route.report import RouteReport
 from microbench.route.workload import COLD, RouteWorkload, shapes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP = StepModel(alpha_ms=20, beta_d_ms=0.5, beta_c_ms=0.05, gamma_ns=20)
 SETUP_MS, GBIT, BYTES = 400.0, 1.0, 8192  # a slow hand-off: small prompts must stay local

@@ -18,7 +18,7 @@ from microbench.results.layout import RouteFolder
 from microbench.route.cli import main
 from microbench.route.workload import COLD, RouteWorkload
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 
 def test_the_table_replays_decode_pauses_are_the_local_prefills_it_predicted(tmp_path: Path) -> None:

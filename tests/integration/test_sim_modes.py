@@ -11,7 +11,7 @@ import pytest
 from engine_harness.sim import SimConfig, SimServer, SimStepModel
 from microbench.client.streams import StreamRecord, stream_request
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 USAGE_OPTS = {"include_usage": True, "continuous_usage_stats": True}
 

@@ -19,7 +19,7 @@ import yaml
 from microbench.results.records import Observation, RunRecord, read_record
 from microbench.sweep.cli import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
 

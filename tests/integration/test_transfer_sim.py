@@ -21,7 +21,7 @@ from microbench.results.records import read_record
 from microbench.results.transfer import TransferRecord
 from microbench.transfer.cli import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
 STEP_ARGS = ["--alpha-ms", "4", "--beta-d-ms", "0.2", "--beta-c-ms", "0.02", "--gamma-ns", "20"]
 STEP_ARGS += ["--enable-prompt-tokens-details"]  # usage.cached_tokens, as the suite runs vLLM

@@ -108,6 +108,21 @@ def test_a_prefill_step_s_fixed_cost_and_a_cached_context_cost_are_found(tmp_pat
     assert fit.params["alpha_ms"] == pytest.approx(5.0, rel=0.10)
 
 
+def test_a_cached_context_cost_on_the_riding_decodes_too_is_found_in_a_mixed_run(tmp_path: Path) -> None:
+    # SGLang --enable-mixed-chunk on CPU: the decodes riding in a prefill step are extend requests of it
+    # and pay λ on their own context (each 2048 tokens here) like the chunks on theirs
+    params = StepModel(
+        alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, prefill_fixed_ms=6.0, lambda_ns=7000.0
+    )
+    fit = fit_step_model(load_records(synthesize_run(tmp_path / "ride", params=params, **GRID)))  # type: ignore[arg-type]
+    assert fit.model == "c·(ctx + c/2) + λ·ctx per extend request", fit.selection
+    assert fit.r2 > 0.99
+    for name in ("alpha_ms", "beta_d_ms", "prefill_fixed_ms", "lambda_ns"):
+        assert fit.params[name] == pytest.approx(getattr(params, name), rel=0.10), name
+    riding = StepShape(8, (Chunk(1000, 2040),), 8 * 2100.0)  # a second chunk next to 8 decodes
+    assert fit.step_ms(riding) == pytest.approx(params.step_ms(riding), rel=0.03)
+
+
 def test_a_prefill_step_s_fixed_cost_alone_is_found_without_a_context_term(tmp_path: Path) -> None:
     params = StepModel(alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.035, gamma_ns=2.0, prefill_fixed_ms=6.0)
     grid = {**GRID, "scheduling": "exclusive"}

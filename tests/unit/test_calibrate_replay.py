@@ -227,6 +227,25 @@ def test_sweeps_of_two_engines_are_not_pooled(tmp_path: Path) -> None:
         fit_to_sim([a, b])
 
 
+def test_a_manifest_that_predates_a_setting_pools_with_its_default_and_not_with_another_value(
+    tmp_path: Path,
+) -> None:
+    grid = {"chunks": (2048,), "decode_batches": (0, 1, 2, 4), "prefill_tokens": (128, 512, 1024, 2176, 3072)}
+    old, new, eager = (
+        synthesize_run(tmp_path / name, **grid, repetitions=1, noise=0.01, seed=seed, scheduling="exclusive")
+        for seed, name in enumerate(("old", "new", "eager"))
+    )
+    for run, value in ((old, None), (new, True), (eager, False)):
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["engine_spec"].pop("torch_compile", None)
+        if value is not None:
+            manifest["engine_spec"]["torch_compile"] = value
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    assert fit_to_sim([old, new]).fit.pooled == [str(new)]  # torch.compile on: the default it ran with
+    with pytest.raises(ValueError, match=r"torch_compile: True vs False"):
+        fit_to_sim([old, eager])
+
+
 def test_a_fit_no_p_can_be_held_out_of_says_so_and_its_settings_read_back(tmp_path: Path) -> None:
     # three single-chunk P values beside decode-only rows: α + κ, β_c and γ need all three of them
     truth = StepModel(alpha_ms=1.5, prefill_fixed_ms=6.0, beta_d_ms=0.2, beta_c_ms=0.04, gamma_ns=12.0)
@@ -257,6 +276,18 @@ def test_replay_runs_sglang_exclusive_steps() -> None:
     shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
     assert shapes == [(100, 0), (512, 0), (488, 0), (0, 1), (0, 1), (0, 1)]
     assert result.token_ns["b"] == [result.steps[2]["t_start_ns"] + result.steps[2]["duration_ns"]]
+
+
+def test_replay_prices_the_decodes_riding_in_a_sglang_mixed_step_with_lambda() -> None:
+    step = StepModel(alpha_ms=1.0, beta_d_ms=0.1, beta_c_ms=0.05, gamma_ns=0.0, lambda_ns=10_000.0)
+    a, b = ReplayRequest("a", 0, list(range(100)), 4), ReplayRequest("b", 3 * MS, list(range(900, 1900)), 1)
+    result = replay([a, b], _settings(mode="sglang-mixed", max_num_batched_tokens=512, step=step))
+    shapes = [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps]
+    assert shapes == [(100, 0), (511, 1), (489, 1), (0, 1)]
+    # a's decode rides in b's chunks as an extend request: λ on its context (100, then 101) beside the
+    # chunk's (0, then 511); 1 + 0.1 + 0.05 · 511 + 0.01 · 100 = 27.65, 1 + 0.1 + 0.05 · 489 + 0.01 · 612 =
+    # 31.67; alone, a's decode step pays no λ (1.1)
+    assert [s["duration_ns"] for s in result.steps] == [6 * MS, 27_650_000, 31_670_000, 1_100_000]
 
 
 def test_a_candidate_the_grid_cannot_check_is_not_the_physical_fallback(

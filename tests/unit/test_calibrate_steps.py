@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibrate.steps import engine_log_steps, step_composition
+from analysis.calibrate.steps import engine_log_steps, step_bands, step_composition
 from microbench.results.trace import TraceHeader
 
 START_S = 1_700_000_000.0
@@ -119,3 +120,34 @@ def test_sglang_steps_read_the_mixed_flag_and_drop_idle_intervals(tmp_path: Path
     assert c.real.median_prefill_step_ms == pytest.approx(50.0, abs=1e-3)
     assert c.predicted.median_prefill_step_ms == pytest.approx(40.0)
     assert c.predicted.median_decode_step_ms == pytest.approx(10.0)
+
+
+def test_step_time_by_shape_bands_each_side_and_leaves_untimed_steps_out() -> None:
+    nan = float("nan")
+    real = (
+        np.array([0, 0, 0, 300, 300, 3000, 0.0]),  # prompt tokens
+        np.array([1, 3, 4, 2, 0, 5, 2.0]),  # decode requests
+        np.array([10, 20, 30, 100, 80, 400, nan]),  # ms; the last began idle: untimed
+    )
+    predicted = (np.array([0, 300, 0.0]), np.array([1, 6, 0.0]), np.array([12, 90, 5.0]))
+    bands = {(b.kind, b.band): b for b in step_bands(real, predicted)}
+    assert list(bands) == [
+        ("decode-only", "1"),
+        ("decode-only", "3–4"),
+        ("prefill-carrying", "257–1024"),
+        ("prefill-carrying", "2049+"),
+    ]  # fmt: skip  (the untimed 2-decode step has no band; a step of no tokens is neither kind)
+    one = bands["decode-only", "1"]
+    assert (one.real_steps, one.real_median_ms, one.predicted_steps, one.predicted_median_ms) == (
+        1,
+        10,
+        1,
+        12,
+    )
+    three = bands["decode-only", "3–4"]
+    assert (three.real_steps, three.real_median_ms, three.real_median_decodes) == (2, 25, 3.5)
+    assert (three.predicted_steps, three.predicted_median_ms) == (0, None)
+    mid = bands["prefill-carrying", "257–1024"]
+    assert (mid.real_steps, mid.real_median_ms, mid.real_median_decodes) == (2, 90, 1)  # decodes 2 and 0
+    assert (mid.predicted_steps, mid.predicted_median_ms, mid.predicted_median_decodes) == (1, 90, 6)
+    assert bands["prefill-carrying", "2049+"].real_median_ms == 400

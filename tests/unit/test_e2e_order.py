@@ -15,18 +15,37 @@ ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 def _item(name: str, *marks: str, shared: bool = False) -> Any:
     fixtures = ["tmp_path"] + (["vllm_engine"] if shared else [])
-    return SimpleNamespace(name=name, keywords=dict.fromkeys(marks, True), fixturenames=fixtures)
+    added: list[str] = []
+    keywords = dict.fromkeys(marks, True)
+
+    def add_marker(mark: Any) -> None:  # as pytest's: the mark is a keyword from then on
+        added.append(mark.name)
+        keywords[mark.name] = True
+
+    return SimpleNamespace(
+        name=name,
+        nodeid=f"tests/x.py::{name}",
+        keywords=keywords,
+        fixturenames=fixtures,
+        added=added,
+        add_marker=add_marker,
+    )
 
 
-def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_after_them(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _root_conftest(request: pytest.FixtureRequest) -> Any:
     # the module pytest loaded (``import conftest`` may find tests/faults/conftest.py instead)
     (conftest,) = [
         p
         for p in request.config.pluginmanager.get_plugins()
         if getattr(p, "__file__", None) == str(ROOT_CONFTEST)
     ]
+    return conftest
+
+
+def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_after_them(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conftest = _root_conftest(request)
     monkeypatch.setattr(conftest, "_has_gpu", lambda: True)  # no skip markers on these stand-ins
     items = [
         _item("sweep_e2e", "e2e"),
@@ -38,6 +57,13 @@ def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_a
     ]
     conftest.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
     assert [i.name for i in items] == ["unit", "sim", "battery_e2e", "stream_e2e", "sweep_e2e", "dying_e2e"]
+    # every real-engine test runs in the serial pass (pytest -m serial), never beside another test
+    assert {i.name for i in items if "serial" in i.added} == {
+        "battery_e2e",
+        "stream_e2e",
+        "sweep_e2e",
+        "dying_e2e",
+    }
 
     stopped: list[str] = []
     monkeypatch.setattr(conftest, "_stop_shared", [lambda: stopped.append("engine")])
@@ -46,3 +72,11 @@ def test_shared_engine_tests_run_first_among_the_e2e_ones_and_the_engine_stops_a
         if item.name == "battery_e2e":
             assert stopped == []  # the next test uses it too
     assert stopped == ["engine"] and conftest._stop_shared == []  # once, after stream_e2e
+
+
+def test_a_real_engine_test_marked_clock_is_refused(request: pytest.FixtureRequest) -> None:
+    # it would run in the clock pass beside another test, and again in the serial pass
+    conftest = _root_conftest(request)
+    items = [_item("timed_e2e", "e2e", "clock"), _item("sim", "clock"), _item("stream_e2e", "e2e")]
+    with pytest.raises(pytest.UsageError, match=r"both clock and serial .*: tests/x.py::timed_e2e$"):
+        conftest.pytest_collection_modifyitems(None, items)

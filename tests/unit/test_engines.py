@@ -1,5 +1,6 @@
 """EngineSpec → argv/env for every kind and preset, and clear errors for bad settings."""
 
+import json
 import sys
 
 import pytest
@@ -7,6 +8,7 @@ from pydantic import ValidationError
 
 from engine_harness.engines import DEFAULT_MODEL, EngineSpec, engine_kind, resolve_spec
 from engine_harness.environments import EngineEnvError
+from engine_harness.settings import EngineSettings
 from engine_harness.sglang_kind import LOGGING_CONFIG, sglang_python
 
 
@@ -27,9 +29,17 @@ def test_cpu_preset_vllm_argv_carries_every_setting() -> None:
     assert "--enable-chunked-prefill" in argv and "--enable-prefix-caching" in argv
     assert "--enable-logging-iteration-details" in argv
     assert "--block-size" not in argv  # CPU attention wants multiples of 32: the engine picks
+    assert "--compilation-config" not in argv  # torch.compile: the engine's default
     assert argv[-2:] == ["--seed", "7"]
     env = engine_kind("vllm").env(spec)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_torch_compile_off_runs_vllm_eager_and_is_a_vllm_setting_only() -> None:
+    argv = engine_kind("vllm").argv(resolve_spec("cpu", torch_compile=False), 8123)
+    assert json.loads(_flag(argv, "--compilation-config")) == {"mode": 0}
+    with pytest.raises(ValidationError, match=r"kind 'sglang' does not read 'torch_compile'"):
+        EngineSettings({"preset": "sglang-cpu", "torch_compile": False})
 
 
 @pytest.mark.parametrize("preset", ["h100", "h20"])

@@ -14,8 +14,9 @@ def _commands() -> list[str]:
 def test_first_screen_has_the_main_job_and_the_test_command() -> None:
     assert _commands() == [
         "bash scripts/setup.sh && .venv/bin/python -m microbench.sweep --chunk 8192",
-        "bash scripts/setup.sh && .venv/bin/python -m pytest",
-    ]
+        'bash scripts/setup.sh && .venv/bin/python -m pytest -m "not clock and not serial" -n auto'
+        " && .venv/bin/python -m pytest -m clock -n 2 && .venv/bin/python -m pytest -m serial",
+    ]  # the three passes together run every test; tests/conftest.py refuses one marked clock and serial
 
 
 def test_ci_runs_the_readme_test_command() -> None:

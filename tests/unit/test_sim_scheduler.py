@@ -306,6 +306,18 @@ def test_sim_step_model_is_the_step_model_with_seeded_jitter() -> None:
     assert sum(a) / len(a) == pytest.approx(j.step_ms(one) / 1e3, rel=0.1)
 
 
+def test_the_sim_prices_a_sglang_mixed_step_s_riding_decodes_as_the_step_model_does() -> None:
+    sched = Scheduler(mode="sglang-mixed", max_num_batched_tokens=256)
+    decodes = _start_decodes(sched, 3)
+    plan = _prefill_steps(sched, _req("p", 500))[1]  # the second chunk, after 253 of its prompt
+    contexts = [c.context for c in plan.chunks if c.is_decode]
+    assert plan.shape.chunks == (Chunk(247, 253),) and len(contexts) == len(decodes)
+    m = SimStepModel(alpha_ms=2, beta_d_ms=0.0, beta_c_ms=0.0, gamma_ns=0.0, lambda_ns=1000.0)
+    # λ on the chunk's context and on each riding decode's own
+    assert m.sample_s(plan.shape, random.Random(0)) == pytest.approx((2 + (253 + sum(contexts)) / 1e3) / 1e3)
+    assert m.sample_s(plan.shape, random.Random(0)) == pytest.approx(m.step_ms(plan.shape) / 1e3)
+
+
 def test_config_yaml_then_overrides(tmp_path: object) -> None:
     from pathlib import Path
 

@@ -34,11 +34,13 @@ MODEL = StepModel(
 def test_the_cost_of_one_step_by_hand() -> None:
     # 4 decodes whose contexts sum to 2000, one chunk of 1000 tokens after 2000 of its prompt:
     # α 1 + β_d·4 = 0.4 + β_c·1000 = 10 + γ·1000·(2000 + 500) = 100e-6 · 2.5e6 = 250 + δ·2000 = 0.1
-    # + κ 4 (the step carries prompt tokens) + λ·2000 = 3000e-6 · 2000 = 6
+    # + κ 4 (the step carries prompt tokens) + λ·(2000 of the chunk + 2000 of the riding decodes) = 3000e-6 ·
+    # 4000 = 12
     shape = StepShape(4, (Chunk(1000, 2000),), 2000.0)
     assert shape.prefill_tokens == 1000 and shape.num_tokens == 1004
     assert shape.chunk_attention == 2.5e6 and shape.chunk_context == 2e6
-    assert MODEL.step_ms(shape) == pytest.approx(271.5)
+    assert shape.prefill_context == 2000 and shape.extend_context == 4000
+    assert MODEL.step_ms(shape) == pytest.approx(277.5)
     assert MODEL.step_ms(StepShape()) == pytest.approx(1.0)  # an empty step still pays α
     # two chunks in one step: each attends to its own context
     two = StepShape(0, (Chunk(10, 0), Chunk(20, 100)))
@@ -75,6 +77,27 @@ def test_each_prefill_chunk_pays_one_cost_per_token_of_its_cached_context() -> N
     )
     assert model.step_ms(StepShape(0, (Chunk(100, 2048), Chunk(300, 0)))) == pytest.approx(5 + 6 + 8.192)
     assert model.step_ms(StepShape(3, ())) == pytest.approx(5.0)  # a decode-only step has no chunk
+
+
+def test_decodes_riding_in_a_prefill_step_pay_the_cached_context_cost_on_their_own_context() -> None:
+    # SGLang --enable-mixed-chunk runs the decodes as one-token extend requests of the prefill batch: 3
+    # decodes at contexts summing to 1500 next to a chunk after 500 tokens of its prompt pay λ × (500 + 1500);
+    # the same decodes alone pay none
+    model = StepModel(
+        alpha_ms=5.0, beta_d_ms=1.0, beta_c_ms=0.0, gamma_ns=0.0, prefill_fixed_ms=6.0, lambda_ns=4000.0
+    )
+    mixed = StepShape(3, (Chunk(100, 500),), 1500.0)
+    assert mixed.extend_context == 2000.0
+    assert model.step_ms(mixed) == pytest.approx(5 + 6 + 3 + 8.0)
+    assert model.step_ms(StepShape(3, (), 1500.0)) == pytest.approx(5 + 3)
+    row = design_row(mixed)
+    assert row["e_ctx_m"] == pytest.approx(2000 / 1e6) and row["p_ctx_m"] == pytest.approx(500 / 1e6)
+    assert design_row(StepShape(3, (), 1500.0))["e_ctx_m"] == 0.0  # a decode-only step extends nothing
+    # exclusive: a prefill step carries no decode, and the two columns agree
+    alone = design_row(StepShape(0, (Chunk(100, 500),), 0.0))
+    assert alone["e_ctx_m"] == alone["p_ctx_m"]
+    # the extra wait of a mixed step is its λ on the decodes too: 3 × (6 + 4000e-6 · 2000) = 42 ms
+    assert decode_delay_ms(model, [mixed], 3, "mixed") == pytest.approx(42.0)
 
 
 def test_a_step_above_the_cuda_graph_ceiling_pays_the_eager_cost() -> None:
