@@ -38,8 +38,9 @@ use_lock() {
 # goes on the command line (-c), which adds to a constraint file in pip's own configuration; the
 # PIP_CONSTRAINT variable would replace it. --no-compile: pip byte-compiles every file it installs (58k
 # files in the two environments), where Python compiles on first import only the modules a run loads. CI's
-# set-up of both environments: 167 s with --no-compile, 281 s without (2-core box, 2026-11-29); the price
-# is paid once, on the first import: `import vllm` 23 s the first time, 19 s after.
+# set-up of both environments: 167-173 s with --no-compile, 281 s without (2-core box, 2026-11-29); the
+# first start of each engine pays for its own modules once (CI: the shared vLLM engine 89 s against 54, the
+# first SGLang test 122 s against 75), which leaves CI as a whole about even and a fresh set-up 2 min shorter.
 pip_install() {
     local py=$1 rc
     shift

@@ -19,6 +19,7 @@ from engine_harness.engines import resolve_spec
 from engine_harness.environments import find_venv_python
 from engine_harness.launch import EngineProcess, EngineStartError
 from engine_harness.sglang_kind import SGLANG_VENV
+from microbench.client.prompts import BLOCK_TOKENS
 from microbench.results.records import Manifest, RunRecord, read_record
 from microbench.sweep.cli import main
 
@@ -58,9 +59,12 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
     assert rec.validity.valid, rec.validity.reasons
     assert rec.config.scheduling == scheduling and rec.config.engine == "sglang"
     itf = rec.interference
-    # cold: zero prefix-cache hits on the request's own usage (--enable-cache-report) and on /metrics
-    # (the scheduler's per-prefill count, sglang:prefill_effective_tokens_total{mode="device_hit"})
-    assert itf.cached_prompt_tokens == 0 and itf.prefix_cache_hits == 0
+    # cold: no prefix-cache hit on the request's own usage (--enable-cache-report) or on /metrics (the
+    # scheduler's per-prefill count, sglang:prefill_effective_tokens_total{mode="device_hit"}) but what the
+    # protocol counts as chance: SGLang's radix cache (page size 1) matching a cold prompt's first id or
+    # few (256 ids, no BOS on token-id prompts; CI of 2026-11-29 saw a 1-token hit), under one block
+    assert itf.cached_prompt_tokens is not None and itf.cached_prompt_tokens < BLOCK_TOKENS
+    assert itf.prefix_cache_hits is not None and itf.prefix_cache_hits < BLOCK_TOKENS
     # the step source: SGLang's scheduler log, one line per step
     assert itf.num_chunks_source == "engine_log" and itf.engine_steps_log
     # exclusive: ceil(4096 / 2048) steps without decodes; mixed: ceil(4096 / (2048 − 4)) steps with them
