@@ -11,7 +11,7 @@ token, so it is kept cheap).
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -167,7 +167,7 @@ def parse_request(kind: Kind, body: Any, served_model: str, context_limit: int) 
 
 
 def new_request_id(kind: Kind) -> str:
-    return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:16]
+    return ("cmpl-" if kind == "completion" else "chatcmpl-") + os.urandom(8).hex()  # as uuid4().hex[:16]
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:

@@ -272,7 +272,7 @@ class SimServer:
         if link is None or self.link_metrics is None or not consumer_transfer(body):
             return 0
         seconds = link.transfer_s(prompt_tokens) * self.config.time_scale
-        await asyncio.sleep(seconds)
+        await SimEngine.wait_until(time.perf_counter_ns() + int(seconds * 1e9), 0)  # a timer, never early
         # the modelled time, as the step log keeps model durations: a loaded host's late wake-up is the
         # host's, not the link's (the consumer leg the client sees still includes it)
         self.link_metrics.observe(seconds, prompt_tokens * link.bytes_per_token, prompt_tokens - 1)
@@ -341,7 +341,7 @@ class SimServer:
         cut = self.faults.cut_after()
         if params.kind == "chat":
             await resp.write(enc.role_event(self._cached(stream)))
-        n = 0
+        n, events = 0, b""
         while True:
             if cut is not None and n >= cut:
                 self.faults.cut_streams += 1
@@ -360,11 +360,14 @@ class SimServer:
                 n += 1
                 reason = stream.finish_reason if i == last else None
                 parts.append(enc.token_event(decode_token(tok), n, reason, cached))
-            await resp.write(b"".join(parts))
+            events = b"".join(parts)
+            if stream.finished and (cut is None or n < cut):
+                break  # the last tokens leave with the usage event and [DONE], in one write
+            await resp.write(events)
+            events = b""
         if params.include_usage:
-            await resp.write(enc.usage_event(n, self._cached(stream)))
-        await resp.write(DONE_EVENT)
-        await resp.write_eof()
+            events += enc.usage_event(n, self._cached(stream))
+        await resp.write_eof(events + DONE_EVENT)
 
 
 def _bearer_guard(key: str) -> Any:

@@ -20,8 +20,8 @@ class RequestStream:
     """Tokens of one request as the engine produces them; read with ``await next()``."""
 
     __slots__ = (
-        "_event",
         "_rng",
+        "_waiter",
         "eos_probability",
         "error",
         "finish_reason",
@@ -48,7 +48,7 @@ class RequestStream:
         self.t_last_token_ns: int | None = None
         self.eos_probability = eos_probability
         self._rng = rng
-        self._event = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits (no Event: per token)
 
     @property
     def request_id(self) -> str:
@@ -65,11 +65,15 @@ class RequestStream:
         self.num_emitted += 1
         if finish_reason is not None:
             self.finished, self.finish_reason = True, finish_reason
-        self._event.set()
+        self._wake()
 
     def _end(self, finish_reason: str | None, error: str | None = None) -> None:
         self.finished, self.finish_reason, self.error = True, finish_reason, error
-        self._event.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def next(self) -> list[int]:
         """Wait for new tokens and take them; ``[]`` once the request has finished and all are taken.
@@ -77,8 +81,8 @@ class RequestStream:
         Raises ``EngineDead`` if the engine died while the request was in flight.
         """
         while not self.pending and not self.finished:
-            self._event.clear()
-            await self._event.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
         if self.error is not None:
             raise EngineDead(self.error)
         tokens, self.pending = self.pending, []
