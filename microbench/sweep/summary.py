@@ -8,13 +8,16 @@ table is aggregated once, written, and printed from the same object.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.sweep_report import SweepReport, analyse_run, sweep_report
 from analysis.table import SEED_COLUMNS, write_interference_table
+
+if TYPE_CHECKING:
+    from analysis.sweep_report import SweepReport
 
 __all__ = ["print_report", "print_summary"]
 
@@ -58,6 +61,10 @@ def print_report(report: SweepReport, console: Console, where: str) -> None:
 
 def print_summary(run_dir: Path, console: Console) -> None:
     """Aggregate the run folder once, write its table and print its report."""
+    # imported here: the report's fits pull in statsmodels (≈ 3 s), which a sweep needs only at its end,
+    # and --help or a refused flag not at all
+    from analysis.sweep_report import analyse_run, sweep_report
+
     try:
         analysis = analyse_run(run_dir)
     except (ValueError, FileNotFoundError) as exc:  # no valid point yet
