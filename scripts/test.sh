@@ -6,8 +6,6 @@
 #   the rest (unit tests and the like: no clock read, no engine) - beside the serial pass at nice 19. A real
 #            engine leaves most of a core idle (vLLM's CPU build steps on one thread); at nice 19 these take
 #            that idle time and yield the core whenever an engine or its client wakes.
-# Both parallel passes hand out tests by --dist worksteal: their tests take 1-95 s, and xdist's default hands
-# each worker a queue of its own, so the pass can end on one worker finishing its queue while the other idles.
 # Exits non-zero when any pass fails; a pass that collects no test (pytest's exit 5) fails too. Extra
 # arguments go to every pass (e.g. -x).
 set -uo pipefail
@@ -32,12 +30,12 @@ judge() {  # judge NAME CODE
     esac
 }
 
-"$py" -m pytest -m clock -n 2 --dist worksteal "$@"
+"$py" -m pytest -m clock -n 2 "$@"
 judge "clock pass" $?
 
 fast_log=$(mktemp)
 trap 'rm -f "$fast_log"' EXIT
-nice -n 19 "$py" -m pytest -m "not clock and not serial" -n 2 --dist worksteal "$@" > "$fast_log" 2>&1 &
+nice -n 19 "$py" -m pytest -m "not clock and not serial" -n 2 "$@" > "$fast_log" 2>&1 &
 fast=$!
 "$py" -m pytest -m serial "$@"
 judge "serial pass" $?

@@ -18,8 +18,8 @@ def test_first_screen_has_the_main_job_and_the_test_command() -> None:
     ]
     passes = (ROOT / "scripts" / "test.sh").read_text()
     # the three passes together run every test; tests/conftest.py refuses one marked clock and serial
-    assert '-m clock -n 2 --dist worksteal "$@"' in passes and '-m serial "$@"' in passes
-    assert '-m "not clock and not serial" -n 2 --dist worksteal "$@"' in passes
+    assert '-m clock -n 2 "$@"' in passes and '-m serial "$@"' in passes
+    assert '-m "not clock and not serial" -n 2 "$@"' in passes
 
 
 def test_ci_runs_the_readme_test_command() -> None:
