@@ -41,6 +41,8 @@ use_lock() {
 # set-up of both environments: 167-173 s with --no-compile, 281 s without (2-core box, 2026-11-29); the
 # first start of each engine pays for its own modules once (CI: the shared vLLM engine 89 s against 54, the
 # first SGLang test 122 s against 75), which leaves CI as a whole about even and a fresh set-up 2 min shorter.
+# Once only where Python may write bytecode: under PYTHONDONTWRITEBYTECODE=1 every process compiles its
+# imports again (scripts/test.sh unsets it for the tests).
 pip_install() {
     local py=$1 rc
     shift
