@@ -44,7 +44,10 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
     assert rec.usage is not None and rec.prompt_tokens == 3000
     assert rec.completion_tokens == 12 and rec.tokens_from_usage
     assert rec.cached_prompt_tokens == 0
-    assert len(rec.chunk_t_ns) == 12 and rec.chunk_t_ns == sorted(rec.chunk_t_ns)
+    # one chunk a token, but vLLM's API server merges the tokens of steps it fell behind on into one chunk
+    # (CI beside the nice-19 pass: 12 tokens in 10 chunks), each counted from the running usage
+    assert 1 < len(rec.chunk_t_ns) <= 12 and sum(rec.chunk_tokens) == 12
+    assert rec.chunk_t_ns == sorted(rec.chunk_t_ns)
     assert rec.t_send_ns < rec.chunk_t_ns[0] <= (rec.t_done_ns or 0)
     assert after.delta(before, VLLM_METRICS.prompt_tokens) == 3000
     assert after.delta(before, VLLM_METRICS.generation_tokens) == 12
