@@ -87,11 +87,7 @@ def prefill_steps(
     # the engine's local baseline: decode-only steps right before the first prefill step, the same stretch
     # as the client's local baseline (steps after the window may already run at another context or load)
     first = next((i for i, s in enumerate(steps) if s.prefill_tokens > 0), len(steps))
-    decode = [
-        s.elapsed_ms
-        for s in steps[:first]
-        if s.prefill_tokens == 0 and s.decode_tokens == d and d > 0 and s.elapsed_ms is not None
-    ]
+    decode = _decode_only_ms(steps[:first], d)
     return PrefillSteps(
         full=full,
         last_partial=last,
@@ -113,12 +109,17 @@ def attempt_decode_steps(steps: Sequence[EngineStep], d: int) -> tuple[float | N
     (``PrefillSteps.decode_step_ms``, 10-19 steps) was more than 0.1 ms off the sim's true step in 8 (up
     to 2.1 ms), the median of the attempt's 27-36 decode steps in 3 (0.2, 0.3, 1.5 ms: stretches the box
     ran late as a whole) and within 0.02 ms in the other 33."""
-    times = [
+    times = _decode_only_ms(steps, d)
+    return (statistics.median(times) if times else None), len(times)
+
+
+def _decode_only_ms(steps: Sequence[EngineStep], d: int) -> list[float]:
+    """The durations of the timed decode-only steps of ``d`` decodes in ``steps`` (none when ``d`` is 0)."""
+    return [
         s.elapsed_ms
         for s in steps
         if d > 0 and s.prefill_tokens == 0 and s.decode_tokens == d and s.elapsed_ms is not None
     ]
-    return (statistics.median(times) if times else None), len(times)
 
 
 @dataclass(frozen=True)
