@@ -33,6 +33,7 @@ __all__ = [
     "assert_no_engine_left",
     "fill_disk",
     "remount",
+    "stalled_observations",
     "start_sim",
 ]
 
@@ -169,9 +170,22 @@ def remount(mnt: Path, opts: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True)
 
 
-def frozen_sweep(cfg: Path, out: Path, freeze_after: tuple[int, ...], timeout_s: float) -> None:
+def stalled_observations(out: Path) -> list[Observation]:
+    """The stored attempts of the run in ``out`` whose engine steps hold a stall (a step over 2.5 s: one
+    of ``frozen_sweep``'s 3 s freezes)."""
+    observations = (read_record(p, Observation) for p in out.glob("observed/*/*.json"))
+    return [o for o in observations if any((s.elapsed_ms or 0) > 2500 for s in o.engine_steps or [])]
+
+
+def frozen_sweep(
+    cfg: Path, out: Path, freeze_after: tuple[int, ...], timeout_s: float, until_stalled: bool = False
+) -> None:
     """Run the sweep of ``cfg`` into ``out`` as a subprocess and freeze its engine (SIGSTOP, 3 s, SIGCONT)
-    just inside the next point after each count of stored points; asserts exit 0."""
+    just inside the next point after each count of stored points; asserts exit 0. ``until_stalled``: no
+    more freezes once an attempt's observation holds a stalled step. A freeze 0.3 s after a stored point
+    can miss every observation (the sweep still storing that point, or waiting out its next attempt's
+    steady state), so a test that needs one landed freeze gives several counts and this stops at the first
+    that landed."""
     cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(cfg), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for n_done in freeze_after:
@@ -179,6 +193,8 @@ def frozen_sweep(cfg: Path, out: Path, freeze_after: tuple[int, ...], timeout_s:
         while len(list(out.glob("runs/*/*.json"))) < n_done:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
+        if until_stalled and stalled_observations(out):
+            break
         time.sleep(0.3)  # inside the next point
         (engine,) = psutil.Process(proc.pid).children()
         os.killpg(engine.pid, signal.SIGSTOP)

@@ -8,11 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fault_checks import Place, frozen_sweep
+from fault_checks import Place, frozen_sweep, stalled_observations
 
 from analysis.models import fit_step_model
 from analysis.table import load_records
-from microbench.results.records import Observation, read_record
 
 pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
 
@@ -32,10 +31,7 @@ def _sweep(place: Place, name: str, freeze_after: tuple[int, ...] = ()) -> Path:
 def test_a_frozen_engine_leaves_the_step_model_within_the_clean_runs_interval(place: Place) -> None:
     clean = fit_step_model(load_records(_sweep(place, "clean")))
     frozen_run = _sweep(place, "frozen", freeze_after=(10, 13, 19, 22))  # D = 2, 4
-    stalled = [
-        o for o in (read_record(p, Observation) for p in frozen_run.glob("observed/*/*.json"))
-        if any((s.elapsed_ms or 0) > 2500 for s in o.engine_steps or [])
-    ]  # fmt: skip
+    stalled = stalled_observations(frozen_run)
     assert stalled, "no freeze landed inside a step"
     records = load_records(frozen_run)
     for r in records:  # the stalled step reached no valid point (with the rule reverted, one did)
