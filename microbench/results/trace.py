@@ -109,8 +109,10 @@ class TraceHeader(StrictModel):
         default_factory=dict, description="the engine's /metrics series (metrics.csv): interval, quantities"
     )
     stages: list[StageHealth]
-    saturated: bool
-    warnings: list[str] = Field(default_factory=list)
+    saturated: bool = Field(
+        ..., description="a measured stage fell behind its schedule (a warm-up stage's health says its own)"
+    )
+    warnings: list[str] = Field(default_factory=list, description="the measured stages' schedule warnings")
 
 
 def _atomic_write(path: Path, write: Any) -> None:
