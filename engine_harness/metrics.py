@@ -197,8 +197,8 @@ def parse_metrics(text: str, t_ns: int | None = None) -> Snapshot:
 def only_families(text: str, families: Iterable[str]) -> str:
     """The exposition lines of ``families`` only (their samples, ``_total``/``_created`` and a histogram's
     ``_bucket``/``_sum``/``_count`` included, and their ``# TYPE``/``# HELP`` lines): parsing what a
-    measurement reads then costs about 3 ms of CPU on a 2-core box, not the 15 ms a whole vLLM page takes
-    (SGLang's 30), spent on the client's loop beside the engine it measures."""
+    measurement reads then costs about a millisecond, not the 15–50 ms of CPU a full vLLM page takes on a
+    2-core box, spent on the client's loop beside the engine it measures."""
     bases = {f.split("{", 1)[0].removesuffix("_total") for f in families}
     names = bases | {f"{b}_total" for b in bases}
     keep = {f"{n}{suffix}" for n in names for suffix in ("", "_created", "_bucket", "_sum", "_count")}

@@ -50,7 +50,7 @@ class EngineClient:
 
     async def scrape(self) -> Snapshot:
         """/metrics, parsed for what a measurement reads (``derive.METRICS_READ``) only: a whole vLLM page
-        costs the client 15 ms of CPU on a 2-core box (SGLang's 30), twice a point and every 50 ms of
+        costs the client 15-50 ms of CPU on a 2-core box (SGLang's 30), twice a point and every 50 ms of
         ``wait_idle``, on the cores the engine it measures runs on; the filtered page about 3 ms."""
         families = [name for quantity in METRICS_READ for name in getattr(self.metrics, quantity)]
         return await scrape(self.session, self.base_url, families=families)
