@@ -198,6 +198,10 @@ def write_trace(
     out.mkdir(parents=True, exist_ok=True)
     frame = trace_frame(result)
     health = stage_health(result, frame)
+    # A warm-up stage is not measured: engines run their first requests slowly (compilation, caches), so
+    # its sends may fall behind (a 22.8 ms median delay after a CPU engine's start, 2026-11-29); its own
+    # health keeps that, and the run is judged on the stages it measures.
+    measured = [h for h in health if not h.warmup]
     header = TraceHeader(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         session_start_unix_ns=result.started_unix_ns,
@@ -217,11 +221,8 @@ def write_trace(
         network=_network(result.rtt_ms),
         metrics={} if metrics is None else metrics[1],
         stages=health,
-        # A warm-up stage is not measured: engines run their first requests slowly (compilation, caches),
-        # so its sends may fall behind (a 22.8 ms median delay after a CPU engine's start, 2026-11-29); its
-        # own health keeps that, and the run is judged on the stages it measures.
-        saturated=any(h.saturated for h in health if not h.warmup),
-        warnings=[h.warning for h in health if h.warning and not h.warmup],
+        saturated=any(h.saturated for h in measured),
+        warnings=[h.warning for h in measured if h.warning],
     )
     write_trace_files(out, header, frame, series=None if metrics is None else metrics[0])
     return header
