@@ -15,7 +15,8 @@ differ in their attention terms (``CANDIDATES``):
   only (``EXCLUSIVE_ONLY``), alone and with ``D·ctx_dec``: SGLang's CPU decode step gathers each
   request's whole KV too (sweeps of 2026-11-28 at decode contexts 407 / 1464 / 3224 tokens: D = 4 steps
   22.6 / 23.7 / 34.8 ms, a lone decode 16.1 / 14.6 / 15.4 ms). Sweeps at one decode context cannot tell δ
-  from β_d (every decode row's context is D times the same number): pool sweeps at several
+  from β_d (every decode row's context is D times nearly the same number: the candidate is not offered
+  below ``analysis.models.MIN_DECODE_CONTEXT_SPREAD``): pool sweeps at several
   (``sweeps/calibrate-*-cpu-contexts.yaml``, ``calibrate predict --model A B C``);
 - ``c·(ctx + c/2) + λ·ctx per extend request``: λ on the decodes riding in a prefill-carrying step too, each
   on its own context (SGLang ``--enable-mixed-chunk`` runs them as one-token extend requests of that batch:

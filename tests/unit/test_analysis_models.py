@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from analysis.models import compare_models, fit_seed_model, fit_step_model, leave_one_p_out
+from analysis.models import (
+    compare_models,
+    decode_context_spread,
+    fit_seed_model,
+    fit_step_model,
+    leave_one_p_out,
+    step_model_candidates,
+)
+from analysis.steps import steps_frame
 from analysis.synthetic import synthesize_run
 from analysis.table import load_records
 from engine_harness.step_model import Chunk, StepModel, StepShape
@@ -91,6 +100,25 @@ def test_a_decode_context_term_is_found_when_decode_attention_grows(tmp_path: Pa
     assert fit.model == "c·(ctx + c/2) + D·ctx_dec"
     assert fit.params["delta_ns"] == pytest.approx(40.0, rel=0.15)
     assert fit.params["gamma_ns"] == pytest.approx(8.0, rel=0.10)
+
+
+def test_one_decode_context_is_not_offered_the_decodes_context_cost(tmp_path: Path) -> None:
+    # two repetitions of one batch: the contexts grow 552 → 692 tokens, a spread of 1.25, where only noise
+    # tells δ from β_d (a loaded CI box's 0.6% step noise once chose δ > 0 against a truth of 0)
+    grid = {**GRID, "repetitions": 2, "decode_context": 512}
+    records = load_records(synthesize_run(tmp_path / "one", params=TRUTH, **grid))  # type: ignore[arg-type]
+    frame = steps_frame(records)
+    assert decode_context_spread(frame) == pytest.approx(692 / 552, rel=0.01)
+    offered = set(step_model_candidates(frame)["model"])
+    assert "c·(ctx + c/2)" in offered and not any("D·ctx_dec" in name for name in offered)
+    fit = fit_step_model(records)
+    assert "delta_ns" not in fit.params and fit.params["beta_d_ms"] == pytest.approx(0.05, rel=0.10)
+
+
+def test_the_decode_context_spread_is_over_the_rows_with_decodes() -> None:
+    frame = pd.DataFrame({"decode_tokens": [0, 2, 4, 1], "d_ctx_m": [0.0, 2 * 500e-6, 4 * 600e-6, 1000e-6]})
+    assert decode_context_spread(frame) == pytest.approx(2.0)
+    assert decode_context_spread(frame[frame["decode_tokens"] == 0]) == 1.0
 
 
 def test_a_prefill_step_s_fixed_cost_and_a_cached_context_cost_are_found(tmp_path: Path) -> None:
