@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Every test, in three passes (the README's test command; CI runs exactly it). Markers: pyproject.toml.
 #   clock  - tests that read the clock against the simulated engine (step times, stalls, schedule delay),
-#            two at a time (pytest -m clock -n 2): on a 2-core box they keep both cores busy.
+#            two at a time (pytest -m "clock and not solo" -n 2): on a 2-core box they keep both cores busy.
+#   solo   - clock tests that judge a fitted model against a tight bar (a 2% error, one run's 95% interval),
+#            alone (pytest -m solo): beside another clock test their sim's steps and the client's stamps
+#            carry its load (CI 16 and 18 of 2026-11-29 each failed one of them, in the two-at-a-time pass).
 #   serial - tests that start a real engine (tests/conftest.py marks every e2e and gpu test), one at a time.
 #   the rest (unit tests and the like: no clock read, no engine) - beside the serial pass at nice 19. A real
 #            engine leaves most of a core idle (vLLM's CPU build steps on one thread); at nice 19 these take
@@ -30,8 +33,10 @@ judge() {  # judge NAME CODE
     esac
 }
 
-"$py" -m pytest -m clock -n 2 "$@"
+"$py" -m pytest -m "clock and not solo" -n 2 "$@"
 judge "clock pass" $?
+"$py" -m pytest -m solo "$@"
+judge "solo pass" $?
 
 fast_log=$(mktemp)
 trap 'rm -f "$fast_log"' EXIT

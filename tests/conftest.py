@@ -49,6 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     both = [item.nodeid for item in items if "clock" in item.keywords and "serial" in item.keywords]
     if both:
         raise pytest.UsageError(f"marked both clock and serial (choose one): {', '.join(both)}")
+    # The solo pass runs clock tests alone: a solo test that is not a clock test would run in two passes.
+    stray = [item.nodeid for item in items if "solo" in item.keywords and "clock" not in item.keywords]
+    if stray:
+        raise pytest.UsageError(f"marked solo but not clock (a clock test run alone): {', '.join(stray)}")
     # Real-engine tiers run last: the fast tiers report first, and the session's shared engine is
     # started only when they are done, so it never slows them down. Among them the tests on the shared
     # engine go first: it is stopped after the last of them (pytest_runtest_teardown), so the tests that

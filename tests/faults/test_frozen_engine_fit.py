@@ -13,7 +13,7 @@ from fault_checks import Place, frozen_sweep, stalled_observations
 from analysis.models import fit_step_model
 from analysis.table import load_records
 
-pytestmark = pytest.mark.clock  # reads the clock (stalls, schedule delay): the clock pass
+pytestmark = [pytest.mark.clock, pytest.mark.solo]  # two fits read off the clock, one interval: alone
 
 # enough P and D to fit every term; a seeded 3 % jitter so the intervals have a width
 GRID = {"decode_batch_sizes": [0, 2, 4], "prefill_tokens": [256, 512, 1024, 2048], "repetitions": 2}

@@ -25,7 +25,7 @@ from analysis.report import build_report
 from analysis.table import TABLE_COLUMNS, load_records
 from engine_harness.step_model import Scheduling, StepModel, StepShape, chunk_schedule, extra_wait_ms
 
-pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
+pytestmark = [pytest.mark.integration, pytest.mark.clock, pytest.mark.solo]  # fits read off the clock: alone
 
 TRUTH = {"alpha_ms": 4.0, "beta_d_ms": 0.2, "beta_c_ms": 0.02, "gamma_ns": 20.0, "delta_ns": 40.0}
 FRONTEND_NS = 20000.0  # 5–41 ms over P 256–2048: well above a loaded box's few ms of HTTP jitter

@@ -34,7 +34,7 @@ from engine_harness.sim.engine import _RESYNC_NS
 from engine_harness.step_model import StepModel
 from microbench.results.trace import TRACE_COLUMNS, read_trace
 
-pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
+pytestmark = [pytest.mark.integration, pytest.mark.clock, pytest.mark.solo]  # fits read off the clock: alone
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "sweeps/workloads/calibrate-poisson.yaml"
 # Steps of ≈ 40 ms (a large model's decode step on a GPU). Which step a request joins turns on its way in,

@@ -80,3 +80,11 @@ def test_a_real_engine_test_marked_clock_is_refused(request: pytest.FixtureReque
     items = [_item("timed_e2e", "e2e", "clock"), _item("sim", "clock"), _item("stream_e2e", "e2e")]
     with pytest.raises(pytest.UsageError, match=r"both clock and serial .*: tests/x.py::timed_e2e$"):
         conftest.pytest_collection_modifyitems(None, items)
+
+
+def test_a_solo_test_that_is_not_a_clock_test_is_refused(request: pytest.FixtureRequest) -> None:
+    # the solo pass runs clock tests alone; a solo test outside the clock pass would run in two passes
+    conftest = _root_conftest(request)
+    items = [_item("fit", "clock", "solo"), _item("pure", "solo"), _item("sim", "clock")]
+    with pytest.raises(pytest.UsageError, match=r"marked solo but not clock .*: tests/x.py::pure$"):
+        conftest.pytest_collection_modifyitems(None, items)

@@ -17,8 +17,10 @@ def test_first_screen_has_the_main_job_and_the_test_command() -> None:
         "bash scripts/setup.sh && bash scripts/test.sh",
     ]
     passes = (ROOT / "scripts" / "test.sh").read_text()
-    # the three passes together run every test; tests/conftest.py refuses one marked clock and serial
-    assert '-m clock -n 2 "$@"' in passes and '-m serial "$@"' in passes
+    # the four passes together run every test once; tests/conftest.py refuses one marked clock and serial,
+    # and one marked solo but not clock
+    assert '-m "clock and not solo" -n 2 "$@"' in passes and '-m solo "$@"' in passes
+    assert '-m serial "$@"' in passes
     assert '-m "not clock and not serial" -n 2 "$@"' in passes
 
 
