@@ -32,16 +32,7 @@ from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.stats.stattools import durbin_watson, jarque_bera
 
 from analysis.robust import RobustFit, huber_fit, r_squared
-from analysis.steps import (
-    CANDIDATES,
-    EAGER,
-    EXCLUSIVE_ONLY,
-    MIXED_ONLY,
-    PREFILL,
-    graph_ceiling,
-    steps_frame,
-    windows_frame,
-)
+from analysis.steps import CANDIDATES, EAGER, PREFILL, graph_ceiling, offered, steps_frame, windows_frame
 from engine_harness import step_model
 from microbench.results.records import RunRecord
 
@@ -50,7 +41,6 @@ __all__ = [
     "SeedFit",
     "StepFit",
     "compare_models",
-    "decode_context_spread",
     "fit_seed_model",
     "fit_step_model",
     "interference_frame",
@@ -59,14 +49,6 @@ __all__ = [
 ]
 
 PARAM_NAMES = list(step_model.StepModel().coefficients())
-# A sweep at one decode context still spreads its decode rows' contexts a little (each stream's context grows
-# by the tokens decoded before the point's baseline: 586-677 tokens on test_calibrate_sim's grid at
-# --decode-context 512), so δ (D·ctx_dec) and β_d are not exactly collinear but only noise tells them apart:
-# on a loaded CI box (2026-11-29, CI 18) that grid's fit chose δ > 0 from 0.6% step noise against a truth
-# of δ = 0, and the replay, whose contexts grow to 3000+, priced every decode step 4% high (E2E bias +4%).
-# Below this spread the candidate is not offered; pooled sweeps at several contexts (405-3224) and a batch
-# reused across repetitions (552-1152) are well above it.
-MIN_DECODE_CONTEXT_SPREAD = 1.5
 
 
 @dataclass
@@ -175,25 +157,12 @@ def _columns(name: str, frame: pd.DataFrame) -> list[str]:
     )
 
 
-def decode_context_spread(frame: pd.DataFrame) -> float:
-    """The largest decode context of the rows with decodes over the smallest (1: one context, or none)."""
-    with_decodes = frame[frame["decode_tokens"] > 0]
-    per_decode = (with_decodes["d_ctx_m"] / with_decodes["decode_tokens"]).to_numpy(float)
-    return float(per_decode.max() / per_decode.min()) if len(per_decode) and per_decode.min() > 0 else 1.0
-
-
 def step_model_candidates(frame: pd.DataFrame, exclusive: bool = False) -> pd.DataFrame:
     """Every candidate's in-sample R² and leave-one-P-out median error on the steps (``exclusive``: the
     run's prefill steps ran instead of the decodes, which ``EXCLUSIVE_ONLY``'s candidates need; else they
-    ride in them, which ``MIXED_ONLY``'s need). A candidate with the decodes' context cost (``D·ctx_dec``)
-    only where the decode contexts spread by ``MIN_DECODE_CONTEXT_SPREAD`` or more (see there)."""
+    ride in them, which ``MIXED_ONLY``'s need), of those the data can tell apart (``steps.offered``)."""
     rows = []
-    tell_delta = decode_context_spread(frame) >= MIN_DECODE_CONTEXT_SPREAD
-    for name in CANDIDATES:
-        if name in (MIXED_ONLY if exclusive else EXCLUSIVE_ONLY):
-            continue
-        if "d_ctx_m" in CANDIDATES[name] and not tell_delta:
-            continue
+    for name in offered(frame, exclusive):
         cols = _columns(name, frame)
         if len(frame) <= len(cols) or np.linalg.matrix_rank(frame[cols].to_numpy(float)) < len(cols):
             continue

@@ -9,13 +9,12 @@ import pytest
 
 from analysis.models import (
     compare_models,
-    decode_context_spread,
     fit_seed_model,
     fit_step_model,
     leave_one_p_out,
     step_model_candidates,
 )
-from analysis.steps import steps_frame
+from analysis.steps import decode_context_spread, steps_frame
 from analysis.synthetic import synthesize_run
 from analysis.table import load_records
 from engine_harness.step_model import Chunk, StepModel, StepShape
