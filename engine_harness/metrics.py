@@ -195,11 +195,13 @@ def parse_metrics(text: str, t_ns: int | None = None) -> Snapshot:
 
 
 def only_families(text: str, families: Iterable[str]) -> str:
-    """The exposition lines of ``families`` only (their samples, ``_total``/``_created`` included, and their
-    ``# TYPE``/``# HELP`` lines): parsing a few gauges then costs a fraction of a millisecond, not the
-    milliseconds a full vLLM page of histograms does (a sampler shares its event loop with a dispatcher)."""
+    """The exposition lines of ``families`` only (their samples, ``_total``/``_created`` and a histogram's
+    ``_bucket``/``_sum``/``_count`` included, and their ``# TYPE``/``# HELP`` lines): parsing what a
+    measurement reads then costs about 3 ms of CPU on a 2-core box, not the 15 ms a whole vLLM page takes
+    (SGLang's 30), spent on the client's loop beside the engine it measures."""
     bases = {f.split("{", 1)[0].removesuffix("_total") for f in families}
-    keep = bases | {f"{b}_total" for b in bases} | {f"{b}_created" for b in bases}
+    names = bases | {f"{b}_total" for b in bases}
+    keep = {f"{n}{suffix}" for n in names for suffix in ("", "_created", "_bucket", "_sum", "_count")}
     lines = []
     for line in text.splitlines():
         if line.startswith("#"):

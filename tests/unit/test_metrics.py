@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from engine_harness.metric_names import SGLANG_METRICS, VLLM_METRICS
-from engine_harness.metrics import HistogramDelta, MetricsError, parse_metrics, step_counts
+from engine_harness.metrics import HistogramDelta, MetricsError, only_families, parse_metrics, step_counts
+from microbench.results.derive import METRICS_READ
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -120,3 +121,18 @@ def test_histogram_delta_counts_mixed_steps_above_the_decode_bucket() -> None:
 def test_garbage_is_a_clear_error() -> None:
     with pytest.raises(MetricsError, match="not valid Prometheus text"):
         parse_metrics("vllm:foo{bad 1 2 3\n")
+
+
+@pytest.mark.parametrize(
+    ("names", "fixture"),
+    [(VLLM_METRICS, "vllm_cpu_metrics_after.txt"), (SGLANG_METRICS, "sglang_cpu_metrics.txt")],
+)
+def test_the_families_a_point_reads_parse_alike_from_the_filtered_page(names, fixture) -> None:
+    # EngineClient.scrape parses only these families: every counter, gauge and histogram sample of them
+    # equals the whole page's, the rest of the page is gone
+    text = (FIXTURES / fixture).read_text()
+    families = [n for q in METRICS_READ for n in getattr(names, q)]
+    whole, part = parse_metrics(text, t_ns=1), parse_metrics(only_families(text, families), t_ns=1)
+    read = whole.only(names, METRICS_READ).samples
+    assert part.only(names, METRICS_READ).samples == read
+    assert any(k[0].endswith("_bucket") for k in read) and len(part.samples) < len(whole.samples) / 2
