@@ -108,6 +108,34 @@ def shape_rows(report: CalibrationReport) -> list[list[str]]:
     ]  # fmt: skip
 
 
+SPEED_COLUMNS = ["window start s", "steps", "median ms", "logged / priced"]
+
+
+def speed_note(report: CalibrationReport) -> str:
+    """The engine's speed against the fit in one sentence (empty: not priced)."""
+    sp = report.speed
+    if sp is None:
+        return ""
+    spread = sp.spread
+    within = (
+        f"; its most common one (D = {sp.batch}, priced {sp.batch_price_ms:.2f} ms) per {sp.window_s:.0f} s "
+        f"window {spread[0]:.2f}–{spread[1]:.2f} ({len(sp.windows)} windows)"
+        if spread is not None
+        else ""
+    )
+    return (
+        f"The engine's decode-only steps over the fit's price of their shape: median {sp.median_ratio:.2f} "
+        f"of {sp.steps} steps{within}. 1 is the fit's speed. One shape's windows that part are the engine "
+        "(or the box under it) changing speed within the trace, which no fitted model predicts."
+    )
+
+
+def speed_rows(report: CalibrationReport) -> list[list[str]]:
+    """The per-window speed table's rows (none where nothing was priced)."""
+    windows = report.speed.windows if report.speed is not None else []
+    return [[f"{w.start_s:g}", str(w.steps), f"{w.median_ms:.2f}", f"{w.median_ratio:.2f}"] for w in windows]
+
+
 BAND_COLUMNS = ["prompt tokens", "requests", "TTFT median err %", "TPOT median err %", "E2E median err %"]
 BAND_NOTE = (
     "The compared requests in four bands of equal count by prompt length: an error that moves with the "
@@ -142,6 +170,8 @@ def lines(report: CalibrationReport) -> list[str]:
             f"steps {row[0]:9s}: "
             + ", ".join(f"{c} {v}" for c, v in zip(STEP_COLUMNS[1:], row[1:], strict=True))
         )
+    if note := speed_note(report):
+        out.append(note)
     return out + [f"warning: {w}" for w in report.warnings]
 
 
@@ -185,6 +215,11 @@ def markdown(report: CalibrationReport, figures: bool = True) -> str:
             + ["| " + " | ".join(r) + " |" for r in shape]
             + ["", SHAPE_NOTE]
         )
+    if note := speed_note(report):
+        md += ["", "## Engine speed against the fit", "", note]
+        if table := speed_rows(report):
+            md += ["", "| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
+            md += ["| " + " | ".join(r) + " |" for r in table]
     if report.by_prompt:
         md += ["", "## Error by prompt length", "", "| " + " | ".join(BAND_COLUMNS) + " |"]
         md += ["|" + "---|" * len(BAND_COLUMNS)] + ["| " + " | ".join(r) + " |" for r in band_rows(report)]
@@ -259,6 +294,9 @@ def write_pages(report: CalibrationReport, out_dir: Path) -> list[Path]:
         shape_columns=SHAPE_COLUMNS,
         shape_rows=shape_rows(report),
         shape_note=SHAPE_NOTE,
+        speed_note=speed_note(report),
+        speed_columns=SPEED_COLUMNS,
+        speed_rows=speed_rows(report),
         band_columns=BAND_COLUMNS,
         band_rows=band_rows(report),
         band_note=BAND_NOTE,

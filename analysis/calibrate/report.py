@@ -18,8 +18,10 @@ from pydantic import Field, model_validator
 
 from analysis.calibrate import stats
 from analysis.calibrate.metrics import METRICS, itl_values, request_metrics, split_requests
+from analysis.calibrate.speed import EngineSpeed, engine_speed
 from analysis.calibrate.steps import StepComposition, engine_log_steps, step_composition
 from benchcore.schema import StrictModel
+from engine_harness.step_model import StepModel
 from microbench.results.trace import read_trace
 
 __all__ = [
@@ -106,6 +108,9 @@ class CalibrationReport(StrictModel):
     bootstrap: dict[str, int] = Field(description="resamples and seed of the CIs")
     metrics: list[MetricComparison]
     steps: StepComposition | None = Field(default=None, description="the engine's steps against the replay's")
+    speed: EngineSpeed | None = Field(
+        default=None, description="the engine's decode-only steps over the fit's price"
+    )
     by_prompt: list[BandBias] = Field(
         default_factory=list, description="median signed error per quartile of the prompt's length"
     )
@@ -192,13 +197,16 @@ def calibration_report(
     real_itl, pred_itl = itl_values(real, split.compared), itl_values(pred, split.compared)
     if real_itl.size >= 2 and pred_itl.size >= 2:
         metrics.append(_compare("itl", real_itl, pred_itl, False, n_boot, seed))
-    steps = None
+    steps, speed = None, None
     if engine_log is not None:
         replayed = Path(predicted_dir) / "steps.parquet"
         if not replayed.is_file():
             raise ValueError(f"{predicted_dir} has no steps.parquet (the replay's step log) to compare with")
         real_steps = engine_log_steps(Path(engine_log), real_head, real)
         steps = step_composition(real_steps, pd.read_parquet(replayed), str(engine_log))
+        sim = pred_head.engine.get("sim")
+        if isinstance(sim, dict) and "step" in sim:
+            speed = engine_speed(real_steps, StepModel.model_validate(sim["step"]))
     sent = real.loc[real["send_ns"].notna(), "send_ns"].astype(float)
     last = real["last_chunk_ns"].dropna().astype(float)
     duration = float((last.max() - sent.min()) / 1e9) if len(sent) and len(last) else 0.0
@@ -215,6 +223,7 @@ def calibration_report(
         bootstrap={"resamples": n_boot, "seed": seed},
         metrics=metrics,
         steps=steps,
+        speed=speed,
         by_prompt=_by_prompt(prompts.to_numpy(float), rm, pm),
         warnings=warnings,
     )
