@@ -34,8 +34,6 @@ from typing import Literal, TypeVar
 
 import numpy as np
 from pydantic import Field
-from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from benchcore.schema import StrictModel
 
@@ -103,6 +101,10 @@ def bootstrap_ratio_ci(
 
 def rank_pvalue(a: Samples, b: Samples) -> float:
     """Two-sided Mann–Whitney U p-value (exact for small samples without ties); NaN with an empty arm."""
+    # imported here and in the two functions below: scipy.stats and statsmodels take ≈ 1.5 s, which
+    # python -m microbench.battery --help (its compare command imports this module) never needs
+    from scipy import stats
+
     xa, xb = _finite(a), _finite(b)
     if xa.size == 0 or xb.size == 0:
         return math.nan
@@ -119,6 +121,8 @@ def min_rank_pvalue(n_a: int, n_b: int) -> float:
 def min_detectable_effect(a: Samples, b: Samples, alpha: float = 0.05) -> float:
     """Relative change (0.1 = 10%) detectable at ``alpha`` with 80% power; ``inf`` when the rank test
     cannot reach ``alpha`` with these repetitions, NaN with fewer than two positive values in an arm."""
+    from scipy import stats
+
     xa, xb = _finite(a), _finite(b)
     xa, xb = xa[xa > 0], xb[xb > 0]
     if xa.size < 2 or xb.size < 2:
@@ -134,6 +138,8 @@ def min_detectable_effect(a: Samples, b: Samples, alpha: float = 0.05) -> float:
 
 def correct_pvalues(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
     """Benjamini–Hochberg adjusted p-values (NaN stays NaN: a cell without a test is not counted)."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, math.nan)
     tested = np.isfinite(p)

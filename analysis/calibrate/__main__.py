@@ -20,10 +20,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from analysis.calibrate.config import fit_to_sim
-from analysis.calibrate.pages import lines, write_pages
-from analysis.calibrate.predict import predict_trace
-from analysis.calibrate.report import calibration_report
 from benchcore.cli import BadInput, run_cli
 from benchcore.flags import add_out
 from microbench.results.layout import hold_folder
@@ -63,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _predict(args: argparse.Namespace, held: ExitStack) -> int:
+    # imported here: the step-model fit pulls in statsmodels (≈ 2.5 s), which --help or a refused flag
+    # never needs
+    from analysis.calibrate.config import fit_to_sim
+    from analysis.calibrate.predict import predict_trace
+
     if not (args.trace / "header.json").is_file():
         raise BadInput(f"{args.trace} is not a trace folder (no header.json): give a load generator's --out")
     try:
@@ -92,6 +93,10 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
 
 
 def _report(args: argparse.Namespace, held: ExitStack) -> int:
+    # imported here: the statistics and figures pull in scipy and seaborn (≈ 2.5 s)
+    from analysis.calibrate.pages import lines, write_pages
+    from analysis.calibrate.report import calibration_report
+
     if args.bootstrap < 100:
         raise BadInput(f"--bootstrap must be ≥ 100 (got {args.bootstrap})")
     for name, path in (("REAL", args.real), ("PREDICTED", args.predicted)):

@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 
-from analysis.compare import Comparison, compare_runs, write_comparison
 from benchcore.console import console
 from engine_harness.launch import EngineError
 from microbench.ablate.config import AblateConfig
@@ -35,6 +35,9 @@ from microbench.measure.shard import ShardContext
 from microbench.measure.sink import FolderSink
 from microbench.measure.timing import Timing
 from microbench.results.layout import AblateFolder
+
+if TYPE_CHECKING:
+    from analysis.compare import Comparison
 
 __all__ = ["AblateRunner", "ArmFailed", "NotComparable", "arm_order", "round_groups"]
 
@@ -190,6 +193,10 @@ class AblateRunner:
 
     def comparisons(self) -> list[Comparison]:
         """Each arm after the first against the first (A), from what the arm folders hold now."""
+        # imported here: the comparisons' pages pull in seaborn and scipy (≈ 2 s), which an ablation needs
+        # only after its rounds, and --help or a refused flag not at all
+        from analysis.compare import compare_runs
+
         cfg = self.config
         a, *others = cfg.names
         out = []
@@ -211,6 +218,8 @@ class AblateRunner:
 
     def finish(self) -> list[Comparison]:
         """Write every comparison into the run folder and note how the rounds ended."""
+        from analysis.compare import write_comparison
+
         self.console.print(self.executor.account(self.timing))
         if self.stop_reason:
             self.folder.add_note(f"stopped: {self.stop_reason}")

@@ -15,7 +15,9 @@ from microbench.battery.context import BatteryContext
 from microbench.battery.profiles import PROFILES, Profile, profile
 from microbench.battery.registry import TESTS, SkipTest, register_test
 from microbench.battery.report import BatteryReport, TestResult
-from microbench.battery.runner import run_battery, write_report
+
+# runner (run_battery, write_report) is imported from its module, not here: it loads the tests and
+# matplotlib (≈ 1 s), and every python -m microbench.battery, --help included, imports this package
 
 __all__ = [
     "PROFILES",
@@ -28,7 +30,5 @@ __all__ = [
     "TestResult",
     "profile",
     "register_test",
-    "run_battery",
     "verdict",
-    "write_report",
 ]

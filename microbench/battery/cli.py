@@ -48,9 +48,7 @@ from microbench.battery.compare import add_compare_parser, run_compare
 from microbench.battery.context import BatteryContext
 from microbench.battery.disclosures import SUT_BOUNDARIES
 from microbench.battery.profiles import PROFILES, profile
-from microbench.battery.render import gate_lines
 from microbench.battery.requirement_table import link_tests, markdown_table, scan
-from microbench.battery.runner import REPO, ordered_tests, plan_battery, run_battery, write_report
 from microbench.battery.warmup import warm_up
 from microbench.results.layout import hold_folder
 from microbench.workloads.prompts import prompt_source
@@ -253,6 +251,9 @@ def _check_inputs(args: argparse.Namespace, s: dict[str, Any]) -> None:
 
 
 async def _run(args: argparse.Namespace, out: Path, held: ExitStack) -> int:
+    from microbench.battery.render import gate_lines
+    from microbench.battery.runner import ordered_tests, plan_battery, run_battery, write_report
+
     s = _settings(args)
     names = s["tests"]
     try:
@@ -324,6 +325,10 @@ def _emit(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # imported after the parse: the tests and their figures pull in matplotlib (≈ 1 s), which --help or
+    # a refused flag never needs
+    from microbench.battery.runner import REPO, ordered_tests
+
     if args.command == "requirements":
         print(markdown_table(link_tests(scan(), REPO / "tests")), end="")
         return 0

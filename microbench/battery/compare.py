@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
-from scipy import stats
 
 from analysis.effects import min_rank_pvalue
 from benchcore.atomic import write_model
@@ -219,6 +218,9 @@ def equivalence(
 
 
 def _cost(name: str, reports: list[BatteryReport], price: Price | None) -> SystemCost:
+    # imported here: scipy.stats takes ≈ 1.5 s, which --help or a refused flag never needs
+    from scipy import stats
+
     caps = [r.capacity for r in reports if r.capacity is not None and r.capacity.max_output_tps is not None]
     tps = ci = None
     if len(reports) == 1 and caps:

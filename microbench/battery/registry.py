@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from benchcore.registry import Registry
 from microbench.battery.compliance import Requirement, must, should
 from microbench.battery.context import BatteryContext
 from microbench.battery.plan import PlanEstimate
 from microbench.battery.report import TestData
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "TESTS",

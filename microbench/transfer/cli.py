@@ -34,7 +34,6 @@ from microbench.measure.engine_pair import run_pair_job
 from microbench.results.layout import TransferFolder
 from microbench.results.records import Manifest
 from microbench.transfer.config import TransferConfig, TransferConfigError, load_transfer_config
-from microbench.transfer.report import finish_run
 from microbench.transfer.runner import TransferRunner
 
 __all__ = ["build_parser", "main", "manifest_notes"]
@@ -216,6 +215,10 @@ def _run(args: argparse.Namespace, state: dict[str, Path]) -> int:
 
 
 def _measure(folder: TransferFolder, cfg: TransferConfig, resumed: bool) -> int:
+    # imported here: the end-of-run fit and figure pull in statsmodels and matplotlib (≈ 2.5 s), which a
+    # run needs only at its end, and --help or a refused flag not at all
+    from microbench.transfer.report import finish_run
+
     console = make_console()
     if not resumed:
         try:
