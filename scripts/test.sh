@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test, in three passes (the README's test command; CI runs exactly it). Markers: pyproject.toml.
+# Every test, in four passes (the README's test command; CI runs exactly it). Markers: pyproject.toml.
 #   clock  - tests that read the clock against the simulated engine (step times, stalls, schedule delay),
 #            two at a time (pytest -m "clock and not solo" -n 2): on a 2-core box they keep both cores busy.
 #   solo   - clock tests that judge a fitted model against a tight bar (a 2% error, one run's 95% interval),
