@@ -29,7 +29,7 @@ from microbench.results.derive import derive
 from microbench.results.layout import RunFolder
 from microbench.results.records import Observation, RunRecord, read_record
 
-pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
+pytestmark = [pytest.mark.integration, pytest.mark.clock, pytest.mark.solo]  # fits read off the clock: alone
 
 DEVICE = StepModel(
     alpha_ms=6.0, beta_d_ms=0.2, beta_c_ms=0.02, gamma_ns=20.0, eager_ms=8.0, cuda_graph_max_tokens=512
