@@ -64,14 +64,12 @@ def engine_speed(steps: pd.DataFrame, model: StepModel, window_s: float = WINDOW
     ]
     if decode.empty:
         return None
-    d = decode["decode_tokens"].to_numpy(int)
-    price = np.array([model.step_ms(StepShape(int(n))) for n in d])
-    ratio = decode["elapsed_ms"].to_numpy(float) / price
-    sizes, counts = np.unique(d, return_counts=True)
+    d, ms = decode["decode_tokens"].to_numpy(int), decode["elapsed_ms"].to_numpy(float)
+    sizes, which, counts = np.unique(d, return_inverse=True, return_counts=True)
+    ratio = ms / np.array([model.step_ms(StepShape(int(n))) for n in sizes])[which]  # one price per batch
     batch = int(sizes[np.argmax(counts)])  # the smallest of the most common, on a tie
     of_batch = d == batch
     window = ((decode["t_end_s"].to_numpy(float) - float(steps["t_end_s"].min())) // window_s).astype(int)
-    ms = decode["elapsed_ms"].to_numpy(float)
     windows = [
         SpeedWindow(
             start_s=float(w * window_s),
