@@ -256,13 +256,13 @@ def fit_to_sim(
             if stream.per_token_ci_ms
             else "0 (one decode batch size: no slope)"
             if len(stream.batch_sizes) < 2
-            else "0 (negative: dropped)"
+            else "0"
         )
         low, high = stream.fixed_ci_ms
         matched.append(
             f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
-            f"token (client gap − engine step, robust fit with terms ≥ 0, n={stream.n}, "
-            f"D={list(stream.batch_sizes)})"
+            f"token (client gap − engine step, robust fit, a term kept where its 95% CI is above 0, "
+            f"n={stream.n}, D={list(stream.batch_sizes)})" + (f"; {stream.note}" if stream.note else "")
         )
     except ValueError as exc:
         stream_fixed, stream_token = 0.0, 0.0

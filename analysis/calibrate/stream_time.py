@@ -11,9 +11,13 @@ suite's robust fit (``analysis.robust.huber_fit``: one record whose engine media
 idle gap must not tilt the line) with both terms ≥ 0 (a step cannot stream in negative time: a negative
 term is dropped and the other refitted alone, not clipped after the fit, which would keep a slope that
 only compensated the negative intercept); with one decode batch size only, the slope cannot be told apart
-and ``per_token_ms`` is 0 (said so). An engine whose step timer already spans the whole loop (SGLang: the
-interval between its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the
-step streams)`` to every step it prices.
+and ``per_token_ms`` is 0 (said so). A term whose 95% CI holds 0 is dropped the same way (said in
+``note``): the replay adds the time to every step, so over a busy period of hundreds of steps a term that
+only noise made positive moves every later step boundary (the sim as reality, whose true stream time is 0:
+a slope of 0.0086 [-0.002, 0.019] ms per token set its 450-step grid 16 ms late, and 6 of 36 requests
+joined a step off). An engine whose step timer already spans the whole loop (SGLang: the interval between
+its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the step streams)`` to every
+step it prices.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class StreamTimeFit:
     per_token_ci_ms: tuple[float, float] | None  # None: one decode batch size, no slope fitted
     n: int
     batch_sizes: tuple[int, ...]
+    note: str = ""  # the terms dropped (negative, or a CI holding 0), with their estimates
 
 
 def stream_time_rows(records: list[RunRecord]) -> pd.DataFrame:
@@ -76,20 +81,37 @@ def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
     sizes = tuple(sorted({int(d) for d in frame["D"]}))
     d = frame["D"].to_numpy(float)
     const = np.ones((len(y), 1))
-    if len(sizes) > 1 and len(y) > 2:
+    n, dropped = len(y), []
+    if len(sizes) > 1 and n > 2:
         both = huber_fit(y, np.column_stack([const, d]))
-        fixed, slope = both.params
-        if fixed >= 0 and slope >= 0:
-            fixed_ci, slope_ci = _pair(both.conf_int[0]), _pair(both.conf_int[1])
-            return StreamTimeFit(float(fixed), fixed_ci, float(slope), slope_ci, len(y), sizes)
-        if fixed < 0 <= slope:  # a line through the origin: the time is all per streamed token
+        (fixed, slope), (fixed_ci, slope_ci) = both.params, (_pair(both.conf_int[0]), _pair(both.conf_int[1]))
+        if _held(fixed_ci) and _held(slope_ci):
+            return StreamTimeFit(float(fixed), fixed_ci, float(slope), slope_ci, n, sizes)
+        if _held(slope_ci):  # a line through the origin: the time is all per streamed token
+            dropped.append(_dropped("per step", fixed, fixed_ci))
             alone = huber_fit(y, d[:, None])
-            per = max(0.0, float(alone.params[0]))
-            return StreamTimeFit(0.0, (0.0, 0.0), per, _pair(alone.conf_int[0]), len(y), sizes)
-        # a negative slope: the time is all per step (below)
+            per, per_ci = float(alone.params[0]), _pair(alone.conf_int[0])
+            if _held(per_ci):
+                return StreamTimeFit(0.0, (0.0, 0.0), per, per_ci, n, sizes, "; ".join(dropped))
+            dropped.append(_dropped("per streamed token, alone", per, per_ci))
+            return StreamTimeFit(0.0, (0.0, 0.0), 0.0, per_ci, n, sizes, "; ".join(dropped))
+        dropped.append(_dropped("per streamed token", slope, slope_ci))  # the time is all per step (below)
     alone = huber_fit(y, const)
-    fixed_ci = _pair(alone.conf_int[0])
-    return StreamTimeFit(max(0.0, float(alone.params[0])), fixed_ci, 0.0, None, len(y), sizes)
+    fixed, fixed_ci = float(alone.params[0]), _pair(alone.conf_int[0])
+    if not _held(fixed_ci):
+        dropped.append(_dropped("per step" + (", alone" if dropped else ""), fixed, fixed_ci))
+        fixed = 0.0
+    return StreamTimeFit(fixed, fixed_ci, 0.0, None, n, sizes, "; ".join(dropped))
+
+
+def _held(ci: tuple[float, float]) -> bool:
+    """A term is kept when its 95% CI lies above 0 (an exact fit's zero-width CI: when it is above 0)."""
+    return ci[0] > 0
+
+
+def _dropped(term: str, value: float, ci: tuple[float, float]) -> str:
+    why = "negative" if value < 0 else "its 95% CI holds 0"
+    return f"{term} {value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ms dropped ({why})"
 
 
 def _pair(row: np.ndarray) -> tuple[float, float]:

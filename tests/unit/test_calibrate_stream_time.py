@@ -41,6 +41,33 @@ def test_the_fit_with_noise_has_a_ci_holding_the_truth() -> None:
     assert fit.fixed_ci_ms[0] < 0.6 < fit.fixed_ci_ms[1]
 
 
+def test_a_slope_whose_ci_holds_zero_is_dropped_and_the_step_term_refitted() -> None:
+    # excess = 0.5 ms per step, no per-token time: the noise gives the joint fit a small slope either way
+    noise = [-0.02, 0.01, -0.01, 0.02, 0.01, -0.005]
+    records = [_rec(d, 3.0 + 0.5 + e, 3.0) for (d, e) in zip((2, 2, 4, 4, 8, 8), noise, strict=True)]
+    fit = fit_stream_time(records)
+    assert fit.per_token_ms == 0.0 and fit.per_token_ci_ms is None
+    assert fit.fixed_ms == pytest.approx(0.5, abs=0.02) and fit.fixed_ci_ms[0] > 0
+    assert fit.note.startswith("per streamed token") and "CI holds 0" in fit.note
+
+
+def test_noise_around_zero_gives_no_stream_time() -> None:
+    # the sim as reality: its steps are the whole cycle, the client's gap only adds noise of either sign
+    noise = [0.004, -0.003, 0.002, -0.004, 0.003, -0.001, 0.001, -0.002]
+    records = [_rec(d, 40.0 + e, 40.0) for (d, e) in zip((1, 2, 4, 8) * 2, noise, strict=True)]
+    fit = fit_stream_time(records)
+    assert fit.fixed_ms == 0.0 and fit.per_token_ms == 0.0
+    assert "per streamed token" in fit.note and "per step" in fit.note
+
+
+def test_a_time_all_per_token_keeps_the_slope_alone() -> None:
+    noise = [0.001, -0.002, 0.002, -0.001, 0.0, 0.001]
+    records = [_rec(d, 3.0 + 0.05 * d + e, 3.0) for (d, e) in zip((2, 2, 4, 4, 8, 8), noise, strict=True)]
+    fit = fit_stream_time(records)
+    assert fit.fixed_ms == 0.0 and fit.per_token_ms == pytest.approx(0.05, abs=0.002)
+    assert fit.per_token_ci_ms is not None and fit.per_token_ci_ms[0] > 0 and fit.note.startswith("per step")
+
+
 def test_one_batch_size_gives_the_mean_and_no_slope() -> None:
     fit = fit_stream_time([_rec(4, 3.5, 3.0), _rec(4, 3.7, 3.0)])
     assert fit.fixed_ms == pytest.approx(0.6) and fit.per_token_ms == 0.0 and fit.per_token_ci_ms is None
