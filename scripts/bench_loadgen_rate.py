@@ -1,8 +1,9 @@
 """Where one load-generation process stops keeping its schedule, and what N worker processes reach.
 
 The sim engine runs as ``--sims K`` subprocesses (default 1) on one port (SO_REUSEPORT), each pinned to
-its own core at the top of the core list (``--time-scale 0``: answers at once, short outputs), so the
-figure is the load generator's own. For each rate of ``--rates`` (uniform spacing, ``--seconds`` of
+its own core at the top of the core list (``--time-scale 0``: answers at once, short outputs; with
+``--sim-step-ms S`` every step takes S ms, so requests share steps and a sim costs less per request), so
+the figure is the load generator's own. For each rate of ``--rates`` (uniform spacing, ``--seconds`` of
 sends) and each worker count N of ``--workers``, interleaved and in alternating order, ``--reps`` times:
 schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst worker's p99, the
 achieved send rate, and the client's CPU µs per request (one worker: this process's CPU time over the
@@ -284,11 +285,18 @@ def measure(
     return runs
 
 
-def start_sims(port: int, sim_cores: list[int]) -> list[subprocess.Popen[bytes]]:
+def start_sims(port: int, sim_cores: list[int], step_ms: float = 0.0) -> list[subprocess.Popen[bytes]]:
     """One sim process per core of ``sim_cores``, all on ``port`` (SO_REUSEPORT: the kernel spreads the
-    connections between them); ``wait_listening`` waits for them."""
+    connections between them); ``wait_listening`` waits for them. ``step_ms`` 0: steps take no time (a
+    request's 4 tokens are 4 steps of its own, ≈ 550-700 µs of a sim core per request on a Xeon core);
+    else every step takes ``step_ms`` whatever it holds, so the requests that arrive meanwhile share the
+    next one and the sims' cost per request falls with the rate (what a real engine's batching does)."""
+    timing = ["--time-scale", "0"]
+    if step_ms > 0:
+        timing = ["--time-scale", "1", "--busy-wait-ms", "0", "--alpha-ms", str(step_ms), "--beta-d-ms", "0",
+                  "--beta-c-ms", "0", "--gamma-ns", "0"]  # fmt: skip
     argv = [sys.executable, "-m", "engine_harness.sim", "--port", str(port), "--model", "sim", "--reuse-port",
-            "--time-scale", "0", "--max-num-seqs", "4096"]  # fmt: skip
+            *timing, "--max-num-seqs", "4096"]  # fmt: skip
     sims = [
         subprocess.Popen(
             argv,
@@ -358,6 +366,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sims", type=int, default=1, help="sim processes on one port, one core each")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of sends per run")
+    parser.add_argument(
+        "--sim-step-ms",
+        type=float,
+        default=0.0,
+        help="every sim step takes this long (0: no time; > 0: the requests arriving meanwhile share a step, "
+        "so the sims cost less per request at high rates)",
+    )
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     parser.add_argument(
         "--knee-ms", type=float, default=1.0, help="p99 schedule delay a kept schedule stays under"
@@ -368,8 +383,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rates, args.reps, args.seconds = [2000, 3000, 4000, 5000], 2, 1.0
-    if min(args.rates) <= 0 or min(args.workers) < 1 or args.reps < 1 or args.seconds <= 0 or args.sims < 1:
-        parser.error("rates and seconds must be > 0, workers, sims and reps ≥ 1")
+    if (
+        min(args.rates) <= 0
+        or min(args.workers) < 1
+        or args.reps < 1
+        or args.seconds <= 0
+        or args.sims < 1
+        or args.sim_step_ms < 0
+    ):
+        parser.error("rates and seconds must be > 0, workers, sims and reps ≥ 1, --sim-step-ms ≥ 0")
     cores = sorted(os.sched_getaffinity(0))
     try:
         pinned = {w: placement(cores, w, args.sims) for w in args.workers}
@@ -381,7 +403,7 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     load_before = os.getloadavg()
-    sims = start_sims(port, sim_cores)
+    sims = start_sims(port, sim_cores, args.sim_step_ms)
     try:
         wait_listening(sims)
         _wait_healthy(url)
@@ -400,7 +422,8 @@ def main() -> None:
         for w, c in pinned.items()
     )
     report = {
-        "machine": f"{os.cpu_count()} cores; {args.sims} sim(s) on cores {sim_cores}; {places}; "
+        "machine": f"{os.cpu_count()} cores; {args.sims} sim(s) on cores {sim_cores}, steps of "
+        f"{args.sim_step_ms:g} ms; {places}; "
         f"timer and vllm rows on core {cores[0]}",
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
