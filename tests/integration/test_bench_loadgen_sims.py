@@ -1,0 +1,50 @@
+"""scripts/bench_loadgen_rate.py's sims: steps of no time by default, of ``--sim-step-ms`` when asked."""
+
+import asyncio
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine_harness.launch import free_port
+
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_loadgen_rate", Path(__file__).resolve().parents[2] / "scripts" / "bench_loadgen_rate.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+pytestmark = pytest.mark.integration
+STEP_MS = 10.0
+
+
+async def _e2e_ms(url: str) -> float:
+    body = {"model": "sim", "prompt": "one two three", "max_tokens": 4, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        t0 = time.perf_counter_ns()
+        async with http.post(url + "/v1/completions", json=body) as resp:
+            answer = await resp.json()
+        e2e = (time.perf_counter_ns() - t0) / 1e6
+    assert resp.status == 200 and answer["usage"]["completion_tokens"] == 4
+    return e2e
+
+
+@pytest.mark.parametrize("step_ms", [0.0, STEP_MS])
+def test_the_sims_answer_and_take_their_steps_time(step_ms: float) -> None:
+    port = free_port()
+    sims = bench.start_sims(port, [sorted(os.sched_getaffinity(0))[-1]], step_ms)
+    try:
+        bench.wait_listening(sims)
+        url = f"http://127.0.0.1:{port}"
+        bench._wait_healthy(url)
+        e2e = asyncio.run(_e2e_ms(url))
+    finally:
+        for sim in sims:
+            sim.terminate()
+            sim.wait()
+    if step_ms:  # 4 tokens: the prompt's step and 3 decode steps, each step_ms at least
+        assert e2e >= 4 * step_ms, e2e
