@@ -14,7 +14,7 @@ only compensated the negative intercept); with one decode batch size only, the s
 and ``per_token_ms`` is 0 (said so). A term whose 95% CI holds 0 is dropped the same way (said in
 ``note``): the replay adds the time to every step, so over a busy period of hundreds of steps a term that
 only noise made positive moves every later step boundary (the sim as reality, whose true stream time is 0:
-a slope of 0.0086 [-0.002, 0.019] ms per token set its 450-step grid 16 ms late, and 6 of 36 requests
+a slope of 0.0086 [-0.002, 0.019] ms per token set its 450-step grid 16 ms late, and 8 of 36 requests
 joined a step off). An engine whose step timer already spans the whole loop (SGLang: the interval between
 its step lines) fits ≈ 0. The replay adds ``fixed_ms + per_token_ms × (tokens the step streams)`` to every
 step it prices.

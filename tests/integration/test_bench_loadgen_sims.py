@@ -1,22 +1,14 @@
 """scripts/bench_loadgen_rate.py's sims: steps of no time by default, of ``--sim-step-ms`` when asked."""
 
 import asyncio
-import importlib.util
 import os
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from engine_harness.launch import free_port
-
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_loadgen_rate", Path(__file__).resolve().parents[2] / "scripts" / "bench_loadgen_rate.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+from tests.unit.test_bench_loadgen_rate import bench  # the script, loaded once
 
 pytestmark = pytest.mark.integration
 STEP_MS = 10.0
