@@ -11,7 +11,7 @@ from microbench.battery.profiles import profile
 from microbench.battery.progress import progress_line
 from microbench.battery.registry import TESTS
 from microbench.battery.sections.fairness import jain_over_classes, mixed_order
-from microbench.measure.levels import level_row
+from microbench.measure.levels import level_row, tokens_within
 from microbench.measure.runs import StageWindow
 from microbench.measure.saturation import steady_state
 from microbench.measure.scaling import fit_scaling, fit_verdict
@@ -66,6 +66,33 @@ def test_level_rates_use_the_nominal_window_with_its_empty_tail() -> None:
     assert row.output_tps_ci == pytest.approx(1.96 * np.sqrt(13) * 32 / 9.0)
     # the old window [1, last send 9.0] would have divided by 8 s: 12.5% too high
     assert row.output_tps < 13 * 32 / 8.0
+
+
+def test_tokens_are_counted_where_they_were_delivered() -> None:
+    # 11 tokens each: the first at send + 0.05 s, the other 10 evenly up to done; window [1, 10)
+    lat = latencies(np.array([0.45, 5.0, 9.45, 3.0]), np.array([1.5, 5.5, 10.5, 3.05]), tokens=11.0)
+    lat.loc[3, "output_tokens"] = 1.0  # one token, at its end (3.05 s): inside
+    lat.loc[1, "ok"] = False  # a failure delivers nothing that counts
+    # [0.5, 1.5]: half its 10 later tokens; [9.5, 10.5]: its first and half the rest; the single token
+    assert tokens_within(lat, 1.0, 10.0).tolist() == pytest.approx([5.0, 0.0, 6.0, 1.0])
+
+
+def test_a_batch_that_ends_together_leaves_the_token_rate_alone() -> None:
+    # closed loop of 4 that start together and end together: 16 tokens each every 0.17 s, the first 0.02 s
+    # in (TTFT), so 376.5 tok/s; the window (2.6 s less a ramp of 2 E2E times) of 13.3 cycles holds 13 or 14
+    # bursts of completions
+    starts = np.repeat(np.arange(0, 20) * 0.17, 4)
+    lat = latencies(starts, starts + 0.17, tokens=16.0)
+    lat["ttft_s"] = 0.02
+    truth = 4 * 16 / 0.17
+    for shift in (0.0, 0.05, 0.1):
+        row = level_row(StageWindow("level", lat, shift, shift + 2.6, shift + 3.5), 4, "closed")
+        assert row.output_tps == pytest.approx(truth, rel=0.01), shift
+    completions = [
+        level_row(StageWindow("level", lat, shift, shift + 2.6, shift + 3.5), 4, "closed").request_rps
+        for shift in (0.0, 0.05, 0.1)
+    ]
+    assert max(completions) - min(completions) > 0.05 * truth / 16  # what whole completions would have read
 
 
 async def test_rate_search_brackets_the_threshold_within_five_percent() -> None:
