@@ -28,7 +28,7 @@ from microbench.measure.saturation import SteadyState, steady_state
 from microbench.measure.stats import Distribution, summarize
 from microbench.measure.sustainable import LedgerEntry, tested_rate
 
-__all__ = ["LevelRow", "ledger_entry", "level_row", "tokens_within", "verdict_text"]
+__all__ = ["LevelRow", "ledger_entry", "level_row", "token_rate_ci", "tokens_within", "verdict_text"]
 
 
 class LevelRow(StrictModel):
@@ -49,8 +49,8 @@ class LevelRow(StrictModel):
     output_tps: float = Field(..., description="output tokens/s delivered in the window (of successes)")
     output_tps_ci: float | None = Field(
         default=None,
-        description="95% half-width from the Poisson count of completions (conservative: the tokens are "
-        "counted as delivered, not per completion)",
+        description="95% half-width: batch means over 5 equal parts of the window where each lasts two "
+        "median E2E times or more, else the Poisson bound of the completions counted (conservative)",
     )
     input_tps: float
     request_rps: float = Field(..., description="achieved: completions/s inside the window")
@@ -94,6 +94,21 @@ def tokens_within(lat: pd.DataFrame, begin: float, end: float) -> np.ndarray:
     return np.where(lat["ok"].to_numpy() & np.isfinite(tokens), tokens, 0.0)
 
 
+_BATCHES, _T975 = 5, 2.776  # batch means: t(0.975) with 4 degrees of freedom
+
+
+def token_rate_ci(lat: pd.DataFrame, begin: float, end: float) -> float | None:
+    """95% half-width of the token rate over [``begin``, ``end``) by batch means: the rates of its 5 equal
+    parts, t with 4 degrees of freedom; None where a part is shorter than two median E2E times (parts that
+    close share their requests: their rates are correlated and the interval would be too narrow)."""
+    e2e = lat.loc[lat["ok"], "e2e_s"].to_numpy(dtype=float)
+    width = (end - begin) / _BATCHES
+    if not e2e.size or not width >= 2 * float(np.nanmedian(e2e)):
+        return None
+    rates = [tokens_within(lat, b, b + width).sum() / width for b in begin + width * np.arange(_BATCHES)]
+    return _T975 * float(np.std(rates, ddof=1)) / math.sqrt(_BATCHES)
+
+
 def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelRow:
     """Summarise ``window`` (one stage) as a load level offered at ``offered``."""
     lat = window.latencies
@@ -110,6 +125,7 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
     out_tokens = lat["output_tokens"].to_numpy(dtype=float)[finished]
     n_done = int(finished.sum())
     per_request = float(np.nanmean(out_tokens)) if n_done else 0.0
+    ci = token_rate_ci(lat, begin, end)
     return LevelRow(
         offered=offered,
         loop=loop,
@@ -120,7 +136,7 @@ def level_row(window: StageWindow, offered: float, loop: str = "open") -> LevelR
         sent_rps=float(np.sum((send >= begin) & (send < end))) / span,
         backlog=int(np.sum(send < begin) - np.sum(ok & (done < begin))),
         output_tps=float(tokens_within(lat, begin, end).sum()) / span,
-        output_tps_ci=1.96 * math.sqrt(n_done) * per_request / span,
+        output_tps_ci=1.96 * math.sqrt(n_done) * per_request / span if ci is None else ci,
         input_tps=float(np.nansum(lat["input_tokens"].to_numpy(dtype=float)[finished])) / span,
         request_rps=n_done / span,
         ttft=summarize(measured["ttft_s"]),

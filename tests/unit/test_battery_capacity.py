@@ -63,7 +63,12 @@ def test_level_rates_use_the_nominal_window_with_its_empty_tail() -> None:
     assert row.request_rps == pytest.approx(13 / 9.0)
     assert row.output_tps == pytest.approx(13 * 32 / 9.0)
     assert row.sent_rps == pytest.approx(13 / 9.0)  # sends at 1.0 … 9.0
-    assert row.output_tps_ci == pytest.approx(1.96 * np.sqrt(13) * 32 / 9.0)
+    # batch means: parts of 1.8 s from 1 s (≥ 2 E2E times) hold 3, 3, 3, 2 and 2 requests
+    assert row.output_tps_ci == pytest.approx(2.776 * np.std([3, 3, 3, 2, 2], ddof=1) * 32 / 1.8 / np.sqrt(5))
+    # requests of 1 s: parts of 1.6 s (window [2, 10)) are under two E2E times: the Poisson bound instead
+    slow = level_row(StageWindow("level", latencies(send, send + 1.0, tokens=32.0), 0.0, 10.0, 11.0), 3.1)
+    assert slow.window_s == pytest.approx(8.0)
+    assert slow.output_tps_ci == pytest.approx(1.96 * np.sqrt(slow.request_rps * 8.0) * 32 / 8.0)
     # the old window [1, last send 9.0] would have divided by 8 s: 12.5% too high
     assert row.output_tps < 13 * 32 / 8.0
 
@@ -88,6 +93,8 @@ def test_a_batch_that_ends_together_leaves_the_token_rate_alone() -> None:
     for shift in (0.0, 0.05, 0.1):
         row = level_row(StageWindow("level", lat, shift, shift + 2.6, shift + 3.5), 4, "closed")
         assert row.output_tps == pytest.approx(truth, rel=0.01), shift
+        # its interval, by batch means, says so (the Poisson bound of 13-14 completions would be ±27%)
+        assert row.output_tps_ci is not None and row.output_tps_ci < 0.02 * truth, row.output_tps_ci
     completions = [
         level_row(StageWindow("level", lat, shift, shift + 2.6, shift + 3.5), 4, "closed").request_rps
         for shift in (0.0, 0.05, 0.1)
