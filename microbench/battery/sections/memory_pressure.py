@@ -182,9 +182,10 @@ class MemoryPressureData(TestData):
                     "TTFT P99",
                 ],
                 rows=rows,
-                note="Achieved and Output: completions inside the level's window less its ramp, as 5.5 "
-                "counts them; Complete: of every request sent. Preemptions/request: the engine's counter "
-                "over requests sent. Preempted: share of requests with a stream stall (over "
+                note="Achieved: completions inside the level's window less its ramp, and Output: the "
+                "tokens delivered inside it, as 5.5 counts them; Complete: of every request sent. "
+                "Preemptions/request: the engine's counter over requests sent. Preempted: share of "
+                "requests with a stream stall (over "
                 f"{STALL_FACTOR:g}x the level's median gap) during which the counter rose (a lower bound: a "
                 "request preempted before its first token shows no stall); Recovered: of those, the share "
                 "that completed; Loss: prompt + generated tokens a recompute discards, per attributed event",
