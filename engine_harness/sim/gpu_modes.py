@@ -53,8 +53,8 @@ def step_times(config: SimConfig, device_s: float, host: float, host_next: float
     return whole, whole if config.executor == "mp" else device_s
 
 
-def _prefix(process: str) -> str:
-    now = time.time()
+def _prefix(process: str, now: float | None = None) -> str:
+    now = time.time() if now is None else now
     date = time.strftime("%m-%d %H:%M:%S", time.localtime(now))
     return f"({process} pid={os.getpid()}) INFO {date} @{now:.6f}"
 
@@ -87,9 +87,14 @@ def startup_lines(config: SimConfig) -> list[str]:
 
 def iteration_line(record: StepRecord, kv_usage: float) -> str:
     """One step as vLLM's ``--enable-logging-iteration-details`` writes it, stamped as the suite's
-    logging config stamps it (``engine_harness/vllm_logging.json``)."""
+    logging config stamps it (``engine_harness/vllm_logging.json``), at the step's end: the sim's books of
+    the step (its commit: 236 µs for a 1024-token chunk, 55 for a decode step, 2026-11-29) run between
+    that end and the print and are no part of the modelled step (the next one starts on the model's grid);
+    stamped at the print, a big step's interval held its books less the step before's (eager fit +12%)."""
+    end_ns = record.t_start_ns + record.duration_ns
+    stamp = time.time() - (time.perf_counter_ns() - end_ns) / 1e9
     return (
-        f"{_prefix('MainProcess')} [loggers.py:200] Engine 000: Iteration({record.index}): "
+        f"{_prefix('MainProcess', stamp)} [loggers.py:200] Engine 000: Iteration({record.index}): "
         f"{record.num_prefill_reqs} context requests, {record.prefill_tokens} context tokens, "
         f"{record.num_decode_reqs} generation requests, {record.decode_tokens} generation tokens, "
         f"iteration elapsed time: {record.reported_ms:.2f} ms, GPU KV cache usage: {kv_usage * 100:.1f}%"
