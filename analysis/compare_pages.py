@@ -132,7 +132,10 @@ def diff_heatmap(c: Comparison) -> Figure:
     chunks = sorted(frame["chunk"].unique()) if len(frame) else []
     if not chunks or frame["ratio"].isna().all():
         raise ValueError("no cell measured in both runs: nothing to draw")
-    spread = float(np.nanmax(np.abs(np.log(frame["ratio"].to_numpy(dtype=float)))))
+    ratios = frame["ratio"].to_numpy(dtype=float)
+    # a B location ≤ 0 (its delay gone in the noise) has no log: it sets no scale, drawn at its low end
+    positive = ratios[ratios > 0]
+    spread = float(np.max(np.abs(np.log(positive)))) if positive.size else 0.0
     reach = math.exp(max(spread, 0.05))
     norm = TwoSlopeNorm(vcenter=1.0, vmin=1 / reach, vmax=reach)
     fig = Figure(figsize=(1.0 + 4.6 * len(chunks), 4.2), layout="constrained")

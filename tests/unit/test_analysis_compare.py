@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,24 @@ def test_renderers_mark_the_cells_whose_ci_excludes_one(tmp_path: Path) -> None:
     names = sorted(p.name for p in write_pages(c, tmp_path))
     assert names == ["comparison.html", "comparison.md", "comparison_heatmap.png"]
     assert "B worse" in (tmp_path / "comparison.html").read_text()
+
+
+def test_a_b_location_at_or_below_zero_is_drawn_with_its_label() -> None:
+    # B's penalties around 0 (the delay gone, noise left): the ratio is ≤ 0 and has no log; the map still
+    # scales on the other cells and labels that one
+    rng = np.random.default_rng(7)
+    a = {(512, 2, p): _noisy(8, rng) for p in (1024, 2048)}
+    b = {(512, 2, 1024): [v - 130 for v in a[(512, 2, 1024)]], (512, 2, 2048): _noisy(8, rng, 1.2)}
+    cells = compare_frames(_frame(a), _frame(b))
+    assert min(e.ratio for e in cells if e.ratio is not None) <= 0
+    c = Comparison(
+        name_a="A", name_b="B", run_a="a", run_b="b", alpha=0.05, tolerance=0.1, seed=0, warnings=[],
+        cells=cells,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no log of a non-positive ratio
+        texts = [t.get_text() for t in diff_heatmap(c).axes[0].texts]
+    assert len(texts) == 2 and any(t.startswith("-") for t in texts), texts
 
 
 def test_a_stored_run_against_itself_decides_no_difference(tmp_path: Path) -> None:
