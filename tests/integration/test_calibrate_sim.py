@@ -129,9 +129,12 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     # The step grid's phase: an idle engine starts a step the moment a request arrives, so the request
     # that opens a busy period sets the phase of every later step of it; its TTFT error is its way in's
     # own jitter (HTTP parsing on a busy loop: a 5.5 ms late opener, on a box installing packages beside
-    # the test, put 80% of a 6-second busy period's TTFTs 5.5 ms late and the rest a step early). Judged
-    # over the openers of the periods that hold measured requests (the first request's connection set-up
-    # makes it ~3 ms late: a warm-up period's phase does not matter)
+    # the test, put 80% of a 6-second busy period's TTFTs 5.5 ms late and the rest a step early), which
+    # every request of the period then shares. It is taken as the median TTFT error of the period's
+    # measured requests: the opener's own error holds its way back's jitter too, which moves no step (local
+    # CI 30: the opener's 2.06 ms put the phase-out error at 2.29% where the plain MAPE was 1.4%). Judged
+    # over the periods that hold measured requests (the first request's connection set-up makes it ~3 ms
+    # late: a warm-up period's phase does not matter)
     settings_used = SimSettings.model_validate_json((predicted / "sim-settings.json").read_text())
     starts = set(replayed["t_start_ns"])
     arrivals = sorted((q.arrival_ns, q.request_id) for q in replay_requests(real, settings_used))
@@ -141,16 +144,18 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     openers = {opener[rid] for rid in measured}
     real_ttft, pred_ttft = request_metrics(real)["ttft_ms"], request_metrics(pred)["ttft_ms"]
     ttft_err_ms = real_ttft - pred_ttft
-    phase_ms = float(ttft_err_ms[sorted(openers)].abs().max())
-    # each request's TTFT error less its busy period's phase (its opener's error): ≈ 0 where it joined the
-    # step the model put it in, ≈ ± a step where its way in put it one step either side
-    own_ms = pd.Series({rid: ttft_err_ms[rid] - ttft_err_ms[opener[rid]] for rid in measured})
+    phase = {o: float(ttft_err_ms[[r for r in measured if opener[r] == o]].median()) for o in openers}
+    phase_ms = max(abs(v) for v in phase.values())
+    # each request's TTFT error less its busy period's phase: ≈ 0 where it joined the step the model put it
+    # in, ≈ ± a step where its way in put it one step either side
+    own_ms = pd.Series({rid: ttft_err_ms[rid] - phase[opener[rid]] for rid in measured})
     same = own_ms.abs() <= step_ms / 2
     same_mape = float((own_ms[same].abs() / real_ttft[own_ms.index[same]]).mean() * 100)
     figures = (
         f"{slips} slips of the step grid ({slip_ms:.1f} ms in {busy_ms:.0f} ms busy), {late:.1%} of the "
         f"steps over 1 ms late, phase set "
-        f"{phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) by the openers of {len(openers)} busy periods; "
+        f"{phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) in {len(openers)} busy periods (their openers' "
+        f"TTFT errors up to {max(abs(ttft_err_ms[o]) for o in openers):.2f} ms); "
         f"{int((~same).sum())} of {len(measured)} requests joined another step than the model's "
         f"(errors {sorted(own_ms[~same].round(1))} ms, phase out); TTFT MAPE {ttft.mape_pct:.1f}% "
         f"({same_mape:.2f}% over the rest, phase out), E2E {e2e.mape_pct:.1f}%"
