@@ -61,7 +61,9 @@ async def test_a_stalled_consumer_gets_a_502_after_the_proxy_timeout(producer: S
                         session, f"{proxy.base_url}/v1/completions", _body(producer), StreamRecord(),
                         headers={"X-Request-Id": "r1"},
                     )  # fmt: skip
-                assert time.perf_counter() - t0 < 5
+                # after the proxy's 1 s, not the consumer's hour: a bound far from both (this pass runs at
+                # nice 19 beside a real engine, where it once took 5.4 s)
+                assert time.perf_counter() - t0 < 60
             stamps = proxy.stamps["r1"]
     finally:
         await runner.cleanup()
