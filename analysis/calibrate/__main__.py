@@ -86,6 +86,8 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
         f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error {held_out}; "
         f"{settings.fit.n_steps} steps of {1 + len(settings.fit.pooled)} sweep run(s))"
     )
+    for line in (m for m in settings.matched if m.startswith("wake: ")):
+        print(line)
     for d in settings.defaulted:
         print(f"defaulted: {d}")
     print(f"wrote {args.out}")

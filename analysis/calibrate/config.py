@@ -13,7 +13,9 @@ as *matched* (read from the run) or *defaulted* (the engine's default, said so),
 ``SimSettings.sim_params()`` is the same configuration as the simulated engine's ``--params`` YAML, so the
 replay (``analysis.calibrate.replay``) and a sim server started from it schedule and price steps alike
 (the stream time per step, ``analysis.calibrate.stream_time``, goes in as the sim's host work per step;
-its per-streamed-token part has no sim counterpart and is the replay's alone).
+its per-streamed-token part has no sim counterpart and is the replay's alone), and so do they charge the
+first step after an idle spell the wake cost the runs' wake probes measured (``analysis.calibrate.wake``;
+none where no run probed).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from analysis.calibrate.stream_time import fit_stream_time
+from analysis.calibrate.wake import fit_wake
 from analysis.frontend import fit_frontend
 from analysis.models import StepFit, fit_step_model
 from analysis.table import load_manifest, load_records
@@ -34,6 +37,8 @@ from engine_harness.model_kv import read_model_kv
 from engine_harness.scheduler_model import SchedulerMode
 from engine_harness.spec import MODELS_DIR, SpecFields
 from engine_harness.step_model import StepModel
+from engine_harness.wake_model import WakeCost
+from microbench.results.layout import RunFolder
 from microbench.results.records import RunRecord
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "FitSummary", "SimSettings", "fit_to_sim", "with_round_trip"]
@@ -83,6 +88,9 @@ class SimSettings(StrictModel):
         0.0, ge=0, description="the API server's time per token a step streams (ms; stream_time.py)"
     )
     step: StepModel
+    wake: WakeCost = Field(
+        default_factory=WakeCost, description="extra time of the first step after an idle spell (wake.py)"
+    )
     fit: FitSummary
     matched: list[str] = Field(default_factory=list, description="settings read from the run (name=value)")
     defaulted: list[str] = Field(default_factory=list, description="settings not in the run: the default")
@@ -100,6 +108,7 @@ class SimSettings(StrictModel):
             "frontend_ns_per_token": self.frontend_ns_per_token,
             "host_ms": self.stream_fixed_ms,
             "step": self.step.model_dump(),
+            "wake": self.wake.model_dump(),
         }
 
 
@@ -267,6 +276,7 @@ def fit_to_sim(
     except ValueError as exc:
         stream_fixed, stream_token = 0.0, 0.0
         defaulted.append(f"stream time=0 ({exc})")
+    wake = _wake(dirs, chunk_size, matched, defaulted)
     return SimSettings(
         kind=kind,
         mode=mode,
@@ -281,6 +291,7 @@ def fit_to_sim(
         stream_fixed_ms=stream_fixed,
         stream_ms_per_token=stream_token,
         step=step,
+        wake=wake,
         fit=FitSummary(
             run=str(run_dir),
             pooled=[str(d) for d in dirs[1:]],
@@ -293,6 +304,19 @@ def fit_to_sim(
         matched=matched,
         defaulted=defaulted,
     )
+
+
+def _wake(dirs: Sequence[Path], chunk_size: int, matched: list[str], defaulted: list[str]) -> WakeCost:
+    """The wake cost from the runs' wake probes (those of ``chunk_size``, else every one), said in
+    ``matched``; none (and why, in ``defaulted``) where no run probed or the probe gives no reference."""
+    probes = [p for d in dirs for p in RunFolder(d).wake_probes()]
+    try:
+        fit = fit_wake([p for p in probes if p.chunk_size == chunk_size] or probes)
+    except ValueError as exc:
+        defaulted.append(f"wake=none ({exc})")
+        return WakeCost()
+    matched.append(fit.text())
+    return fit.cost
 
 
 def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:

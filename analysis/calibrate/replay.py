@@ -8,8 +8,9 @@ a request reaches the engine at its recorded send plus the API server's time for
 first token's way back, and the way in is where it decides which step a request joins), joins the
 waiting queue, and is considered when the next step is planned; an idle engine starts a step the moment
 a request arrives; a step lasts its step-model time plus the time the engine's step log leaves out (the
-API server's, per step and per token the step streams: ``analysis.calibrate.stream_time``); every token
-of a step reaches the client at the step's end.
+API server's, per step and per token the step streams: ``analysis.calibrate.stream_time``), and the first
+step after an idle spell its wake cost for that spell (``SimSettings.wake``: ``engine_harness.wake_model``,
+measured by the sweep's wake probe); every token of a step reaches the client at the step's end.
 
 What is replayed, per request of the real trace that completed (``status == "ok"``): its send time, its
 prompt length (the server's ``usage.prompt_tokens``, else the requested one), its output length (the
@@ -112,6 +113,7 @@ def replay(
     result = ReplayResult()
     started = time.perf_counter()
     now, i, n = 0, 0, len(requests)
+    idle_from: int | None = 0  # where the engine's idle spell began (None: it is busy); idle from the start
     while i < n or sched.has_work():
         while i < n and requests[i].arrival_ns <= now:
             r = requests[i]
@@ -119,6 +121,7 @@ def replay(
             result.token_ns[r.request_id] = []
             i += 1
         if not sched.has_work():
+            idle_from = now if idle_from is None else idle_from
             now = requests[i].arrival_ns  # idle: the next step starts when the next request arrives
             continue
         plan = sched.schedule()
@@ -132,7 +135,9 @@ def replay(
             continue
         shape = plan.shape
         streamed = sum(1 for c in plan.chunks if c.context + c.num_tokens >= c.request.num_tokens)
-        duration = round(cost.step_ms(shape) * 1e6)  # what the engine's step log would say
+        wake = settings.wake.extra_ms((now - idle_from) / 1e9) if idle_from is not None else 0.0
+        idle_from = None
+        duration = round((cost.step_ms(shape) + wake) * 1e6)  # what the engine's step log would say
         stream = round((settings.stream_fixed_ms + settings.stream_ms_per_token * streamed) * 1e6)
         result.steps.append(
             {

@@ -15,10 +15,9 @@ carried into every later step: over a busy period of thousands of steps the engi
 model's (step boundaries, and so which step a request joins, as a virtual-time replay of the model puts
 them): the next steps wait that much less. A step that ends more than ``_RESYNC_NS`` behind the grid (a
 freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
-engine's. Below that the noise is the test box's: moving the grid on at every 1 ms (the bound before
-2026-11-28), 14 hiccups of 1-6 ms in a 15 s calibration trace set it 20 ms behind the model's, and
-requests joined a step earlier than a replay of the model put them. ``StepRecord.behind_ns`` says how
-far each step ended behind the grid.
+engine's. Below that the noise is the test box's (moving on at every 1 ms, 14 hiccups of 1-6 ms in a 15 s
+trace set the grid 20 ms behind the model's). ``StepRecord.behind_ns`` says how far each step ended behind
+the grid. The first step after an idle spell pays the configured wake cost (``engine_harness.wake_model``).
 
 ``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times: a
 back-to-back step is logged from the previous one's actual end, so durations add up to the wall time and
@@ -233,6 +232,7 @@ class SimEngine:
         prev_end: int | None = None
         planned = 0
         plan: StepPlan | None = None  # async scheduling: planned before the previous step's outputs went out
+        idle_from = time.perf_counter_ns()  # the last step's end: where an idle spell began
         while True:
             if plan is None:
                 plan = await self._next_plan()
@@ -250,6 +250,7 @@ class SimEngine:
             # hand-off, scheduling) is part of the step's time, so the wall time follows the model exactly.
             if prev_end is None:
                 t0 = planned = time.perf_counter_ns()
+                device_s += cfg.wake.extra_ms((t0 - idle_from) / 1e9 / scale) / 1e3 if scale else 0.0
             else:
                 t0 = prev_end
             for req in plan.admitted:
@@ -275,7 +276,7 @@ class SimEngine:
                     await self._sleep(planned, host_next, scale, spin_ns)
                 t1 = time.perf_counter_ns()
                 planned_end = planned + int(max(device_s, host_next) * scale * 1e9)
-            prev_end, planned = t1, _next_start(planned_end, scale, t1)
+            prev_end, planned, idle_from = t1, _next_start(planned_end, scale, t1), t1
             whole_s, reported_s = step_times(cfg, device_s, host, host_next)
             self._finish_step(done, result, shape, (whole_s, reported_s), t0, t1, t1 - planned_end)
 
@@ -314,8 +315,7 @@ class SimEngine:
         t1: int,
         behind_ns: int,
     ) -> None:
-        """Hand the step's tokens to their streams, log it, count it (``times_s``: the whole step and the
-        engine's elapsed field, in model seconds)."""
+        """Hand the step's tokens out, log the step, count it (``times_s``: whole step, elapsed field)."""
         sched, m = self.scheduler, self.metrics
         streams = self._streams
         prefill_chunks = tuple(

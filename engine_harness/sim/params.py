@@ -22,6 +22,7 @@ from benchcore.schema import StrictModel
 from engine_harness.scheduler_model import SchedulerMode
 from engine_harness.sim.kv_transfer import KvTransferModel
 from engine_harness.step_model import StepModel, StepShape
+from engine_harness.wake_model import WakeCost
 
 __all__ = [
     "PRESETS_DIR",
@@ -125,6 +126,10 @@ class SimConfig(StrictModel):
         "request (parsing, tokenization, hand-off): in the client's TTFT, not in the engine's queue time"
     )  # fmt: skip
     step: SimStepModel = Field(default_factory=lambda: SimStepModel())
+    wake: WakeCost = Field(
+        default_factory=lambda: WakeCost(), description="extra time of the first step after an idle spell "
+        "(engine_harness.wake_model; none by default)"
+    )  # fmt: skip
     # GPU-like modes (engine_harness.sim.gpu_modes): host work before the device runs a step, and how vLLM
     # would run and time it
     host_ms: float = Field(

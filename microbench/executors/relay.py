@@ -25,6 +25,7 @@ from microbench.measure.shard import ShardEvents
 from microbench.measure.sink import Attempt, FolderSink, Stored
 from microbench.results.layout import RunFolder
 from microbench.results.records import Baseline
+from microbench.results.wake import WakeProbeRecord
 
 __all__ = [
     "EventCall",
@@ -180,6 +181,13 @@ class RelaySink:
 
     def engine_log(self, shard: str) -> Path:
         return self.inner.engine_log(shard)
+
+    def wake(self, record: WakeProbeRecord) -> None:
+        self.inner.wake(record)
+        self.emit(Files(self._written()))
+
+    def wake_done(self, chunk: int) -> bool:
+        return self.inner.wake_done(chunk)
 
     def telemetry_path(self, shard: str) -> Path:
         return self.inner.telemetry_path(shard)

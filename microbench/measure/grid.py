@@ -22,6 +22,7 @@ from engine_harness.settings import EngineSettings
 from microbench.client.prompts import TokenSpace
 from microbench.measure.plan import DecodePrompts, ShardPlan
 from microbench.results.records import ProtocolRules
+from microbench.results.wake import WakeProbeConfig
 
 __all__ = ["SweepConfig", "SweepConfigError", "hardware_name", "load_sweep", "shard_plans"]
 
@@ -59,6 +60,10 @@ class SweepConfig(StrictModel):
         default_factory=EngineSettings, description="engine settings: preset plus EngineSpec fields"
     )
     protocol: ProtocolRules = Field(default_factory=lambda: ProtocolRules())
+    wake_probe: WakeProbeConfig | None = Field(
+        None, description="after the grid, isolated cold requests after idle gaps on the same engine "
+        "(microbench.measure.wake): the wake cost a calibration's simulator charges; none by default"
+    )  # fmt: skip
 
     @field_validator("chunks", "decode_batch_sizes", "prefill_tokens")
     @classmethod
@@ -142,6 +147,7 @@ def shard_plans(
             max_attempts=sweep.max_attempts,
             hardware=hardware,
             token_range=sweep.token_range,
+            wake=sweep.wake_probe,
         )
         for chunk in sweep.chunks
     ]

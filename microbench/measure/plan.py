@@ -18,6 +18,7 @@ from engine_harness.engines import EngineSpec, engine_kind
 from engine_harness.step_model import Scheduling
 from microbench.client.prompts import TokenSpace, shared_prefix, token_space_for
 from microbench.results.records import ProtocolRules, RunConfig
+from microbench.results.wake import WakeProbeConfig
 
 __all__ = ["DecodePrompts", "ShardPlan", "split_plans"]
 
@@ -43,6 +44,7 @@ class ShardPlan:
     hardware: str = ""  # the RunConfig's ``gpu``: GPU names, or "CPU: <model>"
     token_range: str | None = None  # LO:HI ids for prompts; default: from the model
     part: str | None = None  # the D values of a chunk size split over several shards ("D2_8"; split_plans)
+    wake: WakeProbeConfig | None = None  # the wake probe after the grid (one part of a split chunk runs it)
 
     @property
     def name(self) -> str:
@@ -106,5 +108,10 @@ def split_plans(plans: list[ShardPlan], shards: int) -> list[ShardPlan]:
             parts[-1] = [0, *parts[-1]]
         for ds in parts:
             ordered = [d for d in plan.decode_batch_sizes if d in ds]  # the run's D order within the part
-            out.append(replace(plan, decode_batch_sizes=ordered, part="D" + "_".join(map(str, ordered))))
+            part = "D" + "_".join(map(str, ordered))
+            out.append(
+                replace(
+                    plan, decode_batch_sizes=ordered, part=part, wake=plan.wake if ds is parts[-1] else None
+                )
+            )
     return out

@@ -32,6 +32,7 @@ from microbench.measure.interference import inject, raw_frame
 from microbench.measure.plan import ShardPlan
 from microbench.measure.sink import Attempt, PointSink, Stored
 from microbench.measure.timing import Timing
+from microbench.measure.wake import probe_wake
 from microbench.results.faults import INFRASTRUCTURE
 from microbench.results.records import RunRecord, point_name
 
@@ -69,7 +70,8 @@ class ShardContext:
 async def measure_shard(plan: ShardPlan, sink: PointSink, context: ShardContext) -> None:
     """Measure every point of ``plan`` that ``sink`` does not hold yet (nothing starts when none is left)."""
     judge_cells(plan, sink, context, plan.decode_batch_sizes)
-    if all(sink.is_done(plan.chunk, d, p, r) for d, p, r in plan.points()):
+    probed = plan.wake is None or sink.wake_done(plan.chunk)
+    if probed and all(sink.is_done(plan.chunk, d, p, r) for d, p, r in plan.points()):
         return
     await Shard(plan, sink, context).run()
 
@@ -130,6 +132,7 @@ class Shard:
                 self.ctx.events.measuring(chunk)
                 with no_full_collections():
                     await self._run_cells(client)
+                    await self._probe_wake(client)
                 return
             except Exception as exc:
                 if (fault := infrastructure_error(exc)) is None:
@@ -150,6 +153,16 @@ class Shard:
         if not restarted:
             await faults.back_off(fault)
         return restarted
+
+    async def _probe_wake(self, client: EngineClient) -> None:
+        """The wake probe after the grid (``microbench.measure.wake``), once per chunk size."""
+        plan = self.plan
+        if plan.wake is None or self.sink.wake_done(plan.chunk):
+            return
+        gaps = ", ".join(f"{g:g}" for g in plan.wake.gaps_s)
+        self.ctx.events.describe(f"chunk {plan.chunk}: wake probe (idle {gaps} s × {plan.wake.repetitions})")
+        with self.timing.phase("wake probe"):
+            self.sink.wake(await probe_wake(client, self.space, plan.wake, plan.chunk))
 
     def _todo(self, d: int) -> list[tuple[int, int]]:
         """The (P, repetition) of D still to measure, once D's cells are judged against their repetitions."""

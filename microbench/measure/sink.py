@@ -22,6 +22,7 @@ from engine_harness.steps import EngineStep
 from microbench.results.faults import infrastructure_reasons
 from microbench.results.layout import RunFolder, attempt_stem
 from microbench.results.records import Baseline, BaselineRecord, Observation, RunConfig, RunRecord
+from microbench.results.wake import WakeProbeRecord
 
 __all__ = ["Attempt", "FolderSink", "PointSink", "Stored"]
 
@@ -93,6 +94,10 @@ class PointSink(Protocol):
     def warmed(
         self, chunk: int, probes_ms: list[float], verified: bool, step_mode: StepMode | None = None
     ) -> None: ...
+
+    def wake(self, record: WakeProbeRecord) -> None: ...
+
+    def wake_done(self, chunk: int) -> bool: ...
 
 
 class FolderSink:
@@ -178,6 +183,12 @@ class FolderSink:
 
     def engine_log(self, shard: str) -> Path:
         return self.folder.engine_log(shard)
+
+    def wake(self, record: WakeProbeRecord) -> None:
+        self.folder.write_wake(record)
+
+    def wake_done(self, chunk: int) -> bool:
+        return self.folder.wake_path(chunk).is_file()
 
     def telemetry_path(self, shard: str) -> Path:
         return self.folder.telemetry_path(shard)

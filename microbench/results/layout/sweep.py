@@ -25,6 +25,7 @@ from microbench.results.records import (
     read_record,
 )
 from microbench.results.validity import IN_CELL, judged
+from microbench.results.wake import WakeProbeRecord
 
 __all__ = ["RunFolder", "attempt_stem"]
 
@@ -71,6 +72,14 @@ class RunFolder(JobFolder):
 
     def telemetry_path(self, shard: str) -> Path:
         return self.root / "telemetry" / f"{shard}.parquet"
+
+    def wake_path(self, chunk: int) -> Path:
+        return self.root / "wake" / f"{chunk}.json"
+
+    def wake_probes(self) -> list[WakeProbeRecord]:
+        """Every chunk size's stored wake probe (``microbench.measure.wake``), by chunk size."""
+        paths = sorted((self.root / "wake").glob("*.json"))
+        return sorted((read_record(p, WakeProbeRecord) for p in paths), key=lambda r: r.chunk_size)
 
     def stored_record(self, chunk: int, d: int, p: int, rep: int) -> RunRecord | None:
         """The point's record under runs/; None when it is missing or unreadable (e.g. truncated)."""
@@ -149,6 +158,9 @@ class RunFolder(JobFolder):
 
     def write_baseline(self, rel: str, record: BaselineRecord) -> None:
         write_model(self.root / rel, record)
+
+    def write_wake(self, record: WakeProbeRecord) -> None:
+        write_model(self.wake_path(record.chunk_size), record)
 
     def write_observation(self, obs: Observation) -> Path:
         c = obs.config
