@@ -22,6 +22,7 @@ from engine_harness.flags import add_engine_flags, engine_overrides
 from engine_harness.handles import model_cards
 from engine_harness.launch import EngineError, EngineProcess
 from engine_harness.metrics import MetricsError, scrape
+from engine_harness.process_group import core_text, isolation_plan
 
 __all__ = ["main"]
 
@@ -44,6 +45,7 @@ def _spec_from_args(args: argparse.Namespace) -> EngineSpec:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         log_iteration_details=True if args.log_iteration_details else None,
+        isolate_worker=True if args.isolate_worker else None,
         extra_args=overrides["extra_args"],
     )
 
@@ -57,6 +59,13 @@ async def _serve(spec: EngineSpec, log_path: Path, timeout_s: float) -> None:
             flush=True,
         )
         print("argv: " + " ".join(engine.argv), flush=True)
+        if spec.isolate_worker:
+            plan = isolation_plan(spec.cpu_threads_bind)
+            print(
+                f"worker on core(s) {core_text(plan.worker)}, the rest on {core_text(plan.host)}: run the "
+                f"client there too (taskset -c {core_text(plan.host)} …)",
+                flush=True,
+            )
         await engine.wait_exit()
         raise EngineError(f"engine exited by itself; see {log_path}")
 
@@ -105,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-iteration-details",
         action="store_true",
         help="log every engine step (vLLM: iteration details; SGLang: every decode batch, stamped lines)",
+    )
+    serve.add_argument(
+        "--isolate-worker",
+        action="store_true",
+        help="vLLM CPU: its worker's threads alone on every core but the last (VLLM_CPU_OMP_THREADS_BIND), "
+        "its other processes on the last; run the client there too (serve prints the command)",
     )
     add_out(serve, "results/serve-<UTC time>; the engine's log is DIR/engine.log")
     serve.add_argument(

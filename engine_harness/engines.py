@@ -66,6 +66,11 @@ class EngineSpec(SpecFields):
                 "an API key on the engine's command line is echoed into its log: put the key in an "
                 f"environment variable and name the variable with --api-key-env VAR ({where})"
             )
+        if self.isolate_worker and not engine_kind(self.kind).cpu_thread_binding:
+            raise ValueError(
+                f"isolate_worker is for vLLM's CPU build, whose worker binds its threads to cores; kind "
+                f"{self.kind!r} does not"
+            )
         if launched and self.api_key_env and var is None:
             raise ValueError(
                 f"engine kind {self.kind!r} takes an API key only on its command line, which it echoes "
@@ -151,7 +156,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             kv_connectors=True,
             cpu_thread_binding=True,
             api_key_var="VLLM_API_KEY",
-            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind", "torch_compile"},
+            reads=_GPU_SETTINGS | {"cpu_kvcache_gib", "cpu_threads_bind", "isolate_worker", "torch_compile"},
         ),
         EngineKind(
             "sglang",

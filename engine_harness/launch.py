@@ -7,12 +7,11 @@
         await engine.restart(spec.model_copy(update={"chunk_size": 4096}))
 
 The engine runs in its own process group (in the caller's session: see ``_spawn``) bound to
-``spec.host`` (127.0.0.1 by default) on a free port.
-Start-up races the ``/health`` poll against the process exiting; a failure raises ``EngineStartError``
-with the tail of the log. Stopping sends SIGTERM to the whole group, then SIGKILL after a grace period;
-an ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included),
-and on Linux the engine gets SIGTERM from the kernel if the suite's process is killed outright.
-An engine of kind ``external`` is only reached, never started or stopped.
+``spec.host`` (127.0.0.1 by default) on a free port. Start-up races the ``/health`` poll against the
+process exiting; a failure raises ``EngineStartError`` with the tail of the log. Stopping sends SIGTERM
+to the whole group, then SIGKILL after a grace period; an ``atexit`` hook does the same for any engine
+still alive when the interpreter leaves (Ctrl-C included), and on Linux the engine gets SIGTERM from the
+kernel if the suite's process is killed outright. An engine of kind ``external`` is only reached.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -36,7 +36,7 @@ from engine_harness.engines import EngineKind, EngineSpec, auth_headers, engine_
 from engine_harness.environments import EngineEnvError
 from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table, table_name
 from engine_harness.metrics import MetricsError, scrape
-from engine_harness.process_group import _LIVE, _die_with_parent, _kill_group
+from engine_harness.process_group import _LIVE, _die_with_parent, _kill_group, isolation_plan, pin_process
 from engine_harness.sim.params import SimConfig
 
 __all__ = [
@@ -230,6 +230,11 @@ class EngineProcess:
     def _argv(self) -> list[str]:
         if (problem := model_problem(self.spec)) is not None:  # before a minute of engine start-up
             raise EngineStartError(problem)
+        if self.spec.isolate_worker:
+            try:
+                isolation_plan(self.spec.cpu_threads_bind)
+            except ValueError as exc:
+                raise EngineStartError(str(exc)) from None
         if self.spec.port is not None:
             _check_port_free(self.spec.host, self.spec.port)
             self.port = self.spec.port
@@ -259,9 +264,26 @@ class EngineProcess:
                 # thread on the shared core for up to 7 s (measured: run-queue wait = the stall), so
                 # hundreds of decode tokens reached the client in one read. In one session it does not.
                 process_group=0,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=self._preexec() if sys.platform == "linux" else None,
             )
         _LIVE.add(self.proc)
+        if self.spec.isolate_worker:
+            # the client (this process) off the worker's cores too: on a 2-core box it otherwise lands on the
+            # worker's core whenever the engine's scheduler spins on the other
+            pin_process(os.getpid(), isolation_plan(self.spec.cpu_threads_bind).host)
+
+    def _preexec(self) -> Callable[[], None]:
+        """What the child runs before exec: die with this process; an isolated worker's engine starts on
+        the host cores (its worker then binds its own threads to the worker cores)."""
+        if not self.spec.isolate_worker:
+            return _die_with_parent
+        host = isolation_plan(self.spec.cpu_threads_bind).host
+
+        def preexec() -> None:
+            _die_with_parent()
+            os.sched_setaffinity(0, host)
+
+        return preexec
 
     async def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -13,20 +13,27 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import psutil
 
 __all__ = [
     "_LIVE",
+    "CorePlan",
     "_die_with_parent",
     "_kill_group",
+    "core_text",
     "group_processes",
+    "isolation_plan",
     "parse_cores",
     "pin_group",
+    "pin_process",
     "stopped_pids",
 ]
 
@@ -79,6 +86,51 @@ def group_processes(pgid: int) -> list[psutil.Process]:
     return out
 
 
+def core_text(cores: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` → ``"0-2,5"`` (the ``VLLM_CPU_OMP_THREADS_BIND`` syntax, ``parse_cores``' input)."""
+    out: list[str] = []
+    run: list[int] = []
+    for core in sorted(set(cores)):
+        if run and core != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(core)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+@functools.cache
+def _allowed_cores() -> frozenset[int]:
+    """The cores this process could run on when first asked (before any isolation pinned it)."""
+    return frozenset(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    """An isolated worker: its threads alone on ``worker``; the engine's other processes and the client
+    that launched it on ``host``."""
+
+    worker: frozenset[int]
+    host: frozenset[int]
+
+
+def isolation_plan(bind: str | None) -> CorePlan:
+    """The cores of an isolated worker: ``bind`` (``VLLM_CPU_OMP_THREADS_BIND`` syntax), else every core
+    this process may use but the last, which vLLM's own automatic binding leaves to its scheduler; the rest
+    are the host's. ``ValueError`` where either side would be empty or ``bind`` names a core not allowed."""
+    allowed = _allowed_cores()
+    worker = frozenset(parse_cores(bind)) if bind and bind != "auto" else frozenset(sorted(allowed)[:-1])
+    host = allowed - worker
+    if not worker or not host or not worker <= allowed:
+        raise ValueError(
+            f"isolate_worker needs the worker's cores ({core_text(worker) or 'none'}) among this process's "
+            f"cores ({core_text(allowed)}) with at least one left for the rest; give cpu_threads_bind a "
+            "smaller set, or run without isolate_worker"
+        )
+    return CorePlan(worker, host)
+
+
 def parse_cores(text: str) -> set[int]:
     """``"0"``, ``"0-3"``, ``"0,2"`` → a core set (VLLM_CPU_OMP_THREADS_BIND syntax, one NUMA group)."""
     cores: set[int] = set()
@@ -90,13 +142,18 @@ def parse_cores(text: str) -> set[int]:
 
 def pin_group(pgid: int, cores: set[int]) -> int:
     """Pin every thread of every live process in process group ``pgid`` to ``cores``; threads pinned."""
+    return sum(pin_process(proc.pid, cores) for proc in group_processes(pgid))
+
+
+def pin_process(pid: int, cores: Iterable[int]) -> int:
+    """Pin every thread of process ``pid`` to ``cores`` (one thread's affinity is its own: a process's
+    threads started before keep theirs otherwise); threads pinned."""
     pinned = 0
-    for proc in group_processes(pgid):
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{proc.pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(tid), cores)
-                    pinned += 1
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), set(cores))
+                pinned += 1
     return pinned
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from engine_harness.process_group import core_text, isolation_plan
 from engine_harness.spec import SpecFields, option
 from engine_harness.steps import VLLM_LOGGING_CONFIG
 
@@ -48,7 +49,9 @@ def vllm_env(spec: SpecFields) -> dict[str, str]:
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     if spec.cpu_kvcache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
-    if spec.cpu_threads_bind is not None:
+    if spec.isolate_worker:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core_text(isolation_plan(spec.cpu_threads_bind).worker)
+    elif spec.cpu_threads_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
     if spec.log_iteration_details:  # stamped step lines time whole steps in every mode (step_modes)
         env["VLLM_LOGGING_CONFIG_PATH"] = str(VLLM_LOGGING_CONFIG)

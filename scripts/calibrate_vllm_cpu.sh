@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The calibration loop on the embedded default (README "Observe, predict, calibrate"), in one step: the fit
 # sweep (sweeps/calibrate-vllm-cpu.yaml), the engine observed under both workloads right after it (same
-# settings: chunk 2048, max_model_len 16384, every step logged), then predictions and reports.
+# settings: chunk 2048, max_model_len 16384, every step logged, the worker isolated on its core with the
+# client beside the engine's other processes), then predictions and reports.
 #
 #   bash scripts/calibrate_vllm_cpu.sh OUT     # OUT: a new folder, e.g. results/calibrate-vllm-cpu-new
 #
@@ -38,8 +39,8 @@ trap cleanup EXIT
 echo "fit sweep: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
 $py -m microbench.sweep --config sweeps/calibrate-vllm-cpu.yaml --out "$out/fit" > "$out/sweep.log" 2>&1
 
-$py -m engine_harness serve --chunk 2048 --max-model-len 16384 --log-iteration-details --port "$port" \
-    --out "$out/serve" > "$out/serve.log" 2>&1 &
+$py -m engine_harness serve --chunk 2048 --max-model-len 16384 --log-iteration-details --isolate-worker \
+    --port "$port" --out "$out/serve" > "$out/serve.log" 2>&1 &
 serve=$!
 for _ in $(seq 300); do
     grep -q "ready in" "$out/serve.log" && break
@@ -47,10 +48,12 @@ for _ in $(seq 300); do
     sleep 1
 done
 grep -q "ready in" "$out/serve.log" || { echo "the engine was not ready in 300 s: $out/serve.log" >&2; exit 1; }
+# the client on the engine's host cores, off its worker's (serve --isolate-worker prints them)
+client_cores=$(sed -n 's/.*, the rest on \([0-9,-]*\): .*/\1/p' "$out/serve.log")
 
 for w in poisson bursty; do
     echo "observe $w: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
-    $py -m microbench.loadgen run --workload "sweeps/workloads/calibrate-$w.yaml" --url "http://127.0.0.1:$port" \
+    taskset -c "$client_cores" $py -m microbench.loadgen run --workload "sweeps/workloads/calibrate-$w.yaml" --url "http://127.0.0.1:$port" \
         --duration 90s --warmup-requests 8 --out "$out/observe-$w" > "$out/loadgen-$w.log" 2>&1
 done
 kill -TERM "$serve"

@@ -5,7 +5,8 @@ sweep, and say with statistics how far the prediction is from reality.
       Fit the step model and read the engine settings of sweep RUN_FOLDER (analysis.calibrate.config;
       several folders of one engine are pooled in one fit, e.g. one grid at two decode contexts),
       replay TRACE's requests (their send times, prompt and output lengths, prefix groups) through the
-      simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR.
+      simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR. The
+      first step after an idle spell pays the wake cost the sweep's wake probe measured (--no-wake: none).
   python -m analysis.calibrate report REAL PREDICTED --out DIR
       Compare two traces per request and metric (TTFT, TPOT, E2E, ITL): MAPE, bias, Pearson r, percentile
       errors, KS, QQ, bootstrap CIs, seed 003's rating; calibration.{json,md,html} and figures in DIR.
@@ -43,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--chunk", type=int, help="token budget to predict for (default: the run's only one)")
     p.add_argument("--candidate", help="step-model candidate (default: the fit's choice)")
+    p.add_argument(
+        "--no-wake", action="store_true",
+        help="charge no wake cost after idle spells, whatever the sweep's wake probe measured (the same "
+        "prediction without the term, to see what it carries)",
+    )  # fmt: skip
     add_out(p, "results/predict-<UTC time>")
     r = sub.add_parser("report", help="compare a predicted trace with the real one")
     r.add_argument("real", type=Path, help="the real trace folder")
@@ -63,11 +69,17 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
     # never needs
     from analysis.calibrate.config import fit_to_sim
     from analysis.calibrate.predict import predict_trace
+    from engine_harness.wake_model import WakeCost
 
     if not (args.trace / "header.json").is_file():
         raise BadInput(f"{args.trace} is not a trace folder (no header.json): give a load generator's --out")
     try:
         settings = fit_to_sim(args.model, args.chunk, args.candidate)
+        if args.no_wake:
+            note = "wake=none (--no-wake)"
+            settings = settings.model_copy(
+                update={"wake": WakeCost(), "defaulted": [*settings.defaulted, note]}
+            )
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise BadInput(f"--model {' '.join(map(str, args.model))}: {exc}") from None
     held.enter_context(hold_folder(args.out))
@@ -86,7 +98,7 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
         f"{settings.fit.candidate} (R² {settings.fit.r2:.3f}, leave-one-P-out error {held_out}; "
         f"{settings.fit.n_steps} steps of {1 + len(settings.fit.pooled)} sweep run(s))"
     )
-    for line in (m for m in settings.matched if m.startswith("wake: ")):
+    for line in (m for m in settings.matched if m.startswith("wake: ") and settings.wake.points):
         print(line)
     for d in settings.defaulted:
         print(f"defaulted: {d}")

@@ -19,11 +19,11 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from benchcore.provenance import code_identity
+from engine_harness.process_group import core_text
 from microbench.results.layout import JobFolder
 from microbench.results.records import ShardRun
 
@@ -33,7 +33,6 @@ __all__ = [
     "PlacementError",
     "close_shard",
     "cluster_capacity",
-    "core_text",
     "device_text",
     "host_name",
     "record_shard",
@@ -77,20 +76,6 @@ def cluster_capacity(nodes: list[dict[str, Any]], shard_cores: int | None) -> in
     if gpus:
         return gpus
     return max(sum(int(r.get("CPU", 0)) // max(shard_cores or 1, 1) for r in alive), 1)
-
-
-def core_text(cores: Iterable[int]) -> str:
-    """``{0, 1, 2, 5}`` → ``"0-2,5"`` (the ``VLLM_CPU_OMP_THREADS_BIND`` syntax, ``parse_cores``' input)."""
-    out: list[str] = []
-    run: list[int] = []
-    for core in sorted(set(cores)):
-        if run and core != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(core)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def device_text(hardware: str, gpus: list[str], cores: list[int]) -> str:

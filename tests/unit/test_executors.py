@@ -16,13 +16,13 @@ import pytest
 
 from benchcore.cli import BadInput
 from engine_harness.engines import EngineSpec
+from engine_harness.process_group import core_text
 from microbench.executors import add_executor_flags, executor_from_args
 from microbench.executors import relay as relay_module
 from microbench.executors.placement import (
     CoreClaim,
     PlacementError,
     cluster_capacity,
-    core_text,
     record_shard,
     visible_gpus,
 )

@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from pydantic import ValidationError
 
+from analysis.calibrate.__main__ import main
 from analysis.calibrate.config import FitSummary, SimSettings, fit_to_sim
 from analysis.calibrate.replay import ReplayRequest, replay
 from analysis.calibrate.wake import fit_wake
@@ -19,9 +21,29 @@ from engine_harness.wake_model import WakeCost
 from microbench.measure.grid import SweepConfig, shard_plans
 from microbench.measure.plan import split_plans
 from microbench.results.layout import RunFolder
+from microbench.results.trace import INT_COLUMNS, TRACE_COLUMNS, TraceHeader, read_trace, write_trace_files
 from microbench.results.wake import WakeProbeConfig, WakeProbeRecord, WakeSample
 
 MS = 1_000_000
+
+
+def _row(i: int, send_ms: float) -> dict[str, Any]:
+    """One completed request of a trace: 256 prompt tokens, 2 output tokens, sent at ``send_ms``."""
+    row: dict[str, Any] = dict.fromkeys(TRACE_COLUMNS)
+    row.update(
+        request_id=str(i), stage="s", warmup=False, client_id="c", tenant_id="", slo_class="", session_id="",
+        round_index=0, prefix_group="", prefix_tokens=0, streaming=True, prompt_tokens=256, max_tokens=2,
+        input_tokens=256, output_tokens=2, send_ns=int(send_ms * MS), status="ok", http_status=200,
+        chunk_ns=[], chunk_tokens=[],
+    )  # fmt: skip
+    return row
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    for c in INT_COLUMNS:
+        frame[c] = frame[c].astype("Int64")
+    return frame
 
 
 def test_wake_cost_interpolates_in_log_idle() -> None:
@@ -134,3 +156,27 @@ def test_fit_to_sim_takes_the_runs_wake_probe(tmp_path: Path) -> None:
     settings = fit_to_sim(run)
     assert settings.wake.points == [(0.02, 0.0), (1.0, 50.0)]
     assert any(line.startswith("wake: 1 s +50 [") for line in settings.matched), settings.matched
+
+
+def test_predict_charges_the_probes_wake_unless_told_not_to(tmp_path: Path, capsys: Any) -> None:
+    grid = {"chunks": (2048,), "decode_batches": (0, 2), "prefill_tokens": (512, 1024, 2048)}
+    run = synthesize_run(tmp_path / "run", **grid, repetitions=2, noise=0.01)
+    samples = [(0.02, 30.0 + i, 0) for i in range(3)] + [(1.0, 80.0 + i, 0) for i in range(3)]
+    RunFolder(run).write_wake(_probe(samples))
+    rows = [_row(i, 5000.0 * i) for i in range(3)]  # 5 s apart: every request reaches an idle engine
+    real = tmp_path / "real"
+    header = TraceHeader(
+        created_at="2026-11-30T00:00:00+00:00", session_start_unix_ns=0, stages=[], saturated=False
+    )
+    write_trace_files(real, header, _frame(rows))
+    firsts = {}
+    for flag in ([], ["--no-wake"]):
+        out = tmp_path / f"pred{len(flag)}"
+        assert main(["predict", str(real), "--model", str(run), "--out", str(out), *flag]) == 0
+        _, pred = read_trace(out)
+        firsts[bool(flag)] = (pred["first_chunk_ns"] - pred["send_ns"]).tolist()
+    printed = capsys.readouterr().out
+    assert "wake: 1 s +50" in printed and "defaulted: wake=none (--no-wake)" in printed
+    # the first request came at the trace's start; the others after ≈ 5 s idle: the last point's 50 ms
+    assert firsts[False][0] == firsts[True][0]
+    assert [a - b for a, b in zip(firsts[False][1:], firsts[True][1:], strict=True)] == [50 * MS, 50 * MS]
