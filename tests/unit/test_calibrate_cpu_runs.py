@@ -1,4 +1,5 @@
-"""The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu, results/README.md):
+"""The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu and
+results/calibrate-vllm-cpu-isolated, results/README.md):
 their predictions are what ``analysis.calibrate predict`` makes of their fit and traces today, and their
 reports say what the READMEs quote."""
 
@@ -17,7 +18,7 @@ from microbench.results.trace import read_trace
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
-@pytest.mark.parametrize("run", ["calibrate-vllm-cpu", "calibrate-sglang-cpu"])
+@pytest.mark.parametrize("run", ["calibrate-vllm-cpu", "calibrate-vllm-cpu-isolated", "calibrate-sglang-cpu"])
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
 def test_the_committed_prediction_is_reproduced(run: str, workload: str, tmp_path: Path) -> None:
     folder = RESULTS / run
@@ -40,6 +41,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
     ("run", "n", "ttft", "e2e", "real_steps"),
     [
         ("calibrate-vllm-cpu", (296, 259), (6.9, 10.4), (5.0, 6.8), 10641),
+        ("calibrate-vllm-cpu-isolated", (296, 259), (18.0, 15.6), (14.6, 8.1), 9018),
         ("calibrate-sglang-cpu", (252, 241), (9.4, 9.2), (11.4, 7.1), 10242),
     ],
 )
