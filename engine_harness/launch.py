@@ -246,6 +246,7 @@ class EngineProcess:
         self.argv = argv
         if self.log_path is None:
             raise EngineError("a launched engine needs log_path= to write its output to")
+        host = isolation_plan(self.spec.cpu_threads_bind).host if self.spec.isolate_worker else None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             shown = " ".join(redact_argv(self.argv))  # no --api-key value in the log
@@ -264,20 +265,19 @@ class EngineProcess:
                 # thread on the shared core for up to 7 s (measured: run-queue wait = the stall), so
                 # hundreds of decode tokens reached the client in one read. In one session it does not.
                 process_group=0,
-                preexec_fn=self._preexec() if sys.platform == "linux" else None,
+                preexec_fn=self._preexec(host) if sys.platform == "linux" else None,
             )
         _LIVE.add(self.proc)
-        if self.spec.isolate_worker:
+        if host is not None:
             # the client (this process) off the worker's cores too: on a 2-core box it otherwise lands on the
             # worker's core whenever the engine's scheduler spins on the other
-            pin_process(os.getpid(), isolation_plan(self.spec.cpu_threads_bind).host)
+            pin_process(os.getpid(), host)
 
-    def _preexec(self) -> Callable[[], None]:
-        """What the child runs before exec: die with this process; an isolated worker's engine starts on
-        the host cores (its worker then binds its own threads to the worker cores)."""
-        if not self.spec.isolate_worker:
+    @staticmethod
+    def _preexec(host: frozenset[int] | None) -> Callable[[], None]:
+        """The child's pre-exec: die with this process, start on the ``host`` cores (an isolated worker's)."""
+        if host is None:
             return _die_with_parent
-        host = isolation_plan(self.spec.cpu_threads_bind).host
 
         def preexec() -> None:
             _die_with_parent()

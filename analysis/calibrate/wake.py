@@ -67,6 +67,8 @@ class WakeFit:
 def fit_wake(probes: Sequence[WakeProbeRecord], seed: int = 0, resamples: int = 1000) -> WakeFit:
     """The wake table of ``probes`` (their samples pooled by gap). Raises ``ValueError`` when there is no
     probe, or when its shortest gap keeps fewer than ``MIN_SAMPLES`` valid samples (no reference)."""
+    if not probes:
+        raise ValueError("the run has no wake probe (a sweep with wake_probe set stores one)")
     by_gap: dict[float, list[float]] = {}
     excluded = 0
     for probe in probes:
@@ -76,12 +78,10 @@ def fit_wake(probes: Sequence[WakeProbeRecord], seed: int = 0, resamples: int = 
                 excluded += 1
                 continue
             by_gap.setdefault(s.gap_s, []).append(s.ttft_ms)
-    if not probes:
-        raise ValueError("the run has no wake probe (a sweep with wake_probe set stores one)")
     gaps = sorted(by_gap)
     dropped = [g for g in gaps if len(by_gap[g]) < MIN_SAMPLES]
     kept = [g for g in gaps if g not in dropped]
-    shortest = min(s.gap_s for p in probes for s in p.samples)
+    shortest = min(p.config.gaps_s[0] for p in probes)  # the gaps asked for, sorted: the reference
     if not kept or kept[0] != shortest:
         raise ValueError(
             f"the wake probe's shortest gap ({shortest:g} s) has fewer than {MIN_SAMPLES} valid samples: "

@@ -35,6 +35,7 @@ from microbench.measure.timing import Timing
 from microbench.measure.wake import probe_wake
 from microbench.results.faults import INFRASTRUCTURE
 from microbench.results.records import RunRecord, point_name
+from microbench.results.wake import WakeProbeConfig
 
 __all__ = ["ShardContext", "ShardEvents", "measure_shard"]
 
@@ -70,10 +71,14 @@ class ShardContext:
 async def measure_shard(plan: ShardPlan, sink: PointSink, context: ShardContext) -> None:
     """Measure every point of ``plan`` that ``sink`` does not hold yet (nothing starts when none is left)."""
     judge_cells(plan, sink, context, plan.decode_batch_sizes)
-    probed = plan.wake is None or sink.wake_done(plan.chunk)
-    if probed and all(sink.is_done(plan.chunk, d, p, r) for d, p, r in plan.points()):
+    if _wake_left(plan, sink) is None and all(sink.is_done(plan.chunk, d, p, r) for d, p, r in plan.points()):
         return
     await Shard(plan, sink, context).run()
+
+
+def _wake_left(plan: ShardPlan, sink: PointSink) -> WakeProbeConfig | None:
+    """The wake probe the plan asks for and the sink does not hold yet (None: none left)."""
+    return plan.wake if plan.wake is not None and not sink.wake_done(plan.chunk) else None
 
 
 def judge_cells(plan: ShardPlan, sink: PointSink, context: ShardContext, ds: list[int]) -> None:
@@ -156,13 +161,13 @@ class Shard:
 
     async def _probe_wake(self, client: EngineClient) -> None:
         """The wake probe after the grid (``microbench.measure.wake``), once per chunk size."""
-        plan = self.plan
-        if plan.wake is None or self.sink.wake_done(plan.chunk):
+        chunk = self.plan.chunk
+        if (wake := _wake_left(self.plan, self.sink)) is None:
             return
-        gaps = ", ".join(f"{g:g}" for g in plan.wake.gaps_s)
-        self.ctx.events.describe(f"chunk {plan.chunk}: wake probe (idle {gaps} s × {plan.wake.repetitions})")
+        gaps = ", ".join(f"{g:g}" for g in wake.gaps_s)
+        self.ctx.events.describe(f"chunk {chunk}: wake probe (idle {gaps} s × {wake.repetitions})")
         with self.timing.phase("wake probe"):
-            self.sink.wake(await probe_wake(client, self.space, plan.wake, plan.chunk))
+            self.sink.wake(await probe_wake(client, self.space, wake, chunk))
 
     def _todo(self, d: int) -> list[tuple[int, int]]:
         """The (P, repetition) of D still to measure, once D's cells are judged against their repetitions."""

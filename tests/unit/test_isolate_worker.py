@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -48,12 +47,10 @@ def test_only_a_kind_that_binds_its_worker_takes_it() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, ≥ 2 cores")
-def test_the_engines_processes_start_on_the_host_cores(tmp_path: Path) -> None:
-    engine = EngineProcess(EngineSpec(kind="vllm", isolate_worker=True), tmp_path / "engine.log")
+def test_the_engines_processes_start_on_the_host_cores() -> None:
+    preexec = EngineProcess._preexec(isolation_plan(None).host)
     code = "import os; print(sorted(os.sched_getaffinity(0)))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], preexec_fn=engine._preexec(), capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], preexec_fn=preexec, capture_output=True, text=True)
     assert out.stdout.strip() == str(sorted(isolation_plan(None).host))
 
 
