@@ -51,7 +51,8 @@ async def probe_wake(
     samples = []
     for _ in range(config.repetitions):
         for gap in config.gaps_s:
-            await asyncio.sleep(max(0.0, gap - (time.perf_counter_ns() - last_end) / 1e9))
+            while (left_ns := last_end + int(gap * 1e9) - time.perf_counter_ns()) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(left_ns / 1e9)  # uvloop's timer may fire early (it reads a cached now)
             record = await send()
             samples.append(_sample(gap, (record.t_send_ns - last_end) / 1e9, record))
             last_end = record.t_done_ns or time.perf_counter_ns()

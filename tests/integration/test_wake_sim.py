@@ -46,7 +46,8 @@ def test_a_sweeps_wake_probe_recovers_the_sims_wake_cost(tmp_path: Path) -> None
     assert main(["--config", str(path), "--out", str(run)]) == 0
     (probe,) = RunFolder(run).wake_probes()
     assert [s.gap_s for s in probe.samples] == [0.02, 0.3, 1.5] * 3
-    assert all(s.ttft_ms is not None and s.idle_s >= s.gap_s for s in probe.samples)
+    seen = [(s.gap_s, s.idle_s, s.ttft_ms, s.error) for s in probe.samples]
+    assert all(s.ttft_ms is not None and s.idle_s >= s.gap_s for s in probe.samples), seen
     fitted = dict(fit_wake([probe]).cost.points)
     for gap in (0.3, 1.5):
         idles = [s.idle_s for s in probe.samples if s.gap_s == gap]
