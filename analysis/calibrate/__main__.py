@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--engine-log", type=Path, metavar="FILE",
         help="the real engine's log (vLLM with --enable-logging-iteration-details, or SGLang): compare "
-        "its steps during the trace with the replay's",
+        "its steps during the trace with the replay's (a .gz log is read through gzip)",
     )  # fmt: skip
     add_out(r, "results/calibration-<UTC time>")
     return parser

@@ -3,17 +3,19 @@
 ``fit_to_sim(run_dirs)`` fits the one step-time model (``analysis.models.fit_step_model``) to the steps of
 one sweep run folder, or of several pooled (same engine, same settings: e.g. one grid swept at two decode
 contexts, whose cost per context token one context cannot tell from the per-decode cost), the API
-server's share of the first token (``analysis.frontend.fit_frontend``) where the run has
-it, and reads the engine's settings from the manifest: the token budget (the chunk size the prediction is
-for), seats (``max_num_seqs``), block size, KV capacity (vLLM CPU: ``cpu_kvcache_gib`` over the model's KV
-bytes per token; SGLang: ``max_total_tokens``), prefix caching and the scheduling mode (vLLM; SGLang's
-default, a prefill step replacing the decodes; SGLang ``--enable-mixed-chunk``). Every setting is listed
+server's share of the first token (``analysis.frontend.fit_frontend``, less what the replay charges the
+prefill steps beyond their log where that share held it too) where the run has it, and reads the
+engine's settings from the manifest: the token budget (the chunk size the prediction is for), seats
+(``max_num_seqs``), block size, KV capacity (vLLM CPU: ``cpu_kvcache_gib`` over the model's KV bytes per
+token; SGLang: ``max_total_tokens``), prefix caching and the scheduling mode (vLLM; SGLang's default, a
+prefill step replacing the decodes; SGLang ``--enable-mixed-chunk``). Every setting is listed
 as *matched* (read from the run) or *defaulted* (the engine's default, said so), as seed 003 §9 asks.
 
 ``SimSettings.sim_params()`` is the same configuration as the simulated engine's ``--params`` YAML, so the
 replay (``analysis.calibrate.replay``) and a sim server started from it schedule and price steps alike
 (the stream time per step, ``analysis.calibrate.stream_time``, goes in as the sim's host work per step;
-its per-streamed-token part has no sim counterpart and is the replay's alone), and so do they charge the
+its per-streamed-token part and the prefill extra, ``analysis.calibrate.prefill_time``, have no sim
+counterpart and are the replay's alone), and so do they charge the
 first step after an idle spell the wake cost the runs' wake probes measured (``analysis.calibrate.wake``;
 none where no run probed).
 """
@@ -27,7 +29,8 @@ from typing import Any
 
 from pydantic import Field
 
-from analysis.calibrate.stream_time import fit_stream_time
+from analysis.calibrate.prefill_time import PrefillTimeFit, charged_ms, fit_prefill_time
+from analysis.calibrate.stream_time import StreamTimeFit, fit_stream_time
 from analysis.calibrate.wake import fit_wake
 from analysis.frontend import fit_frontend
 from analysis.models import StepFit, fit_step_model
@@ -87,6 +90,13 @@ class SimSettings(StrictModel):
     stream_ms_per_token: float = Field(
         0.0, ge=0, description="the API server's time per token a step streams (ms; stream_time.py)"
     )
+    prefill_extra_ms: float = Field(
+        0.0, ge=0, description="what a step carrying prompt tokens costs beyond its logged time and stream "
+        "time (ms; prefill_time.py)"
+    )  # fmt: skip
+    prefill_extra_ns_per_token: float = Field(
+        0.0, ge=0, description="and per prompt token it carries (ns; prefill_time.py)"
+    )
     step: StepModel
     wake: WakeCost = Field(
         default_factory=WakeCost, description="extra time of the first step after an idle spell (wake.py)"
@@ -94,6 +104,14 @@ class SimSettings(StrictModel):
     fit: FitSummary
     matched: list[str] = Field(default_factory=list, description="settings read from the run (name=value)")
     defaulted: list[str] = Field(default_factory=list, description="settings not in the run: the default")
+
+    def beyond_log_ms(self, streamed: int, prefill_tokens: int) -> float:
+        """What a step streaming ``streamed`` tokens and carrying ``prefill_tokens`` prompt tokens costs
+        beyond its logged time (the replay's ``stream_ns``)."""
+        stream = self.stream_fixed_ms + self.stream_ms_per_token * streamed
+        if prefill_tokens:
+            stream += self.prefill_extra_ms + self.prefill_extra_ns_per_token * prefill_tokens / 1e6
+        return stream
 
     def sim_params(self) -> dict[str, Any]:
         """The configuration as ``python -m engine_harness.sim --params FILE`` reads it (SimConfig keys)."""
@@ -250,32 +268,9 @@ def fit_to_sim(
     matched.append(f"enable_prefix_caching={caching}")
     mode = _mode(kind, spec, scheduling)
     matched.append(f"mode={mode} (kind {kind}, scheduling {scheduling or 'mixed'})")
-    try:
-        front = fit_frontend(records)
-        per_token, fixed = max(0.0, front.per_token_ns), max(0.0, front.fixed_ms)
-        matched.append(f"frontend: {per_token:.3g} ns/token + {fixed:.3g} ms (fitted, n={front.n})")
-    except ValueError as exc:
-        per_token, fixed = 0.0, 0.0
-        defaulted.append(f"frontend=0 ({exc})")
-    try:
-        stream = fit_stream_time(records)
-        stream_fixed, stream_token = max(0.0, stream.fixed_ms), max(0.0, stream.per_token_ms)
-        slope = (
-            f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
-            if stream.per_token_ci_ms
-            else "0 (one decode batch size: no slope)"
-            if len(stream.batch_sizes) < 2
-            else "0"
-        )
-        low, high = stream.fixed_ci_ms
-        matched.append(
-            f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
-            f"token (client gap − engine step, robust fit, a term kept where its 95% CI is above 0, "
-            f"n={stream.n}, D={list(stream.batch_sizes)})" + (f"; {stream.note}" if stream.note else "")
-        )
-    except ValueError as exc:
-        stream_fixed, stream_token = 0.0, 0.0
-        defaulted.append(f"stream time=0 ({exc})")
+    stream = _stream_time(records, matched, defaulted)
+    prefill = _prefill_time(records, stream, matched, defaulted)
+    per_token, fixed = _frontend(records, stream, prefill, matched, defaulted)
     wake = _wake(dirs, chunk_size, matched, defaulted)
     return SimSettings(
         kind=kind,
@@ -288,8 +283,10 @@ def fit_to_sim(
         max_model_len=max_len,
         frontend_ns_per_token=per_token,
         frontend_fixed_ms=fixed,
-        stream_fixed_ms=stream_fixed,
-        stream_ms_per_token=stream_token,
+        stream_fixed_ms=max(0.0, stream.fixed_ms) if stream else 0.0,
+        stream_ms_per_token=max(0.0, stream.per_token_ms) if stream else 0.0,
+        prefill_extra_ms=prefill.per_step_ms if prefill else 0.0,
+        prefill_extra_ns_per_token=prefill.per_token_ns if prefill else 0.0,
         step=step,
         wake=wake,
         fit=FitSummary(
@@ -304,6 +301,79 @@ def fit_to_sim(
         matched=matched,
         defaulted=defaulted,
     )
+
+
+def _stream_time(records: list[RunRecord], matched: list[str], defaulted: list[str]) -> StreamTimeFit | None:
+    """The stream time per step (``analysis.calibrate.stream_time``), said in ``matched``; None (and why,
+    in ``defaulted``) where the run cannot say."""
+    try:
+        stream = fit_stream_time(records)
+    except ValueError as exc:
+        defaulted.append(f"stream time=0 ({exc})")
+        return None
+    slope = (
+        f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
+        if stream.per_token_ci_ms
+        else "0 (one decode batch size: no slope)"
+        if len(stream.batch_sizes) < 2
+        else "0"
+    )
+    low, high = stream.fixed_ci_ms
+    matched.append(
+        f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
+        f"token (client gap − engine step, robust fit, a term kept where its 95% CI is above 0, "
+        f"n={stream.n}, D={list(stream.batch_sizes)})" + (f"; {stream.note}" if stream.note else "")
+    )
+    return stream
+
+
+def _prefill_time(
+    records: list[RunRecord], stream: StreamTimeFit | None, matched: list[str], defaulted: list[str]
+) -> PrefillTimeFit | None:
+    """What a prefill step costs beyond its log and stream time (``analysis.calibrate.prefill_time``),
+    said in ``matched``; None (and why, in ``defaulted``) where the run cannot say."""
+    if stream is None:
+        defaulted.append("prefill extra=0 (no stream time to measure it beyond)")
+        return None
+    try:
+        fit = fit_prefill_time(records, stream)
+    except ValueError as exc:
+        defaulted.append(f"prefill extra=0 ({exc})")
+        return None
+    low, high = fit.per_step_ci_ms
+    token = (
+        f"{fit.per_token_ns:.3g} [{fit.per_token_ci_ns[0]:.3g}, {fit.per_token_ci_ns[1]:.3g}] ns"
+        if fit.per_token_ci_ns
+        else "0"
+    )
+    matched.append(
+        f"prefill extra per prompt-carrying step: {fit.per_step_ms:.3g} [{low:.3g}, {high:.3g}] ms + {token} "
+        f"per prompt token (the decodes' aggregate delay over the prefill less its logged steps and their "
+        f"stream time, robust fit, a term kept where its 95% CI is above 0, n={fit.n})"
+        + (f"; {fit.note}" if fit.note else "")
+    )
+    return fit
+
+
+def _frontend(
+    records: list[RunRecord],
+    stream: StreamTimeFit | None,
+    prefill: PrefillTimeFit | None,
+    matched: list[str],
+    defaulted: list[str],
+) -> tuple[float, float]:
+    """(ns per prompt token, fixed ms) of the API server's time (``analysis.frontend``) less what the
+    replay charges the prefill steps beyond their log where the record's front-end time held it too."""
+    charged = (lambda r: charged_ms(r, stream, prefill)) if stream is not None else None
+    try:
+        front = fit_frontend(records, charged)
+    except ValueError as exc:
+        defaulted.append(f"frontend=0 ({exc})")
+        return 0.0, 0.0
+    per_token, fixed = max(0.0, front.per_token_ns), max(0.0, front.fixed_ms)
+    less = " (less the stream and prefill time the replay charges)" if charged else ""
+    matched.append(f"frontend: {per_token:.3g} ns/token + {fixed:.3g} ms (fitted, n={front.n}){less}")
+    return per_token, fixed
 
 
 def _wake(dirs: Sequence[Path], chunk_size: int, matched: list[str], defaulted: list[str]) -> WakeCost:

@@ -8,7 +8,8 @@ a request reaches the engine at its recorded send plus the API server's time for
 first token's way back, and the way in is where it decides which step a request joins), joins the
 waiting queue, and is considered when the next step is planned; an idle engine starts a step the moment
 a request arrives; a step lasts its step-model time plus the time the engine's step log leaves out (the
-API server's, per step and per token the step streams: ``analysis.calibrate.stream_time``), and the first
+API server's, per step and per token the step streams: ``analysis.calibrate.stream_time``; and, for a step
+carrying prompt tokens, per step and per prompt token: ``analysis.calibrate.prefill_time``), and the first
 step after an idle spell its wake cost for that spell (``SimSettings.wake``: ``engine_harness.wake_model``,
 measured by the sweep's wake probe); every token of a step reaches the client at the step's end.
 
@@ -138,7 +139,7 @@ def replay(
         wake = settings.wake.extra_ms((now - idle_from) / 1e9) if idle_from is not None else 0.0
         idle_from = None
         duration = round((cost.step_ms(shape) + wake) * 1e6)  # what the engine's step log would say
-        stream = round((settings.stream_fixed_ms + settings.stream_ms_per_token * streamed) * 1e6)
+        stream = round(settings.beyond_log_ms(streamed, shape.prefill_tokens) * 1e6)
         result.steps.append(
             {
                 "t_start_ns": now,

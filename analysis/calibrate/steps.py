@@ -15,6 +15,7 @@ engine's 49.4).
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Literal
 
@@ -74,7 +75,7 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
     ``elapsed_ms`` (vLLM's iteration lines; else SGLang's batch lines, mixed when its start-up line's
     ``server_args`` say ``'enable_mixed_chunk': True``; a step SGLang's interval timed from an idle
     engine has no duration: ``_idle_before``, and the column ``began_idle`` says which)."""
-    text = log.read_text(errors="replace")
+    text = _log_text(log)
     steps = parse_iteration_lines(text)
     sglang = not steps
     if sglang:
@@ -93,6 +94,14 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
         out["began_idle"] = _idle_before(out, frame, start)
         out.loc[out["began_idle"], "elapsed_ms"] = np.nan
     return out
+
+
+def _log_text(log: Path) -> str:
+    """The log's text; a ``.gz`` log (a committed run keeps its engine's log compressed) through gzip."""
+    if log.suffix == ".gz":
+        with gzip.open(log, "rt", errors="replace") as f:
+            return f.read()
+    return log.read_text(errors="replace")
 
 
 def _idle_before(steps: pd.DataFrame, frame: pd.DataFrame, start_s: float) -> np.ndarray:

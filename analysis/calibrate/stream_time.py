@@ -30,7 +30,7 @@ import pandas as pd
 from analysis.robust import huber_fit
 from microbench.results.records import RunRecord
 
-__all__ = ["StreamTimeFit", "fit_stream_time", "stream_time_rows"]
+__all__ = ["KeptTerms", "StreamTimeFit", "fit_stream_time", "kept_terms", "stream_time_rows"]
 
 
 @dataclass(frozen=True)
@@ -77,31 +77,65 @@ def fit_stream_time(records: list[RunRecord]) -> StreamTimeFit:
             "the time per streamed token needs two valid records or more with decodes, a client baseline "
             "and the engine's decode steps (an engine step log)"
         )
-    y = frame["excess_ms"].to_numpy(float)
     sizes = tuple(sorted({int(d) for d in frame["D"]}))
     d = frame["D"].to_numpy(float)
-    const = np.ones((len(y), 1))
-    n, dropped = len(y), []
-    if len(sizes) > 1 and n > 2:
-        both = huber_fit(y, np.column_stack([const, d]))
-        (fixed, slope), (fixed_ci, slope_ci) = both.params, (_pair(both.conf_int[0]), _pair(both.conf_int[1]))
-        if _held(fixed_ci) and _held(slope_ci):
-            return StreamTimeFit(float(fixed), fixed_ci, float(slope), slope_ci, n, sizes)
-        if _held(slope_ci):  # a line through the origin: the time is all per streamed token
-            dropped.append(_dropped("per step", fixed, fixed_ci))
-            alone = huber_fit(y, d[:, None])
-            per, per_ci = float(alone.params[0]), _pair(alone.conf_int[0])
-            if _held(per_ci):
-                return StreamTimeFit(0.0, (0.0, 0.0), per, per_ci, n, sizes, "; ".join(dropped))
-            dropped.append(_dropped("per streamed token, alone", per, per_ci))
-            return StreamTimeFit(0.0, (0.0, 0.0), 0.0, per_ci, n, sizes, "; ".join(dropped))
-        dropped.append(_dropped("per streamed token", slope, slope_ci))  # the time is all per step (below)
-    alone = huber_fit(y, const)
-    fixed, fixed_ci = float(alone.params[0]), _pair(alone.conf_int[0])
-    if not _held(fixed_ci):
-        dropped.append(_dropped("per step" + (", alone" if dropped else ""), fixed, fixed_ci))
-        fixed = 0.0
-    return StreamTimeFit(fixed, fixed_ci, 0.0, None, n, sizes, "; ".join(dropped))
+    slope = d if len(sizes) > 1 and len(d) > 2 else None
+    terms = kept_terms(
+        frame["excess_ms"].to_numpy(float), np.ones_like(d), slope, ("per step", "per streamed token")
+    )
+    return StreamTimeFit(
+        terms.first, terms.first_ci, terms.second, terms.second_ci, len(frame), sizes, terms.note
+    )
+
+
+@dataclass(frozen=True)
+class KeptTerms:
+    """``y ≈ first × a + second × b`` with both terms ≥ 0 and each 95% CI above 0 (a dropped term is 0)."""
+
+    first: float
+    first_ci: tuple[float, float]
+    second: float
+    second_ci: tuple[float, float] | None  # None: no second column, or it was dropped before the first
+    note: str  # the terms dropped, with their estimates
+
+
+def kept_terms(
+    y: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray | None,
+    names: tuple[str, str],
+    units: tuple[str, str] = ("ms", "ms"),
+) -> KeptTerms:
+    """The robust fit of ``y`` on columns ``a`` and ``b`` (``b`` None: on ``a`` alone) that keeps a term
+    only where its 95% CI lies above 0: a negative term, or one whose CI holds 0, is dropped and the other
+    refitted alone (not clipped after the joint fit, which would keep a value that only compensated the
+    dropped one); ``names`` and ``units`` name the two terms in ``note``."""
+    dropped: list[str] = []
+    if b is not None:
+        both = huber_fit(y, np.column_stack([a, b]))
+        (first, second), (first_ci, second_ci) = (
+            both.params,
+            (_pair(both.conf_int[0]), _pair(both.conf_int[1])),
+        )
+        if _held(first_ci) and _held(second_ci):
+            return KeptTerms(float(first), first_ci, float(second), second_ci, "")
+        if _held(second_ci):  # the time is all in the second term
+            dropped.append(_dropped(names[0], first, first_ci, units[0]))
+            alone = huber_fit(y, b[:, None])
+            value, ci = float(alone.params[0]), _pair(alone.conf_int[0])
+            if _held(ci):
+                return KeptTerms(0.0, (0.0, 0.0), value, ci, "; ".join(dropped))
+            dropped.append(_dropped(f"{names[1]}, alone", value, ci, units[1]))
+            return KeptTerms(0.0, (0.0, 0.0), 0.0, ci, "; ".join(dropped))
+        dropped.append(
+            _dropped(names[1], second, second_ci, units[1])
+        )  # the time is all in the first (below)
+    alone = huber_fit(y, a[:, None])
+    value, ci = float(alone.params[0]), _pair(alone.conf_int[0])
+    if not _held(ci):
+        dropped.append(_dropped(names[0] + (", alone" if dropped else ""), value, ci, units[0]))
+        value = 0.0
+    return KeptTerms(value, ci, 0.0, None, "; ".join(dropped))
 
 
 def _held(ci: tuple[float, float]) -> bool:
@@ -109,9 +143,9 @@ def _held(ci: tuple[float, float]) -> bool:
     return ci[0] > 0
 
 
-def _dropped(term: str, value: float, ci: tuple[float, float]) -> str:
+def _dropped(term: str, value: float, ci: tuple[float, float], unit: str) -> str:
     why = "negative" if value < 0 else "its 95% CI holds 0"
-    return f"{term} {value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ms dropped ({why})"
+    return f"{term} {value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] {unit} dropped ({why})"
 
 
 def _pair(row: np.ndarray) -> tuple[float, float]:

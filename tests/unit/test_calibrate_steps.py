@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,9 @@ def test_engine_steps_inside_the_trace_against_the_replay(tmp_path: Path) -> Non
         c.predicted.median_prefill_step_ms == pytest.approx(35.0) and c.predicted.median_decode_step_ms == 4.0
     )
     assert 0 < c.tokens_ks_d < 1
+    packed = tmp_path / "engine.log.gz"  # a committed run keeps its engine's log compressed
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    pd.testing.assert_frame_equal(engine_log_steps(packed, header, frame), real)
 
 
 def test_a_log_without_steps_is_refused(tmp_path: Path) -> None:
