@@ -1,5 +1,5 @@
-"""The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu and
-results/calibrate-vllm-cpu-isolated, results/README.md):
+"""The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu,
+results/calibrate-vllm-cpu-isolated and results/calibrate-vllm-cpu-prefill-extra, results/README.md):
 their predictions are what ``analysis.calibrate predict`` makes of their fit and traces today, and their
 reports say what the READMEs quote."""
 
@@ -18,7 +18,15 @@ from microbench.results.trace import read_trace
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
-@pytest.mark.parametrize("run", ["calibrate-vllm-cpu", "calibrate-vllm-cpu-isolated", "calibrate-sglang-cpu"])
+@pytest.mark.parametrize(
+    "run",
+    [
+        "calibrate-vllm-cpu",
+        "calibrate-vllm-cpu-isolated",
+        "calibrate-vllm-cpu-prefill-extra",
+        "calibrate-sglang-cpu",
+    ],
+)
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
 def test_the_committed_prediction_is_reproduced(run: str, workload: str, tmp_path: Path) -> None:
     folder = RESULTS / run
@@ -43,6 +51,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
         # the engine logs of the two older runs were not kept (their boxes are gone): no step comparison
         ("calibrate-vllm-cpu", (296, 259), (6.6, 7.5), (4.5, 5.4), None),
         ("calibrate-vllm-cpu-isolated", (296, 259), (16.6, 12.2), (13.1, 7.2), 9018),
+        ("calibrate-vllm-cpu-prefill-extra", (296, 259), (4.3, 7.1), (5.1, 4.6), 10689),
         ("calibrate-sglang-cpu", (252, 241), (10.9, 7.7), (11.9, 8.1), None),
     ],
 )
