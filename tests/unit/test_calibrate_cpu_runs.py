@@ -1,5 +1,6 @@
 """The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu,
-results/calibrate-vllm-cpu-isolated and results/calibrate-vllm-cpu-prefill-extra, results/README.md):
+results/calibrate-vllm-cpu-isolated and results/calibrate-{vllm,sglang}-cpu-prefill-extra,
+results/README.md):
 their predictions are what ``analysis.calibrate predict`` makes of their fit and traces today, and their
 reports say what the READMEs quote."""
 
@@ -25,6 +26,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
         "calibrate-vllm-cpu-isolated",
         "calibrate-vllm-cpu-prefill-extra",
         "calibrate-sglang-cpu",
+        "calibrate-sglang-cpu-prefill-extra",
     ],
 )
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
@@ -53,6 +55,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
         ("calibrate-vllm-cpu-isolated", (296, 259), (16.6, 12.2), (13.1, 7.2), 9018),
         ("calibrate-vllm-cpu-prefill-extra", (296, 259), (4.3, 7.1), (5.1, 4.6), 10689),
         ("calibrate-sglang-cpu", (252, 241), (10.9, 7.7), (11.9, 8.1), None),
+        ("calibrate-sglang-cpu-prefill-extra", (252, 241), (9.3, 8.3), (11.1, 8.4), 10214),
     ],
 )
 def test_the_reports_hold_the_quoted_figures(
