@@ -6,7 +6,8 @@ sweep, and say with statistics how far the prediction is from reality.
       several folders of one engine are pooled in one fit, e.g. one grid at two decode contexts),
       replay TRACE's requests (their send times, prompt and output lengths, prefix groups) through the
       simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR. The
-      first step after an idle spell pays the wake cost the sweep's wake probe measured (--no-wake: none).
+      first step after an idle spell pays the wake cost the sweep's wake probe measured (--no-wake: none),
+      and a step carrying prompt tokens the prefill extra the sweep measured (--no-prefill-extra: none).
   python -m analysis.calibrate report REAL PREDICTED --out DIR
       Compare two traces per request and metric (TTFT, TPOT, E2E, ITL): MAPE, bias, Pearson r, percentile
       errors, KS, QQ, bootstrap CIs, seed 003's rating; calibration.{json,md,html} and figures in DIR.
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="charge no wake cost after idle spells, whatever the sweep's wake probe measured (the same "
         "prediction without the term, to see what it carries)",
     )  # fmt: skip
+    p.add_argument(
+        "--no-prefill-extra", action="store_true",
+        help="charge prompt-carrying steps no time beyond their step model and stream time, and fit the "
+        "API server's time without taking it out (the same prediction without the term, to see what it "
+        "carries)",
+    )  # fmt: skip
     add_out(p, "results/predict-<UTC time>")
     r = sub.add_parser("report", help="compare a predicted trace with the real one")
     r.add_argument("real", type=Path, help="the real trace folder")
@@ -74,7 +81,7 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
     if not (args.trace / "header.json").is_file():
         raise BadInput(f"{args.trace} is not a trace folder (no header.json): give a load generator's --out")
     try:
-        settings = fit_to_sim(args.model, args.chunk, args.candidate)
+        settings = fit_to_sim(args.model, args.chunk, args.candidate, not args.no_prefill_extra)
         if args.no_wake:
             note = "wake=none (--no-wake)"
             settings = settings.model_copy(

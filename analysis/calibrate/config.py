@@ -44,7 +44,7 @@ from engine_harness.wake_model import WakeCost
 from microbench.results.layout import RunFolder
 from microbench.results.records import RunRecord
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "FitSummary", "SimSettings", "fit_to_sim", "with_round_trip"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "FitSummary", "SimSettings", "fit_to_sim"]
 
 # Block (page) size an engine uses when not told: vLLM's CPU backend 128, vLLM on GPU 16, SGLang 1 token.
 DEFAULT_BLOCK_SIZE = {"vllm-cpu": 128, "vllm": 16, "sglang": 1, "sim": 16, "external": 16}
@@ -221,12 +221,16 @@ def _pooled_records(run_dirs: Sequence[Path]) -> tuple[dict[str, Any], list[RunR
 
 
 def fit_to_sim(
-    run_dirs: str | Path | Sequence[str | Path], chunk_size: int | None = None, candidate: str | None = None
+    run_dirs: str | Path | Sequence[str | Path],
+    chunk_size: int | None = None,
+    candidate: str | None = None,
+    prefill_extra: bool = True,
 ) -> SimSettings:
     """The sim configuration fitted from sweep run folder ``run_dirs`` (or several of one engine, their
     steps pooled: the first one's manifest gives the settings) for token budget ``chunk_size`` (default:
     the runs' only chunk size; runs of several need one named). ``candidate``: a step-model candidate
-    (default: the fit's own choice). Raises ``ValueError`` naming what is missing."""
+    (default: the fit's own choice). ``prefill_extra`` False: none, and the front end fitted without it
+    (``predict --no-prefill-extra``). Raises ``ValueError`` naming what is missing."""
     dirs = [Path(run_dirs)] if isinstance(run_dirs, str | Path) else [Path(d) for d in run_dirs]
     if not dirs:
         raise ValueError("no sweep run folder given")
@@ -269,7 +273,9 @@ def fit_to_sim(
     mode = _mode(kind, spec, scheduling)
     matched.append(f"mode={mode} (kind {kind}, scheduling {scheduling or 'mixed'})")
     stream = _stream_time(records, matched, defaulted)
-    prefill = _prefill_time(records, stream, matched, defaulted)
+    prefill = _prefill_time(records, stream, matched, defaulted) if prefill_extra else None
+    if not prefill_extra:
+        defaulted.append("prefill extra=0 (--no-prefill-extra)")
     per_token, fixed = _frontend(records, stream, prefill, matched, defaulted)
     wake = _wake(dirs, chunk_size, matched, defaulted)
     return SimSettings(
@@ -371,7 +377,11 @@ def _frontend(
         defaulted.append(f"frontend=0 ({exc})")
         return 0.0, 0.0
     per_token, fixed = max(0.0, front.per_token_ns), max(0.0, front.fixed_ms)
-    less = " (less the stream and prefill time the replay charges)" if charged else ""
+    less = (
+        f" (less the {'stream and prefill' if prefill else 'stream'} time the replay charges)"
+        if charged
+        else ""
+    )
     matched.append(f"frontend: {per_token:.3g} ns/token + {fixed:.3g} ms (fitted, n={front.n}){less}")
     return per_token, fixed
 
@@ -387,14 +397,3 @@ def _wake(dirs: Sequence[Path], chunk_size: int, matched: list[str], defaulted: 
         return WakeCost()
     matched.append(fit.text())
     return fit.cost
-
-
-def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
-    """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's fastest
-    ``GET /v1/models``): no token reaches a client sooner than one round trip after its request left, so
-    the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
-    if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:
-        return settings
-    fitted = settings.frontend_fixed_ms
-    note = f"frontend_fixed_ms={rtt_ms:.3g} (the trace's round-trip time, above the fitted {fitted:.3g})"
-    return settings.model_copy(update={"frontend_fixed_ms": rtt_ms, "matched": [*settings.matched, note]})

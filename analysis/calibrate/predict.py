@@ -16,12 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from analysis.calibrate.config import SimSettings, with_round_trip
+from analysis.calibrate.config import SimSettings
 from analysis.calibrate.replay import predicted_frame, replay, replay_requests
 from benchcore.atomic import atomic_write_bytes, write_model
 from microbench.results.trace import TraceHeader, read_trace, write_trace_files
 
-__all__ = ["Prediction", "predict_trace"]
+__all__ = ["Prediction", "predict_trace", "with_round_trip"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,14 @@ def predict_trace(trace_dir: str | Path, settings: SimSettings, out_dir: str | P
     lasts = frame["last_chunk_ns"].dropna().astype(float)
     trace_s = float((lasts.max() - sends.min()) / 1e9) if len(sends) and len(lasts) else 0.0
     return Prediction(out, len(requests), len(steps), trace_s, result.wall_s)
+
+
+def with_round_trip(settings: SimSettings, rtt_ms: float | None) -> SimSettings:
+    """``settings`` for a trace whose client measured round-trip time ``rtt_ms`` (its header's fastest
+    ``GET /v1/models``): no token reaches a client sooner than one round trip after its request left, so
+    the fixed per-request time is at least that (seed 003 §10: client TTFT = server TTFT + RTT)."""
+    if rtt_ms is None or rtt_ms <= settings.frontend_fixed_ms:
+        return settings
+    fitted = settings.frontend_fixed_ms
+    note = f"frontend_fixed_ms={rtt_ms:.3g} (the trace's round-trip time, above the fitted {fitted:.3g})"
+    return settings.model_copy(update={"frontend_fixed_ms": rtt_ms, "matched": [*settings.matched, note]})

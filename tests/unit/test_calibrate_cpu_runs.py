@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.calibrate.config import fit_to_sim
+from analysis.calibrate.__main__ import main as calibrate_main
+from analysis.calibrate.config import SimSettings, fit_to_sim
 from analysis.calibrate.predict import predict_trace
 from analysis.calibrate.report import CalibrationReport
 from microbench.results.trace import read_trace
@@ -83,3 +84,22 @@ def test_the_isolated_fit_charges_prefill_steps_and_takes_it_out_of_the_front_en
     assert settings.beyond_log_ms(1, 2048) == pytest.approx(
         settings.stream_fixed_ms + settings.stream_ms_per_token + 2.22 + 1250e-6 * 2048, abs=0.02
     )
+
+
+def test_predict_without_the_prefill_extra_fits_the_front_end_without_it(tmp_path: Path) -> None:
+    folder = RESULTS / "calibrate-vllm-cpu-prefill-extra"
+    outs = {flag: tmp_path / f"pred{len(flag)}" for flag in ((), ("--no-prefill-extra",))}
+    for flag, out in outs.items():
+        args = ["predict", str(folder / "observe-bursty"), "--model", str(folder / "fit"), "--out", str(out)]
+        assert calibrate_main([*args, *flag]) == 0
+    plain = SimSettings.model_validate_json((outs[("--no-prefill-extra",)] / "sim-settings.json").read_text())
+    charged = SimSettings.model_validate_json((outs[()] / "sim-settings.json").read_text())
+    assert plain.prefill_extra_ms == 0.0 and "prefill extra=0 (--no-prefill-extra)" in plain.defaulted
+    assert charged.prefill_extra_ms == pytest.approx(1.97, abs=0.005)  # results/README.md
+    # the front end keeps what the replay no longer charges: 1.5 ms more per request here
+    assert plain.frontend_fixed_ms == pytest.approx(4.72, abs=0.005)
+    assert charged.frontend_fixed_ms == pytest.approx(3.19, abs=0.005)
+    # the prediction without the term: a prompt-carrying step ends sooner, no request's first token later
+    _, with_extra = read_trace(outs[()])
+    _, without = read_trace(outs[("--no-prefill-extra",)])
+    assert (without["last_chunk_ns"] <= with_extra["last_chunk_ns"] + 5_000_000).mean() > 0.9

@@ -12,10 +12,10 @@ import pytest
 
 from analysis.calibrate import config
 from analysis.calibrate.__main__ import main
-from analysis.calibrate.config import FitSummary, SimSettings, fit_to_sim, with_round_trip
+from analysis.calibrate.config import FitSummary, SimSettings, fit_to_sim
 from analysis.calibrate.metrics import itl_values, request_metrics, split_requests
 from analysis.calibrate.pages import markdown
-from analysis.calibrate.predict import predict_trace
+from analysis.calibrate.predict import predict_trace, with_round_trip
 from analysis.calibrate.replay import ReplayRequest, replay, replay_requests
 from analysis.calibrate.report import calibration_report
 from analysis.synthetic import synthesize_run
