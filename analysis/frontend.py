@@ -25,7 +25,7 @@ import numpy as np
 from analysis.robust import huber_fit, r_squared
 from microbench.results.records import RunRecord
 
-__all__ = ["FrontendFit", "charged_twice_ms", "fit_frontend", "record_frontend_ms"]
+__all__ = ["FrontendFit", "fit_frontend", "record_frontend_ms"]
 
 
 @dataclass
@@ -51,29 +51,13 @@ def record_frontend_ms(rec: RunRecord) -> float | None:
     return i.prefill_duration_ms - i.engine_prefill_ms - i.decode_step_ms / 2
 
 
-def charged_twice_ms(rec: RunRecord, charged_ms: float | None) -> float:
-    """Of ``charged_ms``, the time a replay charges the record's prefill steps beyond their logged
-    durations (``analysis.calibrate.prefill_time.charged_ms``), what the record's front-end time also
-    holds: the part the engine's own prefill time (its histogram, else its step-log interval) does not
-    cover beyond the logged steps. 0 where the record cannot say."""
-    i = rec.interference
-    engine = i.engine_prefill_time_ms if i.engine_prefill_time_ms is not None else i.engine_prefill_ms
-    logged = [s.elapsed_ms for s in i.engine_steps_log if s.prefill_tokens > 0]
-    if charged_ms is None or engine is None or not logged or any(ms is None for ms in logged):
-        return 0.0
-    return max(0.0, charged_ms - (engine - sum(ms or 0.0 for ms in logged)))
-
-
-def fit_frontend(
-    records: list[RunRecord], charged: Callable[[RunRecord], float | None] | None = None
-) -> FrontendFit:
+def fit_frontend(records: list[RunRecord], less: Callable[[RunRecord], float] | None = None) -> FrontendFit:
     """Robust (Huber) fit of the measured front-end time (send → engine queue, and the first token's way
     back: the client's TTFT less the engine's queue and prefill times) on P, over valid records. With
-    ``charged`` (what a replay charges a record's prefill steps beyond their logged time), the part of it
-    the front-end time also holds is taken out of each (``charged_twice_ms``): the replay's first token
-    pays it once."""
+    ``less``, each record's time less that (the calibration's replay charges part of it to the engine:
+    ``analysis.calibrate.prefill_time.charged_twice_ms``, so its first token pays it once)."""
     rows = [
-        (r.config.new_prefill_tokens, fe - (charged_twice_ms(r, charged(r)) if charged else 0.0))
+        (r.config.new_prefill_tokens, fe - (less(r) if less else 0.0))
         for r in records
         if r.validity.valid and (fe := record_frontend_ms(r)) is not None
     ]

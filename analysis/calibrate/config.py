@@ -29,7 +29,13 @@ from typing import Any
 
 from pydantic import Field
 
-from analysis.calibrate.prefill_time import PrefillTimeFit, charged_ms, fit_prefill_time
+from analysis.calibrate.prefill_time import (
+    PrefillTimeFit,
+    beyond_log_ms,
+    charged_ms,
+    charged_twice_ms,
+    fit_prefill_time,
+)
 from analysis.calibrate.stream_time import StreamTimeFit, fit_stream_time
 from analysis.calibrate.wake import fit_wake
 from analysis.frontend import fit_frontend
@@ -108,10 +114,14 @@ class SimSettings(StrictModel):
     def beyond_log_ms(self, streamed: int, prefill_tokens: int) -> float:
         """What a step streaming ``streamed`` tokens and carrying ``prefill_tokens`` prompt tokens costs
         beyond its logged time (the replay's ``stream_ns``)."""
-        stream = self.stream_fixed_ms + self.stream_ms_per_token * streamed
-        if prefill_tokens:
-            stream += self.prefill_extra_ms + self.prefill_extra_ns_per_token * prefill_tokens / 1e6
-        return stream
+        return beyond_log_ms(
+            streamed,
+            prefill_tokens,
+            stream_fixed_ms=self.stream_fixed_ms,
+            stream_ms_per_token=self.stream_ms_per_token,
+            extra_ms=self.prefill_extra_ms,
+            extra_ns_per_token=self.prefill_extra_ns_per_token,
+        )
 
     def sim_params(self) -> dict[str, Any]:
         """The configuration as ``python -m engine_harness.sim --params FILE`` reads it (SimConfig keys)."""
@@ -317,19 +327,7 @@ def _stream_time(records: list[RunRecord], matched: list[str], defaulted: list[s
     except ValueError as exc:
         defaulted.append(f"stream time=0 ({exc})")
         return None
-    slope = (
-        f"{stream.per_token_ms:.3g} [{stream.per_token_ci_ms[0]:.3g}, {stream.per_token_ci_ms[1]:.3g}] ms"
-        if stream.per_token_ci_ms
-        else "0 (one decode batch size: no slope)"
-        if len(stream.batch_sizes) < 2
-        else "0"
-    )
-    low, high = stream.fixed_ci_ms
-    matched.append(
-        f"stream time per step: {stream.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
-        f"token (client gap − engine step, robust fit, a term kept where its 95% CI is above 0, "
-        f"n={stream.n}, D={list(stream.batch_sizes)})" + (f"; {stream.note}" if stream.note else "")
-    )
+    matched.append(stream.text())
     return stream
 
 
@@ -346,18 +344,7 @@ def _prefill_time(
     except ValueError as exc:
         defaulted.append(f"prefill extra=0 ({exc})")
         return None
-    low, high = fit.per_step_ci_ms
-    token = (
-        f"{fit.per_token_ns:.3g} [{fit.per_token_ci_ns[0]:.3g}, {fit.per_token_ci_ns[1]:.3g}] ns"
-        if fit.per_token_ci_ns
-        else "0"
-    )
-    matched.append(
-        f"prefill extra per prompt-carrying step: {fit.per_step_ms:.3g} [{low:.3g}, {high:.3g}] ms + {token} "
-        f"per prompt token (the decodes' aggregate delay over the prefill less its logged steps and their "
-        f"stream time, robust fit, a term kept where its 95% CI is above 0, n={fit.n})"
-        + (f"; {fit.note}" if fit.note else "")
-    )
+    matched.append(fit.text())
     return fit
 
 
@@ -370,7 +357,7 @@ def _frontend(
 ) -> tuple[float, float]:
     """(ns per prompt token, fixed ms) of the API server's time (``analysis.frontend``) less what the
     replay charges the prefill steps beyond their log where the record's front-end time held it too."""
-    charged = (lambda r: charged_ms(r, stream, prefill)) if stream is not None else None
+    charged = (lambda r: charged_twice_ms(r, charged_ms(r, stream, prefill))) if stream is not None else None
     try:
         front = fit_frontend(records, charged)
     except ValueError as exc:

@@ -25,8 +25,8 @@ fit with each term kept only where its 95% CI lies above 0 (``stream_time.kept_t
 
 The first token of the request itself waits on that time too, which the front-end fit must not count
 twice: ``charged_ms`` is what the replay charges a record's prefill steps beyond their logged time, and
-``analysis.frontend.fit_frontend`` takes it out of each record's front-end time where the engine's own
-prefill-time histogram did not already hold it.
+``charged_twice_ms`` is the part of it each record's front-end time held (where the engine's own
+prefill-time histogram did not), which ``analysis.frontend.fit_frontend`` takes out.
 """
 
 from __future__ import annotations
@@ -38,7 +38,31 @@ import pandas as pd
 from analysis.calibrate.stream_time import StreamTimeFit, kept_terms
 from microbench.results.records import RunRecord
 
-__all__ = ["PrefillTimeFit", "charged_ms", "fit_prefill_time", "prefill_time_rows"]
+__all__ = [
+    "PrefillTimeFit",
+    "beyond_log_ms",
+    "charged_ms",
+    "charged_twice_ms",
+    "fit_prefill_time",
+    "prefill_time_rows",
+]
+
+
+def beyond_log_ms(
+    streamed: int,
+    prefill_tokens: int,
+    *,
+    stream_fixed_ms: float,
+    stream_ms_per_token: float,
+    extra_ms: float = 0.0,
+    extra_ns_per_token: float = 0.0,
+) -> float:
+    """The one price of what a step costs beyond its logged time: its stream time (per step, per token it
+    streams) and, carrying prompt tokens, the prefill extra (per step, per prompt token). The replay
+    charges it (``SimSettings.beyond_log_ms``) and the front-end fit takes it out (``charged_ms``): one
+    formula, so the first token pays it exactly once."""
+    stream = stream_fixed_ms + stream_ms_per_token * streamed
+    return stream + (extra_ms + extra_ns_per_token * prefill_tokens / 1e6 if prefill_tokens else 0.0)
 
 
 @dataclass(frozen=True)
@@ -52,9 +76,28 @@ class PrefillTimeFit:
     n: int
     note: str = ""  # the terms dropped, with their estimates
 
+    def text(self) -> str:
+        """One line for the settings list: both terms with their intervals, the data and what was dropped."""
+        low, high = self.per_step_ci_ms
+        ci = self.per_token_ci_ns
+        token = f"{self.per_token_ns:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ns" if ci else "0"
+        return (
+            f"prefill extra per prompt-carrying step: {self.per_step_ms:.3g} [{low:.3g}, {high:.3g}] ms + "
+            f"{token} per prompt token (the decodes' aggregate delay over the prefill less its logged steps "
+            f"and their stream time, robust fit, a term kept where its 95% CI is above 0, n={self.n})"
+            + (f"; {self.note}" if self.note else "")
+        )
+
     def step_ms(self, prefill_tokens: int) -> float:
         """The time one step carrying ``prefill_tokens`` prompt tokens costs beyond its stream time."""
-        return self.per_step_ms + self.per_token_ns * prefill_tokens / 1e6 if prefill_tokens else 0.0
+        return beyond_log_ms(
+            0,
+            prefill_tokens,
+            stream_fixed_ms=0.0,
+            stream_ms_per_token=0.0,
+            extra_ms=self.per_step_ms,
+            extra_ns_per_token=self.per_token_ns,
+        )
 
 
 def _streamed(rec: RunRecord, k: int) -> list[int]:
@@ -76,10 +119,37 @@ def charged_ms(rec: RunRecord, stream: StreamTimeFit, prefill: PrefillTimeFit | 
     """What the replay charges the record's prefill steps beyond their logged time (stream time, and the
     prefill time where fitted); None without a timed step log of them."""
     steps = _prefill_steps(rec)
-    if steps is None:
-        return None
-    charged = sum(stream.fixed_ms + stream.per_token_ms * n for n in _streamed(rec, len(steps)))
-    return charged + (sum(prefill.step_ms(p) for p, _ in steps) if prefill is not None else 0.0)
+    return None if steps is None else _charged(rec, steps, stream, prefill)
+
+
+def _charged(
+    rec: RunRecord, steps: list[tuple[int, float]], stream: StreamTimeFit, prefill: PrefillTimeFit | None
+) -> float:
+    extra = (prefill.per_step_ms, prefill.per_token_ns) if prefill is not None else (0.0, 0.0)
+    return sum(
+        beyond_log_ms(
+            n,
+            p,
+            stream_fixed_ms=stream.fixed_ms,
+            stream_ms_per_token=stream.per_token_ms,
+            extra_ms=extra[0],
+            extra_ns_per_token=extra[1],
+        )
+        for (p, _), n in zip(steps, _streamed(rec, len(steps)), strict=True)
+    )
+
+
+def charged_twice_ms(rec: RunRecord, charged: float | None) -> float:
+    """Of ``charged`` (``charged_ms``: what the replay charges the record's prefill steps beyond their
+    logged durations), what the record's front-end time also holds: the part the engine's own prefill
+    time (its histogram, else its step-log interval) does not cover beyond the logged steps. 0 where the
+    record cannot say."""
+    i = rec.interference
+    engine = i.engine_prefill_time_ms if i.engine_prefill_time_ms is not None else i.engine_prefill_ms
+    steps = _prefill_steps(rec)
+    if charged is None or engine is None or steps is None:
+        return 0.0
+    return max(0.0, charged - (engine - sum(ms for _, ms in steps)))
 
 
 def _first_after_ms(rec: RunRecord) -> float | None:
@@ -106,7 +176,7 @@ def prefill_time_rows(records: list[RunRecord], stream: StreamTimeFit) -> pd.Dat
         k = len(steps)
         riding = r.config.scheduling == "mixed"
         cycles = aggregate / d + (k * base.tpot_p50_ms if riding else 0.0) + after - base.tpot_p50_ms
-        charged = charged_ms(r, stream, None) or 0.0
+        charged = _charged(r, steps, stream, None)
         logged = sum(ms for _, ms in steps)
         rows.append(
             {

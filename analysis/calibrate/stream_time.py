@@ -45,6 +45,23 @@ class StreamTimeFit:
     batch_sizes: tuple[int, ...]
     note: str = ""  # the terms dropped (negative, or a CI holding 0), with their estimates
 
+    def text(self) -> str:
+        """One line for the settings list: both terms with their intervals, the data and what was dropped."""
+        ci = self.per_token_ci_ms
+        slope = (
+            f"{self.per_token_ms:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ms"
+            if ci
+            else "0 (one decode batch size: no slope)"
+            if len(self.batch_sizes) < 2
+            else "0"
+        )
+        low, high = self.fixed_ci_ms
+        return (
+            f"stream time per step: {self.fixed_ms:.3g} [{low:.3g}, {high:.3g}] ms + {slope} per streamed "
+            f"token (client gap − engine step, robust fit, a term kept where its 95% CI is above 0, "
+            f"n={self.n}, D={list(self.batch_sizes)})" + (f"; {self.note}" if self.note else "")
+        )
+
 
 def stream_time_rows(records: list[RunRecord]) -> pd.DataFrame:
     """One row per valid record with decodes and both medians: ``D``, ``client_gap_ms`` (the local

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from analysis.calibrate.prefill_time import charged_ms, fit_prefill_time, prefill_time_rows
+from analysis.calibrate.prefill_time import charged_ms, charged_twice_ms, fit_prefill_time, prefill_time_rows
 from analysis.calibrate.replay import ReplayRequest, replay
 from analysis.calibrate.stream_time import StreamTimeFit
-from analysis.frontend import charged_twice_ms, fit_frontend
+from analysis.frontend import fit_frontend
 from tests.unit.test_calibrate_replay import MS, _settings
 
 STREAM = StreamTimeFit(0.7, (0.6, 0.8), 0.1, (0.09, 0.11), 12, (2, 4, 8))
@@ -163,7 +163,7 @@ def test_the_front_end_fit_takes_out_what_the_replay_charges_once() -> None:
         )
     plain = fit_frontend(records)
     assert plain.per_token_ns > 400  # the prompt-token part of the charge read as API-server time
-    front = fit_frontend(records, lambda r: charged_ms(r, STREAM, fit))
+    front = fit_frontend(records, lambda r: charged_twice_ms(r, charged_ms(r, STREAM, fit)))
     assert front.fixed_ms == pytest.approx(6.0) and front.per_token_ns == pytest.approx(0.0, abs=1e-6)
 
 
