@@ -98,7 +98,7 @@ def test_a_stream_cut_mid_way_is_labelled_cut_not_refused(place: Place, run, sim
     assert set(rows["status"]) == {"cut"}
 
 
-@pytest.mark.parametrize("sim", [("--die-at-s", "3")], indirect=True)
+@pytest.mark.parametrize("sim", [("--die-after-requests", "20")], indirect=True)  # of ~100: a count, no clock
 def test_open_loop_load_on_an_engine_that_dies_is_exit_1_with_a_warning(place: Place, run, sim: str) -> None:
     out = place.tmp / "load"
     outcome = run(loadgen, "run", "--workload", WORKLOAD, "--rate", "20", "--duration", "5s", "--url", sim,

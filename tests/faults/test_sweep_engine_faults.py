@@ -156,8 +156,11 @@ def test_an_engine_killed_mid_point_spends_no_attempt(place: Place) -> None:
 
 @pytest.fixture
 def external_sim(place: Place):
-    """A sim started by hand (answering once the fixture returns) that dies 3.5 s after it starts; its URL."""
-    proc, url = start_sim("--max-num-batched-tokens", "512", "--die-at-s", "3.5")
+    """A sim started by hand (answering once the fixture returns) that dies at its 16th finished request
+    (about half way through the sweep below), its URL. A count of requests, not a time after start: the
+    sweep's 24 small points take 2-4 s on these boxes, so a death at 3.5 s could come after the end
+    (the official CI of b4f5a54)."""
+    proc, url = start_sim("--max-num-batched-tokens", "512", "--die-after-requests", "16")
     yield url
     proc.kill()
     proc.wait()
@@ -175,6 +178,7 @@ def test_row4_an_external_engine_that_stops_answering_is_noticed(
     assert_clear_error(outcome, f"the external engine at {external_sim} stopped answering", "--resume")
     assert time.monotonic() - t0 < 60  # noticed within the probe window, not never
     measured = {p.name: read_record(p, RunRecord).t_inject_ns for p in out.glob("runs/*/*.json")}
+    assert 0 < len(measured) < 24  # it stopped mid-run: the resume below has points to keep and to measure
     assert_intact(out)
     assert not (out / "engine-512.log").exists()  # nothing was launched, no log to name
     # the engine is back at the same URL: the run goes on from where it stopped, as the message said
