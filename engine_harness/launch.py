@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -33,10 +34,17 @@ import aiohttp
 from benchcore.redact import redact_argv
 from engine_harness.engine_log import log_errors, log_tail
 from engine_harness.engines import EngineKind, EngineSpec, auth_headers, engine_kind
-from engine_harness.environments import EngineEnvError
+from engine_harness.environments import EngineEnvError, engine_env
 from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table, table_name
 from engine_harness.metrics import MetricsError, scrape
-from engine_harness.process_group import _LIVE, _die_with_parent, _kill_group, isolation_plan, pin_process
+from engine_harness.process_group import (
+    _LIVE,
+    _die_with_parent,
+    _kill_group,
+    engine_scratch,
+    isolation_plan,
+    pin_process,
+)
 from engine_harness.sim.params import SimConfig
 
 __all__ = [
@@ -49,27 +57,6 @@ __all__ = [
     "log_tail",
     "model_problem",
 ]
-
-# Variables an engine inherits from the suite's environment; everything else is dropped so that a
-# stray setting of the caller (or an API key) does not change the engine or leak into its log.
-_ENV_ALLOW = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LC_ALL",
-    "TMPDIR",
-    "TERM",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "LD_LIBRARY_PATH",
-    "HF_HOME",
-    "OMP_NUM_THREADS",
-    "PIP_FIND_LINKS",
-)
-_ENV_ALLOW_PREFIXES = ("VLLM_", "SGLANG_", "NCCL_", "UCX_")
 
 
 class EngineError(RuntimeError):
@@ -134,26 +121,6 @@ def context_limit(spec: EngineSpec) -> tuple[int, str] | None:
     return (limit, f"max_position_embeddings in {config}") if isinstance(limit, int) else None
 
 
-def _engine_env(kind: EngineKind, spec: EngineSpec, python: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW or k.startswith(_ENV_ALLOW_PREFIXES)}
-    if python != sys.executable:
-        # The engine's own environment first on PATH (its console scripts, the compilers it finds).
-        venv = Path(python).parent.parent
-        env["VIRTUAL_ENV"] = str(venv)
-        env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
-        env.pop("PYTHONPATH", None)  # the suite's packages, not the engine's
-    env.update(kind.env(spec))
-    if spec.api_key_env and kind.api_key_var:  # EngineSpec refuses a key for a kind without one
-        key = os.environ.get(spec.api_key_env)
-        if not key:
-            raise EngineStartError(
-                f"--api-key-env {spec.api_key_env}: that variable is not set; export it before the run"
-            )
-        env[kind.api_key_var] = key  # off the command line, so out of the engine's log
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 class EngineProcess:
     """One engine the suite launched (or an external one it only reaches)."""
 
@@ -214,10 +181,11 @@ class EngineProcess:
             argv = self._argv()
             # The engine's own interpreter answers (its package, its parser): seconds, off the event loop.
             try:
+                env = engine_env(self.kind, self.spec, argv[0])
                 await asyncio.get_running_loop().run_in_executor(None, self.kind.preflight, self.spec, argv)
             except EngineEnvError as exc:
                 raise EngineStartError(str(exc)) from None
-            self._spawn(argv)
+            self._spawn(argv, env)
         try:
             await self._wait_healthy()
             self.version = await self._read_version()
@@ -242,22 +210,37 @@ class EngineProcess:
             self.port = free_port(self.spec.host)
         return self.kind.argv(self.spec, self.port)
 
-    def _spawn(self, argv: list[str]) -> None:
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         self.argv = argv
         if self.log_path is None:
             raise EngineError("a launched engine needs log_path= to write its output to")
         host = isolation_plan(self.spec.cpu_threads_bind).host if self.spec.isolate_worker else None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        scratch = engine_scratch()
+        try:
+            self.proc = self._popen(self.log_path, env | {"TMPDIR": str(scratch)}, host)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        _LIVE[self.proc] = scratch
+        if host is not None:
+            # the client (this process) off the worker's cores too: on a 2-core box it otherwise lands on the
+            # worker's core whenever the engine's scheduler spins on the other
+            pin_process(os.getpid(), host)
+
+    def _popen(
+        self, log_path: Path, env: dict[str, str], host: frozenset[int] | None
+    ) -> subprocess.Popen[bytes]:
+        with log_path.open("ab") as log:
             shown = " ".join(redact_argv(self.argv))  # no --api-key value in the log
             log.write(f"\n### {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {shown}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
+            return subprocess.Popen(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_engine_env(self.kind, self.spec, argv[0]),
+                env=env,
                 # Its own process group (one killpg stops it all; a terminal's Ctrl-C does not reach it)
                 # but *our session*: Linux's autogroup scheduler puts every session in its own task
                 # group, and vLLM's EngineCore spins on sched_yield() while its worker computes, which
@@ -267,11 +250,6 @@ class EngineProcess:
                 process_group=0,
                 preexec_fn=self._preexec(host) if sys.platform == "linux" else None,
             )
-        _LIVE.add(self.proc)
-        if host is not None:
-            # the client (this process) off the worker's cores too: on a 2-core box it otherwise lands on the
-            # worker's core whenever the engine's scheduler spins on the other
-            pin_process(os.getpid(), host)
 
     @staticmethod
     def _preexec(host: frozenset[int] | None) -> Callable[[], None]:

@@ -3,9 +3,14 @@
 Its lifetime: ``_kill_group`` sends SIGTERM to the whole group and SIGKILL after a grace period; an
 ``atexit`` hook does the same for any engine still alive when the interpreter leaves (Ctrl-C included),
 and the child asks the kernel for SIGTERM when the suite's process dies (Linux), so no engine outlives
-the suite. Its members, for a job that shares a host between engines: listed (``group_processes``),
-every thread pinned to a core set (``pin_group``, cores written as ``VLLM_CPU_OMP_THREADS_BIND`` writes
-them: ``parse_cores``), and the stopped ones found (``stopped_pids``, for a watchdog's verdict).
+the suite. Its temporary files: each engine gets a scratch folder of its own as ``TMPDIR``
+(``engine_scratch``), removed with the group, because vLLM and SGLang leave their ZMQ sockets and
+``vllm_dist_*`` folders in the temporary folder even on a clean stop (seven sockets and a folder per
+vLLM 0.32 start, measured), and nothing of a run may outlive it outside its output folder.
+
+Its members, for a job that shares a host between engines: listed (``group_processes``), every thread
+pinned to a core set (``pin_group``, cores written as ``VLLM_CPU_OMP_THREADS_BIND`` writes them:
+``parse_cores``), and the stopped ones found (``stopped_pids``, for a watchdog's verdict).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import contextlib
 import ctypes
 import functools
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -29,6 +37,7 @@ __all__ = [
     "_die_with_parent",
     "_kill_group",
     "core_text",
+    "engine_scratch",
     "group_processes",
     "isolation_plan",
     "parse_cores",
@@ -37,8 +46,15 @@ __all__ = [
     "stopped_pids",
 ]
 
-_LIVE: set[subprocess.Popen[bytes]] = set()  # engines launched and not yet stopped
+_LIVE: dict[subprocess.Popen[bytes], Path] = {}  # engines launched and not yet stopped: their scratch
 _PR_SET_PDEATHSIG = 1
+
+
+def engine_scratch() -> Path:
+    """A new, empty folder for one engine's temporary files (its ``TMPDIR``), in the system's temporary
+    folder: the engines put Unix sockets there, whose paths may not pass 107 bytes, which a folder under a
+    run's output folder could. ``_kill_group`` removes it with the engine registered in ``_LIVE``."""
+    return Path(tempfile.mkdtemp(prefix="microbench-engine-"))
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -58,7 +74,9 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     deadline = time.monotonic() + 5
     while group_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    _LIVE.discard(proc)
+    scratch = _LIVE.pop(proc, None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @atexit.register

@@ -12,9 +12,11 @@ both checks: a second sweep would cost another engine start (about a minute of C
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,8 @@ import pandas as pd
 import psutil
 import pytest
 
+from engine_harness.engines import EngineSpec, engine_kind
+from engine_harness.environments import engine_env
 from microbench.results.faults import infrastructure_reasons
 from microbench.results.records import RunRecord, read_record
 
@@ -60,9 +64,15 @@ def test_smoke_sweep_on_cpu_vllm_survives_a_sigkill_of_its_engine_core(
 ) -> None:
     run = tmp_path / "s"
     cmd = [sys.executable, "-m", "microbench.sweep", "--config", str(repo_root / "sweeps" / "smoke.yaml")]
+    # a temporary folder of its own, short (the engines' Unix sockets go there): both engines' (the one
+    # killed and its restart) must be gone with them; PyTorch's compile cache stays where it was
+    tmp = Path(tempfile.mkdtemp(prefix="e2e-"))
+    cache = engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)["TORCHINDUCTOR_CACHE_DIR"]
+    env = {**os.environ, "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": cache}
     proc = subprocess.Popen(
-        [*cmd, "--out", str(run)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        [*cmd, "--out", str(run)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+    )  # fmt: skip
     kill_ns, invalid_before = _kill_engine_core_mid_batch(proc, run)
     text, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, text[-4000:]
@@ -115,3 +125,5 @@ def test_smoke_sweep_on_cpu_vllm_survives_a_sigkill_of_its_engine_core(
     assert len(table) == 4 and (table.repetitions == 2).all()
     assert (run / "engine-2048.log").is_file() and (run / "telemetry" / "2048.parquet").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # nothing written beside --out
+    assert os.listdir(tmp) == []  # nor left in the temporary folder (vLLM's sockets and vllm_dist_*)
+    tmp.rmdir()

@@ -164,19 +164,19 @@ def test_scheduling_of_each_kind() -> None:
 def test_an_api_key_goes_to_a_launched_engine_by_its_environment_never_its_argv(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine_harness.launch import EngineStartError, _engine_env
+    from engine_harness.environments import EngineEnvError, engine_env
 
     monkeypatch.setenv("MY_KEY", "sk-unit-5e1f")
     spec = resolve_spec("cpu", api_key_env="MY_KEY")
     argv = engine_kind("vllm").argv(spec, 8123)
     assert not any("sk-unit-5e1f" in a or a.startswith("--api-key") for a in argv)
-    env = _engine_env(engine_kind("vllm"), spec, sys.executable)
+    env = engine_env(engine_kind("vllm"), spec, sys.executable)
     assert env["VLLM_API_KEY"] == "sk-unit-5e1f" and "MY_KEY" not in env
     sim = EngineSpec(kind="sim", model="sim", api_key_env="MY_KEY")
-    assert _engine_env(engine_kind("sim"), sim, sys.executable)["SIM_API_KEY"] == "sk-unit-5e1f"
+    assert engine_env(engine_kind("sim"), sim, sys.executable)["SIM_API_KEY"] == "sk-unit-5e1f"
     monkeypatch.delenv("MY_KEY")
-    with pytest.raises(EngineStartError, match="MY_KEY: that variable is not set"):
-        _engine_env(engine_kind("vllm"), spec, sys.executable)
+    with pytest.raises(EngineEnvError, match="MY_KEY: that variable is not set"):
+        engine_env(engine_kind("vllm"), spec, sys.executable)
     # a key on the command line would be echoed into the engine's log: refused, with the way out
     for extra in (["--api-key", "sk-x"], ["--api-key=sk-x"]):
         with pytest.raises(ValidationError, match="--api-key-env VAR"):

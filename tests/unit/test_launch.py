@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,12 +43,20 @@ async def test_start_reports_version_and_stop_kills_the_group(tmp_path: Path) ->
         assert engine.startup_s is not None and engine.startup_s > 0
         pid, child, proc = engine.pid, int(child_file.read_text()), engine.proc
         assert engine.alive() and proc in _LIVE
+        # its temporary files in a scratch folder of its own, removed with it (vLLM and SGLang leave
+        # their ZMQ sockets behind even on a clean stop): one is left there as they would
+        assert pid is not None
+        scratch = Path(psutil.Process(pid).environ()["TMPDIR"])
+        assert os.listdir(scratch) == [] and scratch.name.startswith("microbench-engine-")
+        assert _LIVE[proc] == scratch and scratch.parent == Path(tempfile.gettempdir())
+        (scratch / "0b27a7c1-a9db-4a2e-b8d2-210be1619c18").touch()
         # its own process group, our session (one autogroup: see EngineProcess._spawn)
         assert os.getpgid(pid) == pid != os.getpgid(0)
         assert os.getsid(pid) == os.getsid(0)
     assert pid is not None and _gone(pid) and _gone(child)
     assert "fake engine ready" in (tmp_path / "e.log").read_text()
     assert proc not in _LIVE  # nothing left for the atexit reaper
+    assert scratch.name not in os.listdir(scratch.parent)
 
 
 async def test_engine_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
@@ -78,7 +87,7 @@ async def test_startup_timeout_is_an_error_and_reaps_the_engine(tmp_path: Path) 
     live_before = set(_LIVE)  # a session-wide e2e engine may be running
     with pytest.raises(EngineStartError, match="not healthy after 1 s"):
         await engine.start()
-    assert engine.proc is None and live_before == _LIVE
+    assert engine.proc is None and live_before == set(_LIVE)
 
 
 async def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
@@ -102,13 +111,20 @@ async def test_restart_applies_new_settings(tmp_path: Path) -> None:
 
 def test_engine_env_drops_unlisted_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine_harness.engines import engine_kind
-    from engine_harness.launch import _engine_env
+    from engine_harness.environments import engine_env
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
-    env = _engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2), sys.executable)
+    env = engine_env(engine_kind("vllm"), EngineSpec(cpu_kvcache_gib=2), sys.executable)
     assert "OPENAI_API_KEY" not in env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the spec wins over the inherited value
+    # not TMPDIR (the launch gives a scratch folder) but the compile cache where PyTorch keeps it by default
+    assert "TMPDIR" not in env and env["TORCHINDUCTOR_CACHE_DIR"].startswith(tempfile.gettempdir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/cache/inductor")
+    assert (
+        engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)["TORCHINDUCTOR_CACHE_DIR"]
+        == "/cache/inductor"
+    )
     assert signal.SIGTERM  # keep the import honest for readers: stop uses SIGTERM then SIGKILL
 
 
@@ -116,14 +132,14 @@ def test_an_engine_in_its_own_environment_gets_that_environment_first_and_not_th
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from engine_harness.engines import engine_kind
-    from engine_harness.launch import _engine_env
+    from engine_harness.environments import engine_env
 
     monkeypatch.setenv("PYTHONPATH", "/work/suite")
     monkeypatch.setenv("PATH", "/usr/bin")
     python = "/repo/.venv-sglang/bin/python"
-    env = _engine_env(engine_kind("sglang"), EngineSpec(kind="sglang", python=python, device="cpu"), python)
+    env = engine_env(engine_kind("sglang"), EngineSpec(kind="sglang", python=python, device="cpu"), python)
     assert env["PATH"].split(os.pathsep)[:2] == ["/repo/.venv-sglang/bin", "/usr/bin"]
     assert env["VIRTUAL_ENV"] == "/repo/.venv-sglang" and "PYTHONPATH" not in env
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
-    same = _engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)
+    same = engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)
     assert same["PYTHONPATH"] == "/work/suite"  # the suite's own interpreter keeps it
