@@ -70,7 +70,8 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
     # exclusive: ceil(4096 / 2048) steps without decodes; mixed: ceil(4096 / (2048 − 4)) steps with them
     assert itf.num_chunks_actual == itf.num_chunks_expected == chunks
     prefill_steps = [s for s in itf.engine_steps_log if s.prefill_tokens]
-    assert sum(s.prefill_tokens for s in prefill_steps) == 4096
+    # the prompt less its chance hit (CI 41 saw 4095: a 1-token hit, so one token fewer was computed)
+    assert sum(s.prefill_tokens for s in prefill_steps) == 4096 - itf.cached_prompt_tokens
     assert all(s.decode_tokens == (4 if scheduling == "mixed" else 0) for s in prefill_steps)
     assert itf.step_time_full_chunk_ms is not None and itf.step_time_full_chunk_ms > 0
     assert rec.derived.aggregate_decode_delay_ms is not None and rec.derived.aggregate_decode_delay_ms > 0
