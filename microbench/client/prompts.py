@@ -2,7 +2,8 @@
 
 ``/v1/completions`` accepts ``prompt`` as a list of token ids, so a P-token prompt is exactly P tokens
 with no client-side tokenizer. Ids are drawn from a ``TokenSpace`` — the ids that decode to ordinary
-tokens of the served model (specials excluded), read from a local model folder when there is one.
+tokens of the served model (specials excluded), read from a local model folder when there is one (a path,
+or a bundled model's name as the engines serve it).
 
 Cold prompts are unique per call: their RNG is seeded from ``uuid4`` and ``time.time_ns()`` (the fix
 for seed 002's prefix-cache bug, where deterministic prompts hit the cache after repetition 0). Their
@@ -19,6 +20,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine_harness.spec import MODELS_DIR
 
 __all__ = ["BLOCK_TOKENS", "FALLBACK_SPACE", "TokenSpace", "cold_prompt", "shared_prefix", "token_space_for"]
 
@@ -64,9 +67,14 @@ FALLBACK_SPACE = TokenSpace(1000, 30000)
 
 
 def token_space_for(model: str) -> TokenSpace:
-    """The ordinary-token id range of a local model folder (``tokenizer.json``), else the fallback."""
-    tok_file = Path(model) / "tokenizer.json"
-    if not tok_file.is_file():
+    """The ordinary-token id range of a local model folder (``tokenizer.json``), the folder given or the
+    bundled model of that name (an external engine serving ``qwen3-moe-tiny``: its 256 byte ids, where the
+    fallback's ids crashed SGLang 0.5.23 with an embedding IndexError), else the fallback."""
+    tok_file = next(
+        (f / "tokenizer.json" for f in (Path(model), MODELS_DIR / model) if (f / "tokenizer.json").is_file()),
+        None,
+    )
+    if tok_file is None:
         return FALLBACK_SPACE
     data = json.loads(tok_file.read_text())
     vocab = data.get("model", {}).get("vocab") or {}

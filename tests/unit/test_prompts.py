@@ -21,6 +21,8 @@ def test_shared_prefix_is_fixed_by_its_seed() -> None:
 
 def test_token_space_of_the_bundled_model_excludes_specials() -> None:
     assert token_space_for(DEFAULT_MODEL) == TokenSpace(0, 256)
+    # by the name an engine serves it under (an external engine): its bytes, not the fallback's large ids
+    assert token_space_for("qwen3-moe-tiny") == token_space_for("qwen3-dense-tiny") == TokenSpace(0, 256)
     assert token_space_for("Qwen/Qwen3-Coder-30B-A3B-Instruct") == FALLBACK_SPACE
 
 
