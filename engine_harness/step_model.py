@@ -181,6 +181,10 @@ class StepModel(StrictModel):
         """The coefficients by name (``PARAMS``' values)."""
         return {name: float(getattr(self, name)) for name in dict.fromkeys(PARAMS.values())}
 
+    def scaled(self, factor: float) -> StepModel:
+        """Every coefficient (each a time) times ``factor``: the same engine ``factor``× slower."""
+        return self.model_copy(update={k: v * factor for k, v in self.coefficients().items()})
+
 
 def is_eager(shape: StepShape, cuda_graph_max_tokens: int | None) -> bool:
     """The step runs eagerly although the engine captures CUDA graphs (it is above their ceiling)."""

@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "API server's time without taking it out (the same prediction without the term, to see what it "
         "carries)",
     )  # fmt: skip
+    p.add_argument(
+        "--engine-speed", type=float, default=1.0, metavar="F",
+        help="what if every step took F times the fit's time (its step model, and the stream time and "
+        "prefill extra beyond its log; not the per-request API-server time or the wake cost): an engine on a "
+        "box F× slower (F > 1) or faster (default 1: as fitted). The report's 'engine speed against the fit' "
+        "reads F off a trace's own step log: a prediction told that F knows of the trace it is scored on",
+    )  # fmt: skip
     add_out(p, "results/predict-<UTC time>")
     r = sub.add_parser("report", help="compare a predicted trace with the real one")
     r.add_argument("real", type=Path, help="the real trace folder")
@@ -80,8 +87,12 @@ def _predict(args: argparse.Namespace, held: ExitStack) -> int:
 
     if not (args.trace / "header.json").is_file():
         raise BadInput(f"{args.trace} is not a trace folder (no header.json): give a load generator's --out")
+    if not 0 < args.engine_speed <= 100:
+        raise BadInput(f"--engine-speed must be in (0, 100] (1: the fit's speed), got {args.engine_speed:g}")
     try:
         settings = fit_to_sim(args.model, args.chunk, args.candidate, not args.no_prefill_extra)
+        if args.engine_speed != 1:
+            settings = settings.at_speed(args.engine_speed)
         if args.no_wake:
             note = "wake=none (--no-wake)"
             settings = settings.model_copy(

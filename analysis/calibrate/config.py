@@ -75,6 +75,9 @@ class FitSummary(StrictModel):
     clipped: list[str] = Field(default_factory=list, description="negative estimates set to 0 (name=value)")
 
 
+_PER_STEP = ("stream_fixed_ms", "stream_ms_per_token", "prefill_extra_ms", "prefill_extra_ns_per_token")
+
+
 class SimSettings(StrictModel):
     """A simulated engine configured from a fit: scheduling, capacity, step model, API-server time."""
 
@@ -121,6 +124,15 @@ class SimSettings(StrictModel):
             stream_ms_per_token=self.stream_ms_per_token,
             extra_ms=self.prefill_extra_ms,
             extra_ns_per_token=self.prefill_extra_ns_per_token,
+        )
+
+    def at_speed(self, factor: float) -> SimSettings:
+        """Every time a step costs (its step model, the stream time and prefill extra beyond its log) at
+        ``factor``× the fit's; the per-request API-server time and the wake cost stay as fitted."""
+        note = f"engine_speed={factor:g} (asked: every step's time at {factor:g}× the fit's)"
+        return self.model_copy(
+            update={k: getattr(self, k) * factor for k in _PER_STEP}
+            | {"step": self.step.scaled(factor), "matched": [*self.matched, note]}
         )
 
     def sim_params(self) -> dict[str, Any]:

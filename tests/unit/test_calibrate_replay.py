@@ -94,6 +94,18 @@ def test_replay_one_request_in_virtual_time() -> None:
     assert [(s["prefill_tokens"], s["decode_tokens"]) for s in result.steps] == [(1000, 0), (0, 1), (0, 1)]
 
 
+def test_an_engine_at_twice_the_fits_time_takes_twice_as_long_per_step_and_says_so() -> None:
+    req = ReplayRequest("a", 5 * MS, list(range(1000)), 3)
+    slow = _settings(stream_fixed_ms=0.5, prefill_extra_ms=2.0, frontend_fixed_ms=3.0).at_speed(2.0)
+    assert (slow.stream_fixed_ms, slow.prefill_extra_ms, slow.frontend_fixed_ms) == (1.0, 4.0, 3.0)
+    assert slow.step.coefficients() == {k: 2 * v for k, v in STEP.coefficients().items()}
+    assert any(m.startswith("engine_speed=2 ") for m in slow.matched)
+    result = replay([req], slow.model_copy(update={"stream_fixed_ms": 0.0, "prefill_extra_ms": 0.0}))
+    # prefill step 2 × 51 ms, then two decode steps of 2 × 1.1 ms: test_replay_one_request_in_virtual_time's
+    # steps at twice their time (the API server's 3 ms per request, not a step's, stays 3: asserted above)
+    assert result.token_ns["a"] == [(5 + 102) * MS, 109_200_000, 111_400_000]
+
+
 def test_replay_chunks_and_mixes_like_vllm() -> None:
     a, b = ReplayRequest("a", 0, list(range(800)), 2), ReplayRequest("b", 0, list(range(5000, 5800)), 1)
     result = replay([a, b], _settings(max_num_batched_tokens=1024))
@@ -266,6 +278,9 @@ def test_cli_bad_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["predict", str(real), "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "--model" in capsys.readouterr().err
     assert main(["report", str(real), str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    speed = ["--engine-speed", "0", "--out", str(tmp_path / "o")]
+    assert main(["predict", str(real), "--model", str(tmp_path), *speed]) == 2
+    assert "--engine-speed must be in (0, 100] (1: the fit's speed), got 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()  # nothing written on bad input
 
 
