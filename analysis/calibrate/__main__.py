@@ -137,7 +137,8 @@ def _report(args: argparse.Namespace, held: ExitStack) -> int:
     try:
         report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed, args.engine_log)
     except (OSError, ValueError) as exc:
-        raise BadInput(str(exc)) from None
+        where = "--engine-log: " if args.engine_log is not None and str(args.engine_log) in str(exc) else ""
+        raise BadInput(where + str(exc)) from None
     held.enter_context(hold_folder(args.out))
     paths = write_pages(report, args.out)
     print("\n".join(lines(report)))

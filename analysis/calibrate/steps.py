@@ -97,11 +97,17 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
 
 
 def _log_text(log: Path) -> str:
-    """The log's text; a ``.gz`` log (a committed run keeps its engine's log compressed) through gzip."""
-    if log.suffix == ".gz":
-        with gzip.open(log, "rt", errors="replace") as f:
-            return f.read()
-    return log.read_text(errors="replace")
+    """The log's text; a ``.gz`` log (a committed run keeps its engine's log compressed) through gzip.
+    ``ValueError`` naming the log where it cannot be read (missing, or a broken or cut-off ``.gz``)."""
+    try:
+        if log.suffix == ".gz":
+            with gzip.open(log, "rt", errors="replace") as f:
+                return f.read()
+        return log.read_text(errors="replace")
+    except (OSError, EOFError) as exc:
+        raise ValueError(
+            f"the engine log {log} cannot be read ({exc}): give the log of the observed run's engine"
+        ) from None
 
 
 def _idle_before(steps: pd.DataFrame, frame: pd.DataFrame, start_s: float) -> np.ndarray:

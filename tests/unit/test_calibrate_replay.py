@@ -136,7 +136,7 @@ def test_round_trip_time_floors_the_fixed_time() -> None:
     assert moved.frontend_fixed_ms == 1.5 and "round-trip" in moved.matched[-1]
 
 
-def test_predicted_trace_round_trips_and_reports(tmp_path: Path) -> None:
+def test_predicted_trace_round_trips_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [_row(i, 100 * i, [100 * i + 60, 100 * i + 61.1, 100 * i + 62.2]) for i in range(40)]
     rows[0]["warmup"] = True
     rows.append(_row(40, 4000, [], status="timeout"))
@@ -156,6 +156,18 @@ def test_predicted_trace_round_trips_and_reports(tmp_path: Path) -> None:
     assert ttft.pearson_r is None and ttft.rating == "Good"  # r undefined (constant): the MAPE's band
     assert report.metric("tpot").mape_pct == pytest.approx(0.0, abs=1e-4)  # 1.1 ms both (ns rounding)
     assert "| TTFT | 39 | 15.0" in markdown(report) and not report.warnings
+    missing = tmp_path / "engine.log.gz"
+    argv = [
+        "report",
+        str(real),
+        str(tmp_path / "pred"),
+        "--engine-log",
+        str(missing),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2  # the flag named, not a traceback
+    assert f"--engine-log: the engine log {missing} cannot be read" in capsys.readouterr().err
 
 
 def test_the_report_bands_the_errors_by_prompt_length(tmp_path: Path) -> None:

@@ -67,6 +67,13 @@ def test_a_log_without_steps_is_refused(tmp_path: Path) -> None:
     header = TraceHeader(created_at="x", session_start_unix_ns=0, stages=[], saturated=False)
     with pytest.raises(ValueError, match="no step lines"):
         engine_log_steps(log, header, pd.DataFrame({"send_ns": [0], "last_chunk_ns": [1]}))
+    # a missing log, a .gz cut off in transfer, a file that is no gzip: one error naming the log
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress(b"Decode batch, #running-req: 1\n" * 100)[:40])
+    (tmp_path / "plain.log.gz").write_text("not compressed")
+    for bad in (tmp_path / "missing.log", cut, tmp_path / "plain.log.gz"):
+        with pytest.raises(ValueError, match=f"the engine log {bad} cannot be read"):
+            engine_log_steps(bad, header, pd.DataFrame({"send_ns": [0], "last_chunk_ns": [1]}))
 
 
 def _sglang(t: float, kind: str, running: int, new: int = 0) -> str:
