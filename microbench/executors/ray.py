@@ -8,7 +8,9 @@ GPU where the cluster has GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``; two shard
 Ctrl-C, a dead node or a lost task loses at most the point in flight, and ``--resume`` re-submits only
 the shards, and within them the points, that are missing. A lost shard does not stop the others; the run
 ends with an error naming it. ``--ray-address`` joins a running cluster; without it a local Ray instance
-starts for the run and stops after it. Ray is imported here only (the optional ``[ray]`` extra).
+starts for the run and stops after it, its session (logs, sockets) in a scratch folder removed with it
+(Ray's default ``/tmp/ray`` keeps every session's folder: 120 of them, 25 MB, on a box that had run the
+tests). Ray is imported here only (the optional ``[ray]`` extra).
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -85,6 +90,7 @@ class RayExecutor(InterferenceShards):
         self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
+        self._scratch: Path | None = None  # a local instance's session folder, removed when it stops
 
     def _connect(self) -> bool:
         """Join ``address`` or start a local instance; True when this process started it."""
@@ -96,7 +102,14 @@ class RayExecutor(InterferenceShards):
             )
             return False
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        self._scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
+        ray.init(
+            num_cpus=cores,
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+            _temp_dir=str(self._scratch),
+        )
         return True
 
     def account(self, timing: Timing) -> str:
@@ -139,6 +152,9 @@ class RayExecutor(InterferenceShards):
             if started:
                 with timing.phase("Ray stop"):
                     ray.shutdown()
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,10 +66,15 @@ def test_a_ray_ablation_runs_its_arms_side_by_side_and_equals_the_local_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # nothing may be written outside --out
+    made: list[str] = []  # the local Ray instance's session folder: not Ray's /tmp/ray, and gone with it
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
     path = _ablation(tmp_path, [256, 2048])
     local, ray = tmp_path / "out" / "local", tmp_path / "out" / "ray"
     assert main(["--config", str(path), "--out", str(local)]) == 0
     assert main(["--config", str(path), "--out", str(ray), *RAY]) == 0
+    sessions = [m for m in made if Path(m).name.startswith("microbench-ray-")]
+    assert len(sessions) == 1 and not Path(sessions[0]).exists()
     assert _records(ray) == _records(local) and len(_records(ray)) == 2 * 2 * 4  # arms × rounds × points
     assert (ray / "compare-B-vs-A" / "comparison.json").is_file()
     notes_ray = _manifest(ray / "manifest.json")["notes"]

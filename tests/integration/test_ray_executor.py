@@ -9,9 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,9 +60,16 @@ def ray_instance():
     leaves it running): a start and a stop (≈4 s) for all of them."""
     import ray
 
-    ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, configure_logging=False)
+    scratch = tempfile.mkdtemp(prefix="ray-")  # its session folder, removed after (not Ray's /tmp/ray)
+    ray.init(
+        num_cpus=len(os.sched_getaffinity(0)),
+        include_dashboard=False,
+        configure_logging=False,
+        _temp_dir=scratch,
+    )
     yield
     ray.shutdown()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(
