@@ -53,8 +53,15 @@ _PR_SET_PDEATHSIG = 1
 def engine_scratch() -> Path:
     """A new, empty folder for one engine's temporary files (its ``TMPDIR``), in the system's temporary
     folder: the engines put Unix sockets there, whose paths may not pass 107 bytes, which a folder under a
-    run's output folder could. ``_kill_group`` removes it with the engine registered in ``_LIVE``."""
-    return Path(tempfile.mkdtemp(prefix="microbench-engine-"))
+    run's output folder could. ``_kill_group`` removes it with the engine registered in ``_LIVE``; a suite
+    process killed outright cannot, so each new one first removes those whose process (named in the
+    folder's name) is gone."""
+    root = Path(tempfile.gettempdir())
+    for stale in root.glob("microbench-engine-*-*"):
+        owner = stale.name.split("-")[2]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"microbench-engine-{os.getpid()}-", dir=root))
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:

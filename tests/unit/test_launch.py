@@ -4,6 +4,7 @@ import dataclasses
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,3 +144,23 @@ def test_an_engine_in_its_own_environment_gets_that_environment_first_and_not_th
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     same = engine_env(engine_kind("vllm"), EngineSpec(), sys.executable)
     assert same["PYTHONPATH"] == "/work/suite"  # the suite's own interpreter keeps it
+
+
+def test_a_scratch_folder_whose_suite_process_is_gone_is_removed_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine_harness.process_group import engine_scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a suite process SIGKILLed before it could remove its engine's folder
+    stale = tmp_path / f"microbench-engine-{gone.pid}-abcd1234"
+    (stale / "sockets").mkdir(parents=True)
+    (stale / "sockets" / "0b27a7c1").touch()
+    mine = tmp_path / f"microbench-engine-{os.getpid()}-efgh5678"  # a live process's: its engine runs
+    mine.mkdir()
+    other = tmp_path / "microbench-engine-notapid"  # not one of ours by its name: left alone
+    other.mkdir()
+    new = engine_scratch()
+    assert new.parent == tmp_path and new.name.startswith(f"microbench-engine-{os.getpid()}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name, new.name])
