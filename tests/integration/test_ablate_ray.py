@@ -68,7 +68,7 @@ def test_a_ray_ablation_runs_its_arms_side_by_side_and_equals_the_local_one(
     monkeypatch.chdir(tmp_path)  # nothing may be written outside --out
     made: list[str] = []  # the local Ray instance's session folder: not Ray's /tmp/ray, and gone with it
     mkdtemp = tempfile.mkdtemp
-    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: made.append(mkdtemp(*a, **kw)) or made[-1])
     path = _ablation(tmp_path, [256, 2048])
     local, ray = tmp_path / "out" / "local", tmp_path / "out" / "ray"
     assert main(["--config", str(path), "--out", str(local)]) == 0
