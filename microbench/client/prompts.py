@@ -23,7 +23,15 @@ from pathlib import Path
 
 from engine_harness.spec import MODELS_DIR
 
-__all__ = ["BLOCK_TOKENS", "FALLBACK_SPACE", "TokenSpace", "cold_prompt", "shared_prefix", "token_space_for"]
+__all__ = [
+    "BLOCK_TOKENS",
+    "FALLBACK_SPACE",
+    "TokenSpace",
+    "cold_prompt",
+    "local_model_folder",
+    "shared_prefix",
+    "token_space_for",
+]
 
 # The first block of a cold prompt, what makes it cold: two cold prompts never share one (256 ids give
 # 256¹⁶ first blocks; ``microbench.workloads.prompts.PromptFactory`` even refuses a repeat). A cache that
@@ -66,17 +74,20 @@ class TokenSpace:
 FALLBACK_SPACE = TokenSpace(1000, 30000)
 
 
+def local_model_folder(model: str) -> Path | None:
+    """The folder holding ``model``'s ``tokenizer.json``: ``model`` itself (a path), or the bundled model
+    of that name (as the engines serve it); None for a hub name with no local files."""
+    return next((f for f in (Path(model), MODELS_DIR / model) if (f / "tokenizer.json").is_file()), None)
+
+
 def token_space_for(model: str) -> TokenSpace:
     """The ordinary-token id range of a local model folder (``tokenizer.json``), the folder given or the
     bundled model of that name (an external engine serving ``qwen3-moe-tiny``: its 256 byte ids, where the
     fallback's ids crashed SGLang 0.5.23 with an embedding IndexError), else the fallback."""
-    tok_file = next(
-        (f / "tokenizer.json" for f in (Path(model), MODELS_DIR / model) if (f / "tokenizer.json").is_file()),
-        None,
-    )
-    if tok_file is None:
+    folder = local_model_folder(model)
+    if folder is None:
         return FALLBACK_SPACE
-    data = json.loads(tok_file.read_text())
+    data = json.loads((folder / "tokenizer.json").read_text())
     vocab = data.get("model", {}).get("vocab") or {}
     special = {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special")}
     ids = sorted(int(i) for i in vocab.values() if int(i) not in special)

@@ -90,27 +90,27 @@ class RayExecutor(InterferenceShards):
         self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
-        self._scratch: Path | None = None  # a local instance's session folder, removed when it stops
 
-    def _connect(self) -> bool:
-        """Join ``address`` or start a local instance; True when this process started it."""
+    def _connect(self) -> Path | None:
+        """Join ``address`` or start a local instance; the session folder of the one this process started
+        (None: it joined one), to remove when it stops."""
         if ray.is_initialized():
-            return False
+            return None
         if self.address:
             ray.init(
                 address=self.address, include_dashboard=False, log_to_driver=True, configure_logging=False
             )
-            return False
+            return None
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
-        self._scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
+        scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
         ray.init(
             num_cpus=cores,
             include_dashboard=False,
             log_to_driver=True,
             configure_logging=False,
-            _temp_dir=str(self._scratch),
+            _temp_dir=str(scratch),
         )
-        return True
+        return scratch
 
     def account(self, timing: Timing) -> str:
         """The run's wall time around its shards; each shard's own account was printed as it ended (shards
@@ -143,18 +143,16 @@ class RayExecutor(InterferenceShards):
             yield
             return
         with timing.phase("Ray start"):
-            started = self._connect()
+            started = self._connect()  # a local instance's session folder, or None
         self._open = True
         try:
             yield
         finally:
             self._open = False
-            if started:
+            if started is not None:
                 with timing.phase("Ray stop"):
                     ray.shutdown()
-            if self._scratch is not None:
-                shutil.rmtree(self._scratch, ignore_errors=True)
-                self._scratch = None
+                shutil.rmtree(started, ignore_errors=True)
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""

@@ -28,8 +28,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from engine_harness.engines import DEFAULT_MODEL
-from engine_harness.spec import MODELS_DIR
-from microbench.client.prompts import BLOCK_TOKENS, TokenSpace, token_space_for
+from microbench.client.prompts import BLOCK_TOKENS, TokenSpace, local_model_folder, token_space_for
 
 __all__ = [
     "BLOCK_TOKENS",
@@ -177,9 +176,8 @@ def _tokenizer_path(model: str, tokenizer: str | None) -> str | None:
     it), else the bundled one for the sim ('sim')."""
     if tokenizer is not None:
         return tokenizer
-    for folder in (Path(model), MODELS_DIR / model):
-        if (folder / "tokenizer.json").is_file():
-            return str(folder)
+    if (folder := local_model_folder(model)) is not None:
+        return str(folder)
     return DEFAULT_MODEL if model == "sim" else None  # the sim tokenizes as the bundled tiny models do
 
 
