@@ -17,7 +17,8 @@ them): the next steps wait that much less. A step that ends more than ``_RESYNC_
 freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
 engine's. Below that the noise is the test box's (moving on at every 1 ms, 14 hiccups of 1-6 ms in a 15 s
 trace set the grid 20 ms behind the model's). ``StepRecord.behind_ns`` says how far each step ended behind
-the grid. The first step after an idle spell pays the configured wake cost (``engine_harness.wake_model``).
+the grid, ``arrivals`` when the requests it took in first reached the engine (the way in's ground truth);
+after an idle spell a step pays the configured wake cost (``engine_harness.wake_model``).
 
 ``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times: a
 back-to-back step is logged from the previous one's actual end, so durations add up to the wall time and
@@ -68,6 +69,7 @@ class StepRecord:
     preemptions: int
     request_ids: tuple[str, ...]
     prefill_chunks: tuple[tuple[str, int, int], ...]  # (request id, chunk tokens, context before it)
+    arrivals: tuple[tuple[str, int], ...]  # (request id, its perf_counter_ns arrival): those taken in first
 
     @property
     def t_end_ns(self) -> int:
@@ -336,6 +338,9 @@ class SimEngine:
             preemptions=len(plan.preempted),
             request_ids=tuple(c.request.request_id for c in plan.chunks),
             prefill_chunks=prefill_chunks,
+            arrivals=tuple(
+                (s.request_id, s.t_arrival_ns) for s in streams.values() if s.t_scheduled_ns == t0
+            ),
         )
         self.num_steps += 1
         self.step_log.append(record)
@@ -382,19 +387,13 @@ class SimEngine:
         m.num_requests_running.set(len(sched.running))
         m.num_requests_waiting.set(len(sched.waiting))
         m.kv_cache_usage_perc.set(sched.kv_usage)
-        q, h, p = sched.prefix_cache_queries, sched.prefix_cache_hits, sched.num_preemptions
-        q0, h0, p0 = self._counted
-        if q != q0:
-            m.prefix_cache_queries.inc(q - q0)
-        if h != h0:
-            m.prefix_cache_hits.inc(h - h0)
-        if p != p0:
-            m.num_preemptions.inc(p - p0)
-        self._counted = (q, h, p)
+        counts = (sched.prefix_cache_queries, sched.prefix_cache_hits, sched.num_preemptions)
+        counters = (m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions)
+        for counter, now, before in zip(counters, counts, self._counted, strict=True):
+            counter.inc(now - before)
+        self._counted = counts
 
     def steps_since(self, index: int = 0) -> list[StepRecord]:
         """Logged steps whose index is ≥ ``index`` (those still in memory)."""
-        if not self.step_log or index <= self.step_log[0].index:
-            return list(self.step_log)
-        start = index - self.step_log[0].index
+        start = max(0, index - self.step_log[0].index) if self.step_log else 0
         return [self.step_log[i] for i in range(start, len(self.step_log))]

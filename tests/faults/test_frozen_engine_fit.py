@@ -43,8 +43,12 @@ def test_a_frozen_engine_leaves_the_step_model_within_the_clean_runs_interval(pl
     # came out 0.0238-0.0256 in CI 16 and 0.0196-0.0218 in CI 21 of 2026-11-29 against the model's 0.02,
     # the second alone on the box), and twice the intervals missed each other, by 0.3% and 0.15% of the
     # clean value: the frozen run's interval overlaps the clean run's, or misses it by under 5% of the clean
-    # value. The exact check of the rule is the one above: no valid point holds the stalled step.
+    # value, or, for a term the sim does not have (fitted near 0, where 5% of it is nothing), by under half
+    # the clean interval's width (local CI 45: prefill_fixed_ms [-0.218, -0.060] clean and [-0.033, 0.149]
+    # frozen, 0.027 apart; a stalled step averaged in moves a term by seconds). The exact check of the rule
+    # is the one above: no valid point holds the stalled step.
     for name, (lo, hi) in clean.ci.items():
         f_lo, f_hi = frozen.ci[name]
         gap = max(f_lo - hi, lo - f_hi, 0.0)
-        assert gap <= 0.05 * abs(clean.params[name]), (name, frozen.ci[name], (lo, hi), frozen.params)
+        allowed = max(0.05 * abs(clean.params[name]), (hi - lo) / 2)
+        assert gap <= allowed, (name, frozen.ci[name], (lo, hi), frozen.params)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,12 +44,13 @@ WORKLOAD = Path(__file__).resolve().parents[2] / "sweeps/workloads/calibrate-poi
 # request that opens it starts its first step): a request that close to a step boundary joins one step
 # off, a third of a short prompt's TTFT. Over 7 runs of 2026-11-29 (after the stream-time fix), whole-
 # trace TTFT MAPE ran 1.2-11.9% with 0-6 of 36 requests a step off, E2E 0.1-0.8%. So TTFT is judged per
-# request, against the opener of its busy period (the phase taken out): the requests that joined the
-# step the model put them in meet the 2% bar, and few joined another, each only a step away.
+# request, against the requests of its busy period around it (the phase taken out): the requests that
+# joined the step the model put them in meet the 2% bar, and those that joined another arrived where the
+# two grids' drift put them between boundaries, each only a step away.
 TRUTH = StepModel(alpha_ms=40.0, beta_d_ms=0.3, beta_c_ms=0.08, gamma_ns=20.0)
 FRONTEND_NS = 10_000.0  # 10 µs per prompt token: ≈ 10 ms for a 1000-token prompt
 BUDGET = 2048
-_OFF_STEP_SHARE = 0.25  # at most this share of the measured requests may join a step off
+_SLACK_MS = 0.5  # a step is formed this long after its logged start (the previous one's end) at most
 # The host held the sim's step grid when at most this share of its steps ended over 1 ms behind it (quiet
 # runs of 2026-11-29: 2-6 of 453; a local CI whose solo pass ran 30% slower than the one before: 97, and
 # there every timing test of the pass failed, the fits' front-end time 14.4 ms against 4.5-6.8)
@@ -62,6 +64,32 @@ async def _run(module: str, *args: str) -> None:
         sys.executable, "-m", module, *args, stdout=asyncio.subprocess.DEVNULL
     )
     assert await proc.wait() in (0, 1), f"python -m {module} failed"
+
+
+def _ways_in(sim_steps: pd.DataFrame, sent: dict[str, tuple[int, int]]) -> pd.Series:
+    """Per trace request: when it reached the sim (its step log's ground truth) less when the model has it
+    arrive (``sent``: trace request id → (modelled arrival on the trace's clock, prompt tokens)), in ns.
+    The trace's clock origin is not stored: the sim's requests are paired in order of arrival for it, then
+    each trace request with the sim's of its prompt length nearest that origin plus its modelled arrival."""
+    prompt: dict[str, int] = {}
+    for chunks in sim_steps["prefill_chunks"]:
+        for rid, tokens, context in chunks:
+            prompt[rid] = max(prompt.get(rid, 0), tokens + context)
+    engine_in = {rid: t for arrived in sim_steps["arrivals"] for rid, t in arrived}
+    assert len(engine_in) == len(sent) == len(prompt), "the trace's requests are not the sim's"
+    model = sorted(sent.values())
+    origin = statistics.median(e - m for e, (m, _) in zip(sorted(engine_in.values()), model, strict=True))
+    out, left = {}, dict(engine_in)
+    for rid, (t, tokens) in sorted(sent.items(), key=lambda kv: kv[1]):
+        sim_rid = min((r for r in left if prompt[r] == tokens), key=lambda r: abs(left[r] - origin - t))
+        out[rid] = left.pop(sim_rid) - t
+    return pd.Series(out)
+
+
+def _edges_ms(sim_steps: pd.DataFrame, sent: dict[str, tuple[int, int]], way_in: pd.Series) -> pd.Series:
+    """Per trace request: how near its arrival at the sim came to one of the sim's step starts, in ms."""
+    starts = sim_steps["t_start_ns"].sort_values().to_numpy()
+    return pd.Series({rid: abs(starts - (t + way_in[rid])).min() / 1e6 for rid, (t, _) in sent.items()})
 
 
 async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
@@ -127,38 +155,55 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     busy_ms = float(sim_steps["model_duration_s"].sum() * 1e3)
     step_ms = float(sim_steps["model_duration_s"].median() * 1e3)
     # The step grid's phase: an idle engine starts a step the moment a request arrives, so the request
-    # that opens a busy period sets the phase of every later step of it; its TTFT error is its way in's
-    # own jitter (HTTP parsing on a busy loop: a 5.5 ms late opener, on a box installing packages beside
-    # the test, put 80% of a 6-second busy period's TTFTs 5.5 ms late and the rest a step early), which
-    # every request of the period then shares. It is taken as the median TTFT error of the period's
-    # measured requests: the opener's own error holds its way back's jitter too, which moves no step (local
-    # CI 30: the opener's 2.06 ms put the phase-out error at 2.29% where the plain MAPE was 1.4%). Judged
-    # over the periods that hold measured requests (the first request's connection set-up makes it ~3 ms
-    # late: a warm-up period's phase does not matter)
+    # that opens a busy period sets the phase of every later step of it. Within a long busy period the
+    # phase then drifts: the fitted step is not the truth to the last µs, and 0.03 ms a step over the 450
+    # steps of one 22 s busy period moved the replay's grid 15 ms off reality's (runs of 2026-11-30, whose
+    # period openers were 0.0-0.5 ms off). So each request's phase is the median TTFT error of the 9
+    # measured requests of its busy period nearest it in arrival (it among them), which follows the drift
+    # (a period's one phase failed 2 of 5 runs, with a median "phase" of 4-6 ms where the opener was 0.1 ms
+    # off; local CI 44 among them)
     settings_used = SimSettings.model_validate_json((predicted / "sim-settings.json").read_text())
     starts = set(replayed["t_start_ns"])
     arrivals = sorted((q.arrival_ns, q.request_id) for q in replay_requests(real, settings_used))
     opened = [(t, rid) for t, rid in arrivals if t in starts]  # each busy period's opener, by arrival
-    measured = set(real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str))
+    measured_ids = set(real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str))
+    measured = [(t, rid) for t, rid in arrivals if rid in measured_ids]
     opener = {rid: opened[bisect.bisect_right(opened, (t, "\uffff")) - 1][1] for t, rid in arrivals}
-    openers = {opener[rid] for rid in measured}
     real_ttft, pred_ttft = request_metrics(real)["ttft_ms"], request_metrics(pred)["ttft_ms"]
     ttft_err_ms = real_ttft - pred_ttft
-    phase = {o: float(ttft_err_ms[[r for r in measured if opener[r] == o]].median()) for o in openers}
-    phase_ms = max(abs(v) for v in phase.values())
-    # each request's TTFT error less its busy period's phase: ≈ 0 where it joined the step the model put it
-    # in, ≈ ± a step where its way in put it one step either side
-    own_ms = pd.Series({rid: ttft_err_ms[rid] - phase[opener[rid]] for rid in measured})
+    phase: dict[str, float] = {}
+    for o in {opener[rid] for _, rid in measured}:
+        period = [rid for _, rid in measured if opener[rid] == o]
+        for i, rid in enumerate(period):
+            phase[rid] = float(ttft_err_ms[period[max(0, min(i - 4, len(period) - 9)) :][:9]].median())
+    # each request's TTFT error less its phase: ≈ 0 where it joined the step the model put it in, ≈ ± a
+    # step where it joined another. Which step it joins turns on its way in (two Python event loops: 0.3-
+    # 1.5 ms of jitter quiet, 5.5 ms on a box installing packages beside the test) and on the drift: one
+    # that reached the engine within both of one of reality's step starts fell between the two grids'
+    # boundaries. The sim logs when each request reached it; its way in is judged against the model's
+    # (send + front-end time) less the median over the requests (the trace's clock origin is not stored)
+    own_ms = pd.Series({rid: ttft_err_ms[rid] - phase[rid] for _, rid in measured})
     same = own_ms.abs() <= step_ms / 2
     same_mape = float((own_ms[same].abs() / real_ttft[own_ms.index[same]]).mean() * 100)
+    sent = {
+        q.request_id: (q.arrival_ns, len(q.prompt_token_ids)) for q in replay_requests(real, settings_used)
+    }
+    way_in = _ways_in(sim_steps, sent)
+    way_in_ms = (way_in - way_in.median()) / 1e6
+    edge_ms = _edges_ms(sim_steps, sent, way_in)
+    unexplained = [
+        rid for rid in own_ms.index[~same] if edge_ms[rid] > abs(way_in_ms[rid]) + abs(phase[rid]) + _SLACK_MS
+    ]
+    phase_ms = max(abs(v) for v in phase.values())
     figures = (
         f"{slips} slips of the step grid ({slip_ms:.1f} ms in {busy_ms:.0f} ms busy), {late:.1%} of the "
-        f"steps over 1 ms late, phase set "
-        f"{phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) in {len(openers)} busy periods (their openers' "
-        f"TTFT errors up to {max(abs(ttft_err_ms[o]) for o in openers):.2f} ms); "
-        f"{int((~same).sum())} of {len(measured)} requests joined another step than the model's "
-        f"(errors {sorted(own_ms[~same].round(1))} ms, phase out); TTFT MAPE {ttft.mape_pct:.1f}% "
-        f"({same_mape:.2f}% over the rest, phase out), E2E {e2e.mape_pct:.1f}%"
+        f"steps over 1 ms late, phase up to {phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) over "
+        f"{len({opener[r] for _, r in measured})} busy periods, ways in "
+        f"{way_in_ms.abs().quantile(0.9):.2f} ms off the model's (p90); {int((~same).sum())} of "
+        f"{len(measured)} requests joined another step than the model's (errors "
+        f"{sorted(own_ms[~same].round(1))} ms, phase out; {len(unexplained)} not explained by their way in "
+        f"and phase); TTFT MAPE {ttft.mape_pct:.1f}% ({same_mape:.2f}% over the rest, phase "
+        f"out), E2E {e2e.mape_pct:.1f}%"
     )
     print(figures)  # pytest -s shows what the bars were judged on
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
@@ -173,7 +218,8 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
             # TTFT: issue #36's bar where reality put a request in the model's step; a model that priced
             # steps or scheduled them otherwise would move every request, and by more than one step
             assert same_mape <= 2.0, figures
-            assert (~same).sum() <= _OFF_STEP_SHARE * len(measured), figures
+            assert phase_ms <= step_ms, figures  # the fitted step's price held over the whole period
+            assert not unexplained, figures
             assert (own_ms.abs() <= 2.5 * step_ms).all(), figures
     for name in ("calibration.md", "calibration.html", "calibration_qq.png", "calibration_scatter.png"):
         assert (report_dir / name).stat().st_size > 0

@@ -91,6 +91,13 @@ async def test_client_gaps_match_step_log_in_real_time_mode() -> None:
 
     # Which server request id is which stream: stream i asked for decode_tokens + i tokens.
     ids = {rid for step in log for rid in step.request_ids}
+    # the way in's ground truth: each request's arrival is logged once, by the first step it ran in, and
+    # before that step ended (the cold prompt, sent once the streams ran, after the first step of all)
+    first = {rid: step for step in reversed(log) for rid in step.request_ids}
+    arrived = [(rid, t, step) for step in log for rid, t in step.arrivals]
+    assert sorted(rid for rid, _, _ in arrived) == sorted(ids) and len(ids) == d + 1
+    assert all(first[rid] is step and t < step.t_end_ns for rid, t, step in arrived)
+    assert max(t for _, t, _ in arrived) > log[0].t_end_ns
     by_count = {len(token_times(log, rid, 4)): rid for rid in ids}
     errors_ns: list[float] = []
     model_errors_ns: list[float] = []
