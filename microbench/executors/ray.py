@@ -8,9 +8,9 @@ GPU where the cluster has GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``; two shard
 Ctrl-C, a dead node or a lost task loses at most the point in flight, and ``--resume`` re-submits only
 the shards, and within them the points, that are missing. A lost shard does not stop the others; the run
 ends with an error naming it. ``--ray-address`` joins a running cluster; without it a local Ray instance
-starts for the run and stops after it, its session (logs, sockets) in a scratch folder removed with it
-(Ray's default ``/tmp/ray`` keeps every session's folder: 120 of them, 25 MB, on a box that had run the
-tests). Ray is imported here only (the optional ``[ray]`` extra).
+starts for the run and stops after it, its session (logs, sockets) and token in a scratch folder removed
+with it (Ray's default ``/tmp/ray`` keeps every session's folder: 120 of them, 25 MB, on a box that had run
+the tests; its token goes to ``~/.ray/auth_token``). Ray is imported here only (the optional ``[ray]`` extra).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -81,6 +82,28 @@ def cluster_shape(nodes: list[dict[str, Any]]) -> tuple[float, int]:
     return sum(r.get("GPU", 0) for r in alive), int(max((r.get("CPU", 0) for r in alive), default=0))
 
 
+_TOKEN = secrets.token_hex(32)  # one per process: Ray's token loader keeps the first token it reads
+
+
+def local_token(scratch: Path) -> list[str]:
+    """A local instance's authentication token in its scratch folder; the variables set, to remove once the
+    instance stops.
+
+    Ray turns token authentication on for a local instance and, finding no token, writes one to
+    ``~/.ray/auth_token`` (outside the output folder, kept for good). The token goes into ``scratch``
+    (mode 0600, removed with it) and ``RAY_AUTH_TOKEN_PATH`` names it, for this process and the instance's,
+    which inherit it. A token the user gave (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``) stands, and
+    so does the mode they chose (``RAY_AUTH_MODE``).
+    """
+    if "RAY_AUTH_TOKEN" in os.environ or "RAY_AUTH_TOKEN_PATH" in os.environ:
+        return []
+    path = scratch / "auth_token"
+    path.touch(mode=0o600)
+    path.write_text(_TOKEN)
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    return ["RAY_AUTH_TOKEN_PATH"]
+
+
 class RayExecutor(InterferenceShards):
     name = "ray"
 
@@ -90,6 +113,7 @@ class RayExecutor(InterferenceShards):
         self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
+        self._token_vars: list[str] = []  # set for the local instance this process started
 
     def _connect(self) -> Path | None:
         """Join ``address`` or start a local instance; the session folder of the one this process started
@@ -103,6 +127,7 @@ class RayExecutor(InterferenceShards):
             return None
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
         scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
+        self._token_vars = local_token(scratch)
         ray.init(
             num_cpus=cores,
             include_dashboard=False,
@@ -153,6 +178,8 @@ class RayExecutor(InterferenceShards):
                 with timing.phase("Ray stop"):
                     ray.shutdown()
                 shutil.rmtree(started, ignore_errors=True)
+                for name in self._token_vars:
+                    os.environ.pop(name, None)
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""

@@ -63,9 +63,13 @@ def _span(shard: dict) -> tuple[float, float]:
 
 
 def test_a_ray_ablation_runs_its_arms_side_by_side_and_equals_the_local_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # nothing may be written outside --out
+    home = tmp_path_factory.mktemp("home")  # nor in the home folder (Ray's token: ~/.ray/auth_token)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):  # Ray sets the mode: undone
+        monkeypatch.delenv(name, raising=False)
     made: list[str] = []  # the local Ray instance's session folder: not Ray's /tmp/ray, and gone with it
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: made.append(mkdtemp(*a, **kw)) or made[-1])
@@ -75,6 +79,7 @@ def test_a_ray_ablation_runs_its_arms_side_by_side_and_equals_the_local_one(
     assert main(["--config", str(path), "--out", str(ray), *RAY]) == 0
     sessions = [m for m in made if Path(m).name.startswith("microbench-ray-")]
     assert len(sessions) == 1 and not Path(sessions[0]).exists()
+    assert not any(home.iterdir()) and "RAY_AUTH_TOKEN_PATH" not in os.environ
     assert _records(ray) == _records(local) and len(_records(ray)) == 2 * 2 * 4  # arms × rounds × points
     assert (ray / "compare-B-vs-A" / "comparison.json").is_file()
     notes_ray = _manifest(ray / "manifest.json")["notes"]

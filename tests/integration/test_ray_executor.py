@@ -60,7 +60,10 @@ def ray_instance():
     leaves it running): a start and a stop (≈4 s) for all of them."""
     import ray
 
+    from microbench.executors.ray import local_token
+
     scratch = tempfile.mkdtemp(prefix="ray-")  # its session folder, removed after (not Ray's /tmp/ray)
+    token_vars = local_token(Path(scratch))  # its token there too (not ~/.ray/auth_token)
     ray.init(
         num_cpus=len(os.sched_getaffinity(0)),
         include_dashboard=False,
@@ -70,6 +73,8 @@ def ray_instance():
     yield
     ray.shutdown()
     shutil.rmtree(scratch, ignore_errors=True)
+    for name in token_vars:
+        os.environ.pop(name, None)
 
 
 def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(

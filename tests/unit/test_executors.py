@@ -323,3 +323,27 @@ def test_a_split_deals_each_chunks_batched_d_values_into_groups_and_keeps_the_gr
         assert all(p.repetitions == plan.repetitions and p.seed == plan.seed for p in mine)
     assert len(split_plans(plans, 100)) == 12  # at most one group per batched level (D 0 rides along)
     assert split_plans([dataclasses.replace(seed, decode_batch_sizes=[0])], 4)[0].part is None
+
+
+def test_a_local_ray_instances_token_lives_in_its_scratch_folder_unless_the_user_gave_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+    from microbench.executors.ray import local_token
+
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    first, second, third = (tmp_path / name for name in "abc")
+    for folder in (first, second, third):
+        folder.mkdir()
+    assert local_token(first) == ["RAY_AUTH_TOKEN_PATH"]
+    token = first / "auth_token"
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(token)
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    local_token(second)  # one token per process: Ray's loader keeps the first it read
+    assert (second / "auth_token").read_text() == token.read_text()
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the user's")  # a token the user gave stands
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    assert local_token(third) == [] and not any(third.iterdir())
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ
