@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from engine_harness.process_group import (
     _LIVE,
     _die_with_parent,
     _kill_group,
+    drop_scratch,
     engine_scratch,
     isolation_plan,
     pin_process,
@@ -220,7 +220,7 @@ class EngineProcess:
         try:
             self.proc = self._popen(self.log_path, env | {"TMPDIR": str(scratch)}, host)
         except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
+            drop_scratch(scratch)
             raise
         _LIVE[self.proc] = scratch
         if host is not None:

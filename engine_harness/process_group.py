@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import psutil
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "_die_with_parent",
     "_kill_group",
     "core_text",
+    "drop_scratch",
     "engine_scratch",
     "group_processes",
     "isolation_plan",
@@ -47,21 +49,55 @@ __all__ = [
 ]
 
 _LIVE: dict[subprocess.Popen[bytes], Path] = {}  # engines launched and not yet stopped: their scratch
+_HELD: dict[Path, filelock.BaseFileLock] = {}  # the scratch folders this process owns: their locks
+_OWNER_LOCK = ".owner.lock"
+_SETUP_S = 60.0  # a scratch folder younger than this may be one another process has not locked yet
 _PR_SET_PDEATHSIG = 1
 
 
 def engine_scratch() -> Path:
     """A new, empty folder for one engine's temporary files (its ``TMPDIR``), in the system's temporary
     folder: the engines put Unix sockets there, whose paths may not pass 107 bytes, which a folder under a
-    run's output folder could. ``_kill_group`` removes it with the engine registered in ``_LIVE``; a suite
-    process killed outright cannot, so each new one first removes those whose process (named in the
-    folder's name) is gone."""
+    run's output folder could. This process holds a lock on it (``.owner.lock``) until ``drop_scratch``
+    removes it (``_kill_group``, with the engine registered in ``_LIVE``); a suite process killed outright
+    cannot remove it, so each new one first removes those whose lock no process holds (``_abandoned``)."""
     root = Path(tempfile.gettempdir())
     for stale in root.glob("microbench-engine-*-*"):
-        owner = stale.name.split("-")[2]
-        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+        if stale.is_dir() and _abandoned(stale):
             shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"microbench-engine-{os.getpid()}-", dir=root))
+    scratch = Path(tempfile.mkdtemp(prefix=f"microbench-engine-{os.getpid()}-", dir=root))
+    lock = filelock.FileLock(scratch / _OWNER_LOCK, thread_local=False)  # let go by the thread that stops it
+    lock.acquire()
+    _HELD[scratch] = lock
+    return scratch
+
+
+def _abandoned(folder: Path) -> bool:
+    """No process holds the folder's lock and it is old enough not to be one still being set up.
+
+    The lock, not the process id in the name: a process of another PID namespace sharing this temporary
+    folder (two containers) has an id that means nothing here, and its lock still holds; the kernel drops
+    a lock with its process, however it died."""
+    try:
+        if time.time() - folder.stat().st_mtime < _SETUP_S:
+            return False
+    except OSError:
+        return False
+    lock = filelock.FileLock(folder / _OWNER_LOCK, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except (filelock.Timeout, OSError):
+        return False
+    lock.release()
+    return True
+
+
+def drop_scratch(scratch: Path) -> None:
+    """Remove an engine's scratch folder and let go of its lock."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    lock = _HELD.pop(scratch, None)
+    if lock is not None:
+        lock.release()
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -83,7 +119,7 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         time.sleep(0.02)
     scratch = _LIVE.pop(proc, None)
     if scratch is not None:
-        shutil.rmtree(scratch, ignore_errors=True)
+        drop_scratch(scratch)
 
 
 @atexit.register

@@ -48,7 +48,8 @@ async def test_start_reports_version_and_stop_kills_the_group(tmp_path: Path) ->
         # their ZMQ sockets behind even on a clean stop): one is left there as they would
         assert pid is not None
         scratch = Path(psutil.Process(pid).environ()["TMPDIR"])
-        assert os.listdir(scratch) == [] and scratch.name.startswith("microbench-engine-")
+        # empty but for the lock this process holds on it (a later start removes it only once let go)
+        assert os.listdir(scratch) == [".owner.lock"] and scratch.name.startswith("microbench-engine-")
         assert _LIVE[proc] == scratch and scratch.parent == Path(tempfile.gettempdir())
         (scratch / "0b27a7c1-a9db-4a2e-b8d2-210be1619c18").touch()
         # its own process group, our session (one autogroup: see EngineProcess._spawn)
@@ -146,21 +147,59 @@ def test_an_engine_in_its_own_environment_gets_that_environment_first_and_not_th
     assert same["PYTHONPATH"] == "/work/suite"  # the suite's own interpreter keeps it
 
 
-def test_a_scratch_folder_whose_suite_process_is_gone_is_removed_by_the_next(
+_HOLD = (  # a process that takes a folder's lock and keeps it
+    "import filelock, sys, time; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); "
+    "print(1, flush=True); time.sleep(60)"
+)
+
+
+def test_a_scratch_folder_whose_lock_no_process_holds_is_removed_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine_harness.process_group import engine_scratch
+    from engine_harness.process_group import drop_scratch, engine_scratch
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # a suite process SIGKILLed before it could remove its engine's folder
-    stale = tmp_path / f"microbench-engine-{gone.pid}-abcd1234"
-    (stale / "sockets").mkdir(parents=True)
-    (stale / "sockets" / "0b27a7c1").touch()
-    mine = tmp_path / f"microbench-engine-{os.getpid()}-efgh5678"  # a live process's: its engine runs
-    mine.mkdir()
-    other = tmp_path / "microbench-engine-notapid"  # not one of ours by its name: left alone
-    other.mkdir()
-    new = engine_scratch()
-    assert new.parent == tmp_path and new.name.startswith(f"microbench-engine-{os.getpid()}-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name, new.name])
+    mine = engine_scratch()  # this process's: its engine runs
+    old = time.time() - 120
+
+    def folder(name: str, owner: str | None) -> Path:
+        path = tmp_path / name
+        (path / "sockets").mkdir(parents=True)
+        (path / "sockets" / "0b27a7c1").touch()
+        if owner is not None:  # a process took the folder's lock: exited, or still running (then returned)
+            args = [sys.executable, "-c", _HOLD, str(path / ".owner.lock")]
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"1"
+            if owner == "gone":  # SIGKILLed before it could remove its engine's folder
+                proc.kill()
+                proc.wait()
+            else:
+                held.append(proc)
+        os.utime(path, (old, old))
+        return path
+
+    held: list[subprocess.Popen[bytes]] = []
+    try:
+        gone = folder("microbench-engine-1-abcd1234", "gone")
+        # another PID namespace's suite process: its id means nothing here (none has it), its lock holds
+        elsewhere = folder("microbench-engine-4194304-efgh5678", "held")
+        young = folder("microbench-engine-2-ijkl9012", None)  # being set up: not locked yet
+        young_time = time.time()
+        os.utime(young, (young_time, young_time))
+        os.utime(mine, (old, old))
+        other = tmp_path / "microbench-engine-notours"  # not one of ours by its name: left alone
+        other.mkdir()
+        new = engine_scratch()
+        assert new.parent == tmp_path and new.name.startswith(f"microbench-engine-{os.getpid()}-")
+        left = {p.name for p in tmp_path.iterdir()}
+        assert left == {mine.name, elsewhere.name, young.name, other.name, new.name} and gone.name not in left
+    finally:
+        for proc in held:
+            proc.kill()
+            proc.wait()
+    for path in (mine, new):
+        drop_scratch(path)
+        assert not path.exists()
+    last = engine_scratch()
+    assert not elsewhere.exists()  # its owner gone now, it goes
+    drop_scratch(last)
