@@ -128,6 +128,7 @@ def _report(args: argparse.Namespace, held: ExitStack) -> int:
     # imported here: the statistics and figures pull in scipy and seaborn (≈ 2.5 s)
     from analysis.calibrate.pages import lines, write_pages
     from analysis.calibrate.report import calibration_report
+    from analysis.calibrate.steps import EngineLogError
 
     if args.bootstrap < 100:
         raise BadInput(f"--bootstrap must be ≥ 100 (got {args.bootstrap})")
@@ -136,9 +137,10 @@ def _report(args: argparse.Namespace, held: ExitStack) -> int:
             raise BadInput(f"{name} {path} is not a trace folder (no header.json)")
     try:
         report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed, args.engine_log)
+    except EngineLogError as exc:
+        raise BadInput(f"--engine-log: {exc}") from None
     except (OSError, ValueError) as exc:
-        where = "--engine-log: " if args.engine_log is not None and str(args.engine_log) in str(exc) else ""
-        raise BadInput(where + str(exc)) from None
+        raise BadInput(str(exc)) from None
     held.enter_context(hold_folder(args.out))
     paths = write_pages(report, args.out)
     print("\n".join(lines(report)))

@@ -29,8 +29,8 @@ from engine_harness.steps import parse_iteration_lines, parse_sglang_step_lines,
 from microbench.results.trace import TraceHeader
 
 __all__ = [
-    "StepBand", "StepComposition", "StepSide", "engine_log_steps", "replay_began_idle", "step_bands",
-    "step_composition",
+    "EngineLogError", "StepBand", "StepComposition", "StepSide", "engine_log_steps", "replay_began_idle",
+    "step_bands", "step_composition",
 ]  # fmt: skip
 
 
@@ -59,6 +59,10 @@ class StepBand(StrictModel):
     predicted_median_decodes: float | None
 
 
+class EngineLogError(ValueError):
+    """The engine log given cannot serve: unreadable, or no step of the trace's time in it."""
+
+
 class StepComposition(StrictModel):
     """The real engine's steps during the trace against the replay's."""
 
@@ -82,13 +86,15 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
         mixed = (sglang_settings(text) or {}).get("enable_mixed_chunk") == "True"
         steps = parse_sglang_step_lines(text, mixed=mixed)
     if not steps:
-        raise ValueError(f"{log} holds no step lines (vLLM --enable-logging-iteration-details, or SGLang's)")
+        raise EngineLogError(
+            f"{log} holds no step lines (vLLM --enable-logging-iteration-details, or SGLang's)"
+        )
     start = header.session_start_unix_ns / 1e9
     first = start + float(frame["send_ns"].dropna().min()) / 1e9
     last = start + float(frame["last_chunk_ns"].dropna().max()) / 1e9
     rows = [s.model_dump() for s in steps if s.t_end_s is not None and first <= s.t_end_s <= last]
     if not rows:
-        raise ValueError(f"{log} has no stamped step inside the trace's time ({first:.3f} to {last:.3f})")
+        raise EngineLogError(f"{log} has no stamped step inside the trace's time ({first:.3f} to {last:.3f})")
     out = pd.DataFrame(rows)
     if sglang:
         out["began_idle"] = _idle_before(out, frame, start)
@@ -98,14 +104,14 @@ def engine_log_steps(log: Path, header: TraceHeader, frame: pd.DataFrame) -> pd.
 
 def _log_text(log: Path) -> str:
     """The log's text; a ``.gz`` log (a committed run keeps its engine's log compressed) through gzip.
-    ``ValueError`` naming the log where it cannot be read (missing, or a broken or cut-off ``.gz``)."""
+    ``EngineLogError`` naming the log where it cannot be read (missing, or a broken or cut-off ``.gz``)."""
     try:
         if log.suffix == ".gz":
             with gzip.open(log, "rt", errors="replace") as f:
                 return f.read()
         return log.read_text(errors="replace")
     except (OSError, EOFError) as exc:
-        raise ValueError(
+        raise EngineLogError(
             f"the engine log {log} cannot be read ({exc}): give the log of the observed run's engine"
         ) from None
 

@@ -168,6 +168,10 @@ def test_predicted_trace_round_trips_and_reports(tmp_path: Path, capsys: pytest.
     ]
     assert main(argv) == 2  # the flag named, not a traceback
     assert f"--engine-log: the engine log {missing} cannot be read" in capsys.readouterr().err
+    empty = tmp_path / "engine.log"  # read, but no step in it: the flag named too, though the text
+    empty.write_text("INFO the server started\n")  # of this error leads with the path, not the flag
+    assert main([*argv[:4], str(empty), *argv[5:]]) == 2
+    assert f"--engine-log: {empty} holds no step lines" in capsys.readouterr().err
 
 
 def test_the_report_bands_the_errors_by_prompt_length(tmp_path: Path) -> None:
