@@ -212,13 +212,17 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     if slip_ms <= 0.01 * busy_ms:  # reality held its model: the loop recovers it
         assert e2e.pearson_r is not None and e2e.pearson_r > 0.98, figures
         assert e2e.mape_pct <= 2.0, figures  # issue #36's bar
-        if late > _LATE_SHARE:  # the host moved reality's step boundaries: which step a request joins with
-            assert ttft.mape_pct <= 20.0, figures  # them is no longer the model's to say
+        assert phase_ms <= step_ms, figures  # the fitted step's price held over the whole period
+        # Which step a request joins is no longer the model's to say where the host moved reality's step
+        # boundaries, or where the grids drifted apart by over a quarter step: the phase near a flip is
+        # then an estimate of a moving offset (local CI 47: a 29 ms drift, 13 of 36 requests a step off,
+        # 5 of them farther from a step start than their neighbours' phase said; same-step error 1.1%)
+        if late > _LATE_SHARE or phase_ms > step_ms / 4:
+            assert ttft.mape_pct <= 20.0, figures
         else:
             # TTFT: issue #36's bar where reality put a request in the model's step; a model that priced
             # steps or scheduled them otherwise would move every request, and by more than one step
             assert same_mape <= 2.0, figures
-            assert phase_ms <= step_ms, figures  # the fitted step's price held over the whole period
             assert not unexplained, figures
             assert (own_ms.abs() <= 2.5 * step_ms).all(), figures
     for name in ("calibration.md", "calibration.html", "calibration_qq.png", "calibration_scatter.png"):
