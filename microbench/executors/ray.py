@@ -128,14 +128,25 @@ class RayExecutor(InterferenceShards):
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
         scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
         self._token_vars = local_token(scratch)
-        ray.init(
-            num_cpus=cores,
-            include_dashboard=False,
-            log_to_driver=True,
-            configure_logging=False,
-            _temp_dir=str(scratch),
-        )
+        try:
+            ray.init(
+                num_cpus=cores,
+                include_dashboard=False,
+                log_to_driver=True,
+                configure_logging=False,
+                _temp_dir=str(scratch),
+            )
+        except BaseException:  # no instance to stop: its folder and token go now
+            self._forget_local(scratch)
+            raise
         return scratch
+
+    def _forget_local(self, scratch: Path) -> None:
+        """Remove a local instance's session folder (its token in it) and the variables that named it."""
+        shutil.rmtree(scratch, ignore_errors=True)
+        for name in self._token_vars:
+            os.environ.pop(name, None)
+        self._token_vars = []
 
     def account(self, timing: Timing) -> str:
         """The run's wall time around its shards; each shard's own account was printed as it ended (shards
@@ -177,9 +188,7 @@ class RayExecutor(InterferenceShards):
             if started is not None:
                 with timing.phase("Ray stop"):
                     ray.shutdown()
-                shutil.rmtree(started, ignore_errors=True)
-                for name in self._token_vars:
-                    os.environ.pop(name, None)
+                self._forget_local(started)
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""

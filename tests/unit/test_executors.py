@@ -347,3 +347,21 @@ def test_a_local_ray_instances_token_lives_in_its_scratch_folder_unless_the_user
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
     assert local_token(third) == [] and not any(third.iterdir())
     assert "RAY_AUTH_TOKEN_PATH" not in os.environ
+
+
+def test_a_local_ray_instance_that_fails_to_start_leaves_no_folder_and_no_token_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ray_executor = pytest.importorskip("microbench.executors.ray")
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(ray_executor.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ray_executor.ray, "is_initialized", lambda: False)
+
+    def refused(**_: Any) -> None:  # as Ray 2.60's GCS refused a driver with a stale auth mode
+        raise RuntimeError("Failed to start GCS")
+
+    monkeypatch.setattr(ray_executor.ray, "init", refused)
+    with pytest.raises(RuntimeError, match="GCS"):
+        ray_executor.RayExecutor()._connect()
+    assert not any(tmp_path.iterdir()) and "RAY_AUTH_TOKEN_PATH" not in os.environ
