@@ -104,6 +104,30 @@ def local_token(scratch: Path) -> list[str]:
     return ["RAY_AUTH_TOKEN_PATH"]
 
 
+@contextlib.contextmanager
+def local_instance() -> Iterator[None]:
+    """A local Ray instance on the cores this process may use, its session (logs, sockets) and token in a
+    scratch folder, all removed when it stops, or at once when it fails to start."""
+    scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
+    token_vars = local_token(scratch)
+    try:
+        ray.init(
+            num_cpus=len(os.sched_getaffinity(0)),  # the cores this process may use, not the machine's
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+            _temp_dir=str(scratch),
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        for name in token_vars:
+            os.environ.pop(name, None)
+
+
 class RayExecutor(InterferenceShards):
     name = "ray"
 
@@ -113,11 +137,10 @@ class RayExecutor(InterferenceShards):
         self.options = {"driver_code": running_code()} | options  # TaskOptions fields
         self.shards = 0  # submitted in this process
         self._open = False  # inside ``session``
-        self._token_vars: list[str] = []  # set for the local instance this process started
 
-    def _connect(self) -> Path | None:
-        """Join ``address`` or start a local instance; the session folder of the one this process started
-        (None: it joined one), to remove when it stops."""
+    def _connect(self) -> contextlib.ExitStack | None:
+        """Join ``address`` or start a local instance; what stops the one this process started (None: it
+        joined one)."""
         if ray.is_initialized():
             return None
         if self.address:
@@ -125,28 +148,9 @@ class RayExecutor(InterferenceShards):
                 address=self.address, include_dashboard=False, log_to_driver=True, configure_logging=False
             )
             return None
-        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
-        scratch = Path(tempfile.mkdtemp(prefix="microbench-ray-"))  # short: Ray's sockets live there
-        self._token_vars = local_token(scratch)
-        try:
-            ray.init(
-                num_cpus=cores,
-                include_dashboard=False,
-                log_to_driver=True,
-                configure_logging=False,
-                _temp_dir=str(scratch),
-            )
-        except BaseException:  # no instance to stop: its folder and token go now
-            self._forget_local(scratch)
-            raise
-        return scratch
-
-    def _forget_local(self, scratch: Path) -> None:
-        """Remove a local instance's session folder (its token in it) and the variables that named it."""
-        shutil.rmtree(scratch, ignore_errors=True)
-        for name in self._token_vars:
-            os.environ.pop(name, None)
-        self._token_vars = []
+        local = contextlib.ExitStack()
+        local.enter_context(local_instance())
+        return local
 
     def account(self, timing: Timing) -> str:
         """The run's wall time around its shards; each shard's own account was printed as it ended (shards
@@ -179,16 +183,15 @@ class RayExecutor(InterferenceShards):
             yield
             return
         with timing.phase("Ray start"):
-            started = self._connect()  # a local instance's session folder, or None
+            local = self._connect()
         self._open = True
         try:
             yield
         finally:
             self._open = False
-            if started is not None:
+            if local is not None:
                 with timing.phase("Ray stop"):
-                    ray.shutdown()
-                self._forget_local(started)
+                    local.close()
 
     def capacity(self) -> int:
         """Shards that can run at once, each on a GPU of its own (CPU-only: cores of its own), now."""

@@ -165,7 +165,8 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     # off; local CI 44 among them)
     settings_used = SimSettings.model_validate_json((predicted / "sim-settings.json").read_text())
     starts = set(replayed["t_start_ns"])
-    arrivals = sorted((q.arrival_ns, q.request_id) for q in replay_requests(real, settings_used))
+    sent_in = replay_requests(real, settings_used)  # as the replay sent them: arrival, prompt
+    arrivals = sorted((q.arrival_ns, q.request_id) for q in sent_in)
     opened = [(t, rid) for t, rid in arrivals if t in starts]  # each busy period's opener, by arrival
     measured_ids = set(real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str))
     measured = [(t, rid) for t, rid in arrivals if rid in measured_ids]
@@ -186,9 +187,7 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     own_ms = pd.Series({rid: ttft_err_ms[rid] - phase[rid] for _, rid in measured})
     same = own_ms.abs() <= step_ms / 2
     same_mape = float((own_ms[same].abs() / real_ttft[own_ms.index[same]]).mean() * 100)
-    sent = {
-        q.request_id: (q.arrival_ns, len(q.prompt_token_ids)) for q in replay_requests(real, settings_used)
-    }
+    sent = {q.request_id: (q.arrival_ns, len(q.prompt_token_ids)) for q in sent_in}
     way_in = _ways_in(sim_steps, sent)
     way_in_ms = (way_in - way_in.median()) / 1e6
     edge_ms = _edges_ms(sim_steps, sent, way_in)

@@ -9,11 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,23 +56,10 @@ def _manifest(run: Path) -> dict:
 def ray_instance():
     """One local Ray instance for the in-process runs of this module (the executor joins a running one and
     leaves it running): a start and a stop (≈4 s) for all of them."""
-    import ray
+    from microbench.executors.ray import local_instance
 
-    from microbench.executors.ray import local_token
-
-    scratch = tempfile.mkdtemp(prefix="ray-")  # its session folder, removed after (not Ray's /tmp/ray)
-    token_vars = local_token(Path(scratch))  # its token there too (not ~/.ray/auth_token)
-    ray.init(
-        num_cpus=len(os.sched_getaffinity(0)),
-        include_dashboard=False,
-        configure_logging=False,
-        _temp_dir=scratch,
-    )
-    yield
-    ray.shutdown()
-    shutil.rmtree(scratch, ignore_errors=True)
-    for name in token_vars:
-        os.environ.pop(name, None)
+    with local_instance():  # its session and token in a scratch folder, removed after (not /tmp/ray, ~/.ray)
+        yield
 
 
 def test_a_ray_sweep_of_two_shards_equals_the_sequential_run(
