@@ -11,8 +11,10 @@ singular design is fitted silently with a warning. ``huber_fit`` decides those c
   the reason, never a traceback;
 * an exact fit (every residual of least squares within rounding of zero) → that fit, unit weights, a zero
   scale and zero-width intervals, said in ``note``;
-* more than half of the points exactly on one line (the robust scale collapses) → the median-regression
-  line through them (statsmodels QuantReg), those points at weight 1 and the rest at weight 0 (outliers);
+* no usable robust scale (zero, or none from RLM): more than half of the points exactly on one line that
+  determines every coefficient → the median-regression line through them (statsmodels QuantReg), those
+  points at weight 1 and the rest at weight 0 (outliers); else least squares over every point (statsmodels
+  OLS), all at weight 1, said in ``note`` (the other points are data, not outliers);
 * otherwise RLM's own result.
 
 ``r_squared`` is the one R² of the suite (the step and seed models, the link fit, the battery's scaling
@@ -104,7 +106,7 @@ def huber_fit(y: np.ndarray, x: np.ndarray) -> RobustFit:
     params = np.linalg.lstsq(x[near], y[near], rcond=None)[0] if near.sum() > x.shape[1] else median_line
     on_line = np.abs(y - x @ params) <= tol
     if on_line.sum() * 2 <= y.size or np.linalg.matrix_rank(x[on_line]) < x.shape[1]:
-        raise CannotFit("the robust scale is zero but no line holds more than half of the points")
+        return _least_squares(y, x, int(on_line.sum()))
     return _exact(
         y,
         x,
@@ -113,6 +115,21 @@ def huber_fit(y: np.ndarray, x: np.ndarray) -> RobustFit:
         f"the other {int((~on_line).sum())} are outliers",
         on_line.astype(float),
     )
+
+
+def _least_squares(y: np.ndarray, x: np.ndarray, exact: int) -> RobustFit:
+    """Least squares over every point, where the robust scale collapsed with no exact majority that
+    determines every term: the other points are then not outliers but data (a sim's engine-clock steps: its
+    prefill steps exactly on a line without a decode term, its decode steps off it by a context cost the
+    candidate has not; or exactly half of the points on a line, the rest off it)."""
+    res = sm.OLS(y, x).fit()
+    params = np.asarray(res.params, float)
+    note = (
+        f"no robust scale (zero, or none from RLM) and {exact} of {y.size} points exactly on one line, "
+        "too few to determine every term: least squares over every point"
+    )
+    ci = np.asarray(res.conf_int(0.05), float)
+    return RobustFit(params, ci, np.ones_like(y), math.sqrt(float(res.scale)), x @ params, note)
 
 
 def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:

@@ -166,7 +166,7 @@ class SimStepSource:
                 executor="mp",
                 cuda_graph_max_tokens=int(body.get("cuda_graph_max_tokens", 0)),
                 timing="engine_field",
-                evidence=["the sim's ground-truth step log (GET /sim/steps): whole steps"],
+                evidence=["the sim's ground-truth step log (GET /sim/steps): steps on the engine's clock"],
             )
         return body
 
@@ -180,7 +180,7 @@ class SimStepSource:
                 decode_tokens=int(s["decode_tokens"]),
                 prefill_requests=int(s["num_prefill_reqs"]),
                 decode_requests=int(s["num_decode_reqs"]),
-                elapsed_ms=int(s["duration_ns"]) / 1e6,
+                elapsed_ms=int(s["engine_ns"]) / 1e6,
             )
             for s in (await self._get(mark))["steps"]
         ]

@@ -6,9 +6,10 @@ Start it in-process with ``SimServer`` (tests, benchmarks) or as a process with
 """
 
 from engine_harness.scheduler_model import Scheduler, SimRequest, StepPlan
-from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
+from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine
 from engine_harness.sim.params import FaultConfig, SimConfig, SimStepModel, load_config
 from engine_harness.sim.server import SIM_VERSION, SimServer
+from engine_harness.sim.step_record import StepRecord
 
 __all__ = [
     "SIM_VERSION",

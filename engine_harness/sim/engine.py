@@ -17,13 +17,9 @@ them): the next steps wait that much less. A step that ends more than ``_RESYNC_
 freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
 engine's. Below that the noise is the test box's (moving on at every 1 ms, 14 hiccups of 1-6 ms in a 15 s
 trace set the grid 20 ms behind the model's). ``StepRecord.behind_ns`` says how far each step ended behind
-the grid, ``arrivals`` when the requests it took in first reached the engine (the way in's ground truth);
-after an idle spell a step pays the configured wake cost (``engine_harness.wake_model``).
-
-``StepRecord.t_start_ns``/``duration_ns`` are ``time.perf_counter_ns()`` wall (scaled) times: a
-back-to-back step is logged from the previous one's actual end, so durations add up to the wall time and
-no step carries the wake-up's lateness (5-7 µs: the sweep's fit read α 0.05% high from it, and the replay's
-grid fell 4 ms behind in 600 steps). ``model_duration_s`` is unscaled.
+the grid, ``arrivals`` when the requests it took in first reached the engine (the way in's ground truth),
+``engine_ns`` the step on the engine's own clock (``sim.step_record``). After an idle spell a step pays
+the configured wake cost (``engine_harness.wake_model``).
 """
 
 from __future__ import annotations
@@ -35,53 +31,20 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import IO
 
 from engine_harness.scheduler_model import Scheduler, SimRequest, StepPlan, StepResult
 from engine_harness.sim.gpu_modes import host_s, iteration_line, step_times
 from engine_harness.sim.params import SimConfig
+from engine_harness.sim.step_record import StepRecord
 from engine_harness.sim.streams import EngineDead, RequestStream
 from engine_harness.sim.vllm_metrics import SimMetrics
 from engine_harness.step_model import StepShape
 
-__all__ = ["EngineDead", "RequestStream", "SimEngine", "StepRecord"]
+__all__ = ["EngineDead", "RequestStream", "SimEngine"]
 
 _NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
 _RESYNC_NS = 50_000_000  # a step ending this much after its planned end (an engine stall): the clock moves on
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """Ground truth of one engine step."""
-
-    index: int
-    t_start_ns: int
-    duration_ns: int
-    model_duration_s: float  # the whole step, as the decodes wait it
-    behind_ns: int  # how far the step ended behind the model's step grid (above ``_RESYNC_NS``: moved on)
-    reported_ms: float  # what vLLM's iteration field would say in the sim's mode (sim.gpu_modes)
-    decode_tokens: int
-    prefill_tokens: int
-    chunk_context: float
-    num_decode_reqs: int
-    num_prefill_reqs: int
-    preemptions: int
-    request_ids: tuple[str, ...]
-    prefill_chunks: tuple[tuple[str, int, int], ...]  # (request id, chunk tokens, context before it)
-    arrivals: tuple[tuple[str, int], ...]  # (request id, its perf_counter_ns arrival): those taken in first
-
-    @property
-    def t_end_ns(self) -> int:
-        """When the step's tokens were handed to their streams."""
-        return self.t_start_ns + self.duration_ns
-
-    @property
-    def num_tokens(self) -> int:
-        return self.decode_tokens + self.prefill_tokens
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _next_start(planned_end: int, scale: float, t1: int) -> int:
@@ -323,12 +286,15 @@ class SimEngine:
         prefill_chunks = tuple(
             (c.request.request_id, c.num_tokens, c.context) for c in plan.chunks if not c.is_decode
         )
+        scale = self.config.time_scale
+        stalled = behind_ns > _RESYNC_NS or scale == 0  # time scale 0: nothing on the clock is modelled
         record = StepRecord(
             index=self.num_steps,
             t_start_ns=t0,
             duration_ns=t1 - t0,
             model_duration_s=times_s[0],
             behind_ns=behind_ns,
+            engine_ns=t1 - t0 if stalled else round(times_s[0] * scale * 1e9),
             reported_ms=times_s[1] * 1e3,
             decode_tokens=shape.decode_tokens,
             prefill_tokens=shape.prefill_tokens,

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from engine_harness.step_model import StepShape
 
 if TYPE_CHECKING:
-    from engine_harness.sim.engine import StepRecord
     from engine_harness.sim.params import SimConfig
+    from engine_harness.sim.step_record import StepRecord
 
 __all__ = ["host_s", "iteration_line", "startup_lines", "step_times"]
 

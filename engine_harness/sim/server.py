@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from engine_harness.engines import SIM_API_KEY_VAR
-from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine, StepRecord
+from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine
 from engine_harness.sim.faults import VLLM_DEATH_GRACE_S, VLLM_DEATH_MESSAGE, FaultInjector, vllm_death_events
 from engine_harness.sim.kv_transfer import LinkMetrics, consumer_transfer, producer_params
 from engine_harness.sim.openai_wire import (
@@ -41,6 +41,7 @@ from engine_harness.sim.openai_wire import (
     usage_dict,
 )
 from engine_harness.sim.params import SimConfig, merge_settings
+from engine_harness.sim.step_record import StepRecord
 from engine_harness.sim.tokenizer import decode_token
 from engine_harness.sim.vllm_metrics import CONTENT_TYPE
 

@@ -39,14 +39,14 @@ def test_a_frozen_engine_leaves_the_step_model_within_the_clean_runs_interval(pl
         steps = r.interference.engine_steps_log or []
         assert all((s.elapsed_ms or 0) <= 2500 for s in steps), (r.config, r.validity, steps)
     frozen = fit_step_model(records, clean.model)  # (c·ctx and c·(ctx + c/2) tie on this grid)
-    # Two sim runs differ by more than one run's CI (the sim's wall-clock steps carry the box's speed: β_c
-    # came out 0.0238-0.0256 in CI 16 and 0.0196-0.0218 in CI 21 of 2026-11-29 against the model's 0.02,
-    # the second alone on the box), and twice the intervals missed each other, by 0.3% and 0.15% of the
-    # clean value: the frozen run's interval overlaps the clean run's, or misses it by under 5% of the clean
-    # value, or, for a term the sim does not have (fitted near 0, where 5% of it is nothing), by under half
-    # the clean interval's width (local CI 45: prefill_fixed_ms [-0.218, -0.060] clean and [-0.033, 0.149]
-    # frozen, 0.027 apart; a stalled step averaged in moves a term by seconds). The exact check of the rule
-    # is the one above: no valid point holds the stalled step.
+    # Two sim runs differed by more than one run's CI while the sweep read the sim's wall-clock steps (until
+    # 2026-11-30; they carried the box's speed: β_c came out 0.0238-0.0256 in CI 16 and 0.0196-0.0218 in CI
+    # 21 of 2026-11-29 against the model's 0.02, the second alone on the box), and twice the intervals
+    # missed each other, by 0.3% and 0.15% of the clean value: the frozen run's interval overlaps the clean
+    # run's, or misses it by under 5% of the clean value, or, for a term the sim does not have (fitted near
+    # 0, where 5% of it is nothing), by under half the clean interval's width (local CI 45: prefill_fixed_ms
+    # [-0.218, -0.060] clean and [-0.033, 0.149] frozen, 0.027 apart; a stalled step averaged in moves a term
+    # by seconds). The exact check of the rule is the one above: no valid point holds the stalled step.
     for name, (lo, hi) in clean.ci.items():
         f_lo, f_hi = frozen.ci[name]
         gap = max(f_lo - hi, lo - f_hi, 0.0)

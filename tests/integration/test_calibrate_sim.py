@@ -104,8 +104,10 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     )  # fmt: skip
     settings = fit_to_sim(sweep)
     assert settings.mode == "vllm" and settings.max_num_batched_tokens == BUDGET
-    for name in ("alpha_ms", "beta_c_ms", "gamma_ns"):  # the sim reports its steps' model durations
-        assert getattr(settings.step, name) == pytest.approx(getattr(TRUTH, name), rel=0.02), name
+    # the sweep reads the sim's steps on its own clock (their model durations), so the fit is exact (read off
+    # wall times, γ came out 20.41 in the CI of ecbab4c: a busy event loop's late steps)
+    for name in ("alpha_ms", "beta_c_ms", "gamma_ns"):
+        assert getattr(settings.step, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3), name
     assert settings.frontend_ns_per_token == pytest.approx(FRONTEND_NS, rel=0.25)
     # one decode context: the decodes' context cost cannot be told from β_d, so it is not fitted (it once
     # was, from a loaded box's noise, and priced the replay's longer contexts 4% high)

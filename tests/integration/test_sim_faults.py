@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from engine_harness.sim import FaultConfig, SimConfig, SimServer, SimStepModel
+from engine_harness.sim.engine import _RESYNC_NS
 from engine_harness.step_model import StepShape
 from microbench.client.streams import HTTPStatusError, StreamCut, StreamRecord, stream_request
 
@@ -178,6 +179,10 @@ async def test_stalled_step_shows_in_log_and_in_client_gaps() -> None:
     # it that ended late (behind_ns, under _RESYNC_NS) shortens it by as much (CI at nice 19: 12 ms)
     stall_ns = 0.15e9 - before.behind_ns
     assert stalled.duration_ns >= stall_ns, (stalled, before)
+    # on the engine's own clock (what the sweep reads) an injected stall is modelled time, on the grid (a
+    # freeze, off it by over _RESYNC_NS, is wall time: tests/faults/test_frozen_engine_fit.py)
+    for step in (before, stalled):
+        assert step.behind_ns <= _RESYNC_NS and step.engine_ns == round(step.model_duration_s * 1e9)
     gaps = [b - a for a, b in zip(rec.chunk_t_ns, rec.chunk_t_ns[1:], strict=False)]
     assert gaps.index(max(gaps)) == 9  # the 11th token came late, by the stall less ≤ 5 ms of transport
     assert max(gaps) >= stall_ns - 5e6, (gaps, before)

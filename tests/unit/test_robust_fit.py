@@ -44,6 +44,28 @@ def test_an_exact_majority_names_the_rest_outliers() -> None:
     assert fit.weights.tolist() == [1, 1, 1, 1, 1, 0, 1, 1] and "7 of 8 points" in (fit.note or "")
 
 
+def test_an_exact_majority_that_leaves_a_term_free_is_fitted_by_least_squares_over_every_point() -> None:
+    # the sim's engine-clock steps of 2026-11-30: prefill steps exactly on 4 + 0.02·c (no decode in them),
+    # decode-only steps 4 + 0.2·d plus a context cost the model has not (here 0.01·d·w, w in −1…1): the
+    # exact points say nothing of the decode term, so the decode steps are not outliers but its only data
+    prefill = np.tile([256.0, 512, 1024, 2048], 4)
+    decode = np.array([2.0, 4, 8, 2, 4, 8])
+    wobble = 0.01 * decode * np.array([-1.0, -0.5, 0.2, 0.6, 1.0, -0.3])  # no two decode steps on one line
+    x = np.vstack(
+        [
+            np.column_stack([np.ones(16), prefill, np.zeros(16)]),
+            np.column_stack([np.ones(6), 0 * decode, decode]),
+        ]
+    )
+    y = np.concatenate([4 + 0.02 * prefill, 4 + 0.2 * decode + wobble])
+    fit = huber_fit(y, x)
+    assert "16 of 22 points exactly on one line" in (fit.note or "") and "least squares" in (fit.note or "")
+    assert (fit.weights == 1).all()
+    assert fit.params == pytest.approx([4.0, 0.02, 0.2], rel=0.02)
+    lo, hi = fit.conf_int[2]
+    assert lo < 0.2 < hi and hi - lo > 0  # the decode term's interval has the wobble's width
+
+
 @pytest.mark.parametrize(
     ("y", "x", "reason"),
     [
@@ -139,5 +161,8 @@ def test_a_result_without_weights_is_decided_here_not_a_type_error(monkeypatch: 
     y = np.where(X == 5, 60.0, 2.0 + 3.0 * X)  # an exact majority: the line through it, one outlier
     assert huber_fit(y, _line(X)).weights.tolist() == [1, 1, 1, 1, 1, 0, 1, 1]
     noisy = 2.0 + 3.0 * X + np.random.default_rng(1).normal(0, 0.1, X.size)
-    with pytest.raises(CannotFit, match="robust scale is zero"):
-        huber_fit(noisy, _line(X))
+    fit = huber_fit(noisy, _line(X))  # no exact majority: every point is data, none an outlier
+    assert "least squares over every point" in (fit.note or "") and (fit.weights == 1).all()
+    assert (
+        fit.params == pytest.approx([2.0, 3.0], abs=0.2) and (fit.conf_int[:, 1] > fit.conf_int[:, 0]).all()
+    )
