@@ -27,6 +27,7 @@ from benchcore.console import console
 from engine_harness.launch import EngineError
 from microbench.ablate.config import AblateConfig
 from microbench.client.aio import LagMonitor
+from microbench.client.session import engine_session
 from microbench.executors import Executor, Job
 from microbench.executors.local import LocalExecutor
 from microbench.measure.grid import hardware_name, shard_plans
@@ -104,7 +105,7 @@ class AblateRunner:
         started = time.monotonic()
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with engine_session(timeout=timeout) as session:
                 context = ShardContext(
                     session, self.console, self.timing, lag=lag, start_timeout_s=self.start_timeout_s
                 )

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import aiohttp
-
 from engine_harness.handles import EngineHandle, EngineOverrides
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.battery.profiles import Profile
 from microbench.battery.progress import progress_line
 from microbench.client.requests import ApiSettings, RequestSpec
+from microbench.client.session import engine_session
 from microbench.loadgen.metrics_series import DEFAULT_INTERVAL_S, MetricsSampler, series_frame, series_header
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.trace import write_trace
@@ -163,7 +162,7 @@ class BatteryContext:
 
     async def scrape(self, base_url: str | None = None) -> Snapshot | None:
         """A /metrics snapshot, or None when the engine exposes none (external gateways)."""
-        async with aiohttp.ClientSession() as http:
+        async with engine_session() as http:
             try:
                 return await scrape(http, base_url or self.engine.base_url)
             except MetricsError:

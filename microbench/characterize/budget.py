@@ -34,6 +34,7 @@ from microbench.characterize.probes import (
     judge,
 )
 from microbench.client.requests import completion_body
+from microbench.client.session import engine_session
 from microbench.client.streams import StreamRecord, stream_request
 from microbench.measure.engine_client import EngineClient
 from microbench.measure.search import SearchStep, search_max
@@ -179,10 +180,7 @@ async def run_batches(
     """The candidate's corner-case batches against ``target``, in order, up to the first that fails."""
     out: list[BatchOutcome] = []
     prompts = PromptFactory()
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
+    async with engine_session(limit=0, timeout=aiohttp.ClientTimeout(total=None)) as session:
         client = EngineClient(session, target.base_url, model, target.metrics, None, target.auth_headers)
         for batch in corner_batches(candidate.budget, candidate.max_seqs, limits):
             for attempt in range(1, LATE_SEND_RETRIES + 2):

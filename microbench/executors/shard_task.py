@@ -35,6 +35,7 @@ from rich.console import Console
 
 from microbench.client import aio
 from microbench.client.aio import LagMonitor
+from microbench.client.session import engine_session
 from microbench.executors.job import ShardJob
 from microbench.executors.placement import (
     CORE_LOCKS,
@@ -186,7 +187,7 @@ class _InterferenceBody:
         lag.start()
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with engine_session(timeout=timeout) as session:
                 context = ShardContext(
                     session, console, timing, RelayEvents(self.emit), lag,
                     start_timeout_s=self.options.start_timeout_s,

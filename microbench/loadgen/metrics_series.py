@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pandas as pd
 
 from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table
 from engine_harness.metrics import MetricsError, Snapshot, scrape
+from microbench.client.session import engine_session
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -86,7 +86,7 @@ class MetricsSampler:
                 self.samples.append((snap.t_ns, quantity, value))
 
     async def _loop(self) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with engine_session() as http:
             while True:
                 started = time.perf_counter()
                 families = (

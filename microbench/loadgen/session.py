@@ -33,6 +33,7 @@ import aiohttp
 from engine_harness.engines import auth_headers
 from microbench.client.aio import GcPasses, no_full_collections
 from microbench.client.requests import RequestSpec
+from microbench.client.session import engine_session
 from microbench.client.streams import StreamRecord
 from microbench.loadgen.client import classify, send_request
 from microbench.loadgen.events import Event, EventBus, EventHook, EventKind
@@ -86,7 +87,7 @@ class LoadSession:
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s)
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+        self._http = engine_session(limit=0, timeout=timeout)
         self._headers = auth_headers(self.settings.api_key_env) or None
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from microbench.client.session import engine_session
 from microbench.client.streams import parse_sse_line
 
 __all__ = ["PDProxy", "PhaseStamps"]
@@ -95,7 +96,7 @@ class PDProxy:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/stamps/{rid}", self._get_stamps)
         app.router.add_get("/health", self._health)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        self._session = engine_session(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0)

@@ -30,6 +30,7 @@ from engine_harness.launch import EngineProcess
 from engine_harness.metrics import MetricsError, Snapshot, scrape
 from microbench.client.prompts import TokenSpace, cold_prompt, token_space_for
 from microbench.client.requests import ApiSettings, RequestSpec
+from microbench.client.session import engine_session
 from microbench.loadgen import LoadSession, SessionSettings, Stage
 from microbench.loadgen.trace import trace_frame
 from microbench.measure.engine_pair import PairAborted, check_runnable, engine_pair
@@ -176,7 +177,7 @@ class RouteRunner:
         return record
 
     async def _scrape(self, engines: dict[str, EngineProcess]) -> dict[str, Snapshot | None]:
-        async with aiohttp.ClientSession() as http:
+        async with engine_session() as http:
             out: dict[str, Snapshot | None] = {}
             for role, engine in engines.items():
                 try:

@@ -16,6 +16,7 @@ from rich.progress import Progress, TaskID
 
 from benchcore.console import console
 from microbench.client.aio import LagMonitor
+from microbench.client.session import engine_session
 from microbench.executors import Executor
 from microbench.executors.local import LocalExecutor
 from microbench.measure.grid import SweepConfig, hardware_name, shard_plans
@@ -105,7 +106,7 @@ class SweepRunner:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
             lag.start()
             try:
-                async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with engine_session(timeout=timeout) as session:
                     context = ShardContext(
                         session, self.console, self.timing, display, lag, start_timeout_s=self.start_timeout_s
                     )

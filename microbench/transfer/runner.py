@@ -27,6 +27,7 @@ from engine_harness.idle_cpu import deprioritize_spinners, sample_idle_cpu
 from engine_harness.kv_connectors import load_connector
 from engine_harness.launch import EngineProcess, log_tail
 from microbench.client.prompts import TokenSpace, token_space_for
+from microbench.client.session import engine_session
 from microbench.measure.engine_pair import PairAborted
 from microbench.measure.pd_proxy import PDProxy
 from microbench.results.layout import TransferFolder, point_stem
@@ -69,7 +70,7 @@ class TransferRunner:
         # no socket-read timeout on the client: the proxy's per-phase timeouts must fire first
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with engine_session(timeout=timeout) as session:
             with Progress(*columns, console=self.console) as progress:
                 task = progress.add_task("measuring", total=total, completed=total - len(todo))
                 pair = [pt for pt in todo if pt[0] != "alone"]

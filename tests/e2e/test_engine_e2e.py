@@ -59,8 +59,11 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
     assert [s.prefill_tokens for s in logged if s.prefill_tokens] == [2048, 952]
     # The suite's logging config stamps every line, and the CPU build states its mode at start-up: async
     # scheduling off, the mp executor, no CUDA graphs, so vLLM's own field times whole steps (as the
-    # reference runs were timed); the stamps' intervals cover each step and a little more (the API
-    # server's hand-off between steps)
+    # reference runs were timed); the stamps' intervals cover the steps and a little more (the API
+    # server's hand-off between steps). The API server writes the lines: one it stamped late shortens the
+    # next one's interval by as much and lengthens its own, so the bar is on the request's steps together,
+    # which only the first line's lateness can shorten (local CI 51: the 952-token step's interval 73.8 ms
+    # against its field 84.6, the first line stamped 10.8 ms late; 20 ms allowed)
     source = vllm_step_source(None, vllm_engine.base_url, vllm_engine.log_path)  # type: ignore[arg-type]
     assert source is not None and source.mode is not None, vllm_engine.log_path.read_text()[-3000:]
     mode = source.mode
@@ -69,8 +72,8 @@ async def test_stream_token_id_prompt_and_metrics_move(vllm_engine: EngineProces
     ), mode  # fmt: skip
     assert all(s.t_end_s is not None and s.reported_ms == s.elapsed_ms for s in logged)
     stamped = parse_iteration_lines(vllm_engine.log_path.read_text()[mark:], "log_interval")
-    gaps = [(s.elapsed_ms, s.reported_ms) for s in stamped if s.elapsed_ms is not None and s.prefill_tokens]
-    assert gaps and all(interval >= 0.9 * field for interval, field in gaps), gaps
+    gaps = [(s.elapsed_ms, s.reported_ms) for s in stamped if s.elapsed_ms is not None]
+    assert len(gaps) == 12 and sum(i for i, _ in gaps) >= sum(f for _, f in gaps) - 20.0, gaps
     assert [s.decode_tokens for s in logged if not s.prefill_tokens] == [1] * 11
     # The tokens-per-step histogram holds every token of those steps. vLLM 0.32 observes it once per
     # step that produced output, so the first chunk (no token sampled) is folded into the second:
