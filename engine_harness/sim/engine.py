@@ -47,11 +47,16 @@ _NAP_NS = 50_000  # longest blocking nap while waiting out the end of a step
 _RESYNC_NS = 50_000_000  # a step ending this much after its planned end (an engine stall): the clock moves on
 
 
+def _off_grid(behind_ns: int, scale: float) -> bool:
+    """A step the model's grid does not time: it ended more than ``_RESYNC_NS`` after its planned end (an
+    engine stall), or nothing is waited (scale 0)."""
+    return behind_ns > _RESYNC_NS or scale == 0
+
+
 def _next_start(planned_end: int, scale: float, t1: int) -> int:
-    """Where the next back-to-back step is planned to start: this step's planned end, unless the step
-    ended more than ``_RESYNC_NS`` after it (an engine stall) or nothing is waited (scale 0): then its
-    actual end ``t1``."""
-    return planned_end if scale > 0 and t1 - planned_end <= _RESYNC_NS else t1
+    """Where the next back-to-back step is planned to start: this step's planned end, unless the step was
+    off the grid (``_off_grid``): then its actual end ``t1``."""
+    return t1 if _off_grid(t1 - planned_end, scale) else planned_end
 
 
 class SimEngine:
@@ -287,7 +292,7 @@ class SimEngine:
             (c.request.request_id, c.num_tokens, c.context) for c in plan.chunks if not c.is_decode
         )
         scale = self.config.time_scale
-        stalled = behind_ns > _RESYNC_NS or scale == 0  # time scale 0: nothing on the clock is modelled
+        stalled = _off_grid(behind_ns, scale)
         record = StepRecord(
             index=self.num_steps,
             t_start_ns=t0,
