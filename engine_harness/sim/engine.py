@@ -16,7 +16,11 @@ model's (step boundaries, and so which step a request joins, as a virtual-time r
 them): the next steps wait that much less. A step that ends more than ``_RESYNC_NS`` behind the grid (a
 freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
 engine's. Below that the noise is the test box's (moving on at every 1 ms, 14 hiccups of 1-6 ms in a 15 s
-trace set the grid 20 ms behind the model's). ``StepRecord.behind_ns`` says how far each step ended behind
+trace set the grid 20 ms behind the model's). A step takes in the requests that reached the engine by its
+start on the grid, not by when a late loop came to plan it (a /metrics page rendered on the one loop: 2-3 ms
+on the box of 2026-11-30; vLLM renders it in another process than its engine core), and an idle engine's
+grid starts at the arrival that woke it, as the model and a replay of it put both. ``StepRecord.behind_ns``
+says how far each step ended behind
 the grid, ``arrivals`` when the requests it took in first reached the engine (the way in's ground truth),
 ``engine_ns`` the step on the engine's own clock (``sim.step_record``). After an idle spell a step pays
 the configured wake cost (``engine_harness.wake_model``).
@@ -82,6 +86,7 @@ class SimEngine:
         self.die_in_prefill: str | None = None  # armed (the reason): die as the next cold prompt prefills
         self._jitter_rng = random.Random(config.seed)
         self._streams: dict[str, RequestStream] = {}
+        self._arriving: deque[RequestStream] = deque()  # submitted, not yet taken in by a step (``_admit``)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._log_file: IO[str] | None = None
@@ -151,14 +156,28 @@ class SimEngine:
         req.num_external_tokens = min(external_tokens, len(prompt_token_ids) - 1)
         stream = RequestStream(req, random.Random(f"{self.config.seed}:{index}"), self.config.eos_probability)
         self._streams[rid] = stream
-        self.scheduler.add(req)
-        self.metrics.num_requests_waiting.set(len(self.scheduler.waiting))
+        self._arriving.append(stream)
+        self.metrics.num_requests_waiting.set(len(self.scheduler.waiting) + len(self._arriving))
         self._wake.set()
         return stream
 
+    def _admit(self, until_ns: int | None) -> None:
+        """Hand the scheduler the requests that arrived by ``until_ns`` (None: every one so far)."""
+        arriving = self._arriving
+        while arriving and (until_ns is None or arriving[0].t_arrival_ns <= until_ns):
+            self.scheduler.add(arriving.popleft().request)
+
+    def _forget(self, stream: RequestStream) -> bool:
+        """Take ``stream``'s request out of the engine (the scheduler, or the arrivals not yet taken in);
+        False if it had already finished."""
+        if stream in self._arriving:
+            self._arriving.remove(stream)
+            return True
+        return self.scheduler.abort(stream.request)
+
     def abort(self, stream: RequestStream) -> None:
         """Abort a request (client gone): free its KV blocks now; no-op once it has finished."""
-        if self.scheduler.abort(stream.request):
+        if self._forget(stream):
             self.metrics.request_success["abort"].inc()
             self._update_gauges()
         self._streams.pop(stream.request_id, None)
@@ -167,15 +186,19 @@ class SimEngine:
         self._wake.set()
 
     def _drop(self, stream: RequestStream, reason: str | None, error: str | None) -> None:
-        self.scheduler.abort(stream.request)
+        self._forget(stream)
         self._streams.pop(stream.request_id, None)
         stream._end(reason, error)
 
     # -- the step loop ----------------------------------------------------------------------------
 
-    async def _next_plan(self) -> StepPlan | None:
-        """Plan the next step; None (after waiting for work) when nothing can run now."""
+    async def _next_plan(self, until_ns: int | None) -> StepPlan | None:
+        """Plan the next step from the requests that arrived by ``until_ns`` (its start on the grid; None:
+        an idle engine's, every arrival); None (after waiting for work) when nothing can run now."""
         sched = self.scheduler
+        self._admit(until_ns)
+        if not sched.has_work() and self._arriving:
+            return None  # the engine idled from the grid's step start to an arrival the late loop saw since
         if not sched.has_work():
             if self._log_file is not None:
                 self._log_file.flush()
@@ -205,7 +228,7 @@ class SimEngine:
         idle_from = time.perf_counter_ns()  # the last step's end: where an idle spell began
         while True:
             if plan is None:
-                plan = await self._next_plan()
+                plan = await self._next_plan(None if prev_end is None else planned)
                 if plan is None:
                     prev_end = None
                     continue
@@ -219,7 +242,11 @@ class SimEngine:
             # Back to back, a step starts when the previous one ended: the host work in between (token
             # hand-off, scheduling) is part of the step's time, so the wall time follows the model exactly.
             if prev_end is None:
-                t0 = planned = time.perf_counter_ns()
+                # the grid starts at the arrival that woke the engine, not where the loop came to plan (0.9
+                # ms later on the box of 2026-11-30: every later step boundary of the busy period as late)
+                now, streams = time.perf_counter_ns(), self._streams
+                woke = (streams[r.request_id].t_arrival_ns for r in plan.admitted if r.request_id in streams)
+                t0 = planned = min(now, max(planned, min(woke, default=now)))
                 device_s += cfg.wake.extra_ms((t0 - idle_from) / 1e9 / scale) / 1e3 if scale else 0.0
             else:
                 t0 = prev_end
@@ -238,6 +265,7 @@ class SimEngine:
                 # chunk stretched big steps: eager +2-12%); the next step planned before the outputs go out
                 result = sched.commit(done, lambda req: self._streams[req.request_id].draw())
                 await self._sleep(planned, device_s, scale, spin_ns)
+                self._admit(planned + int(device_s * scale * 1e9) if scale else None)
                 if sched.has_work():
                     plan = sched.schedule()
                     plan = plan if plan.chunks else None
@@ -356,7 +384,7 @@ class SimEngine:
     def _update_gauges(self) -> None:
         sched, m = self.scheduler, self.metrics
         m.num_requests_running.set(len(sched.running))
-        m.num_requests_waiting.set(len(sched.waiting))
+        m.num_requests_waiting.set(len(sched.waiting) + len(self._arriving))
         m.kv_cache_usage_perc.set(sched.kv_usage)
         counts = (sched.prefix_cache_queries, sched.prefix_cache_hits, sched.num_preemptions)
         counters = (m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions)

@@ -205,6 +205,7 @@ def write_trace(
     header = TraceHeader(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         session_start_unix_ns=result.started_unix_ns,
+        session_start_perf_ns=result.t0_ns,
         workload=workload or {},
         seed=seed,
         prompts=prompts or {},

@@ -5,7 +5,8 @@ prefix group, streaming, input/output tokens, intended and actual send times, fi
 of chunks) plus every chunk's stamp and token count, status, HTTP status and error text, and the
 load-generation worker that sent it (empty in a trace written before that column). Times are integer
 nanoseconds of ``perf_counter_ns`` measured from the session start; ``session_start_unix_ns`` in the
-header anchors them to wall-clock time. ``output_tokens`` and ``input_tokens`` come from the server's
+header anchors them to wall-clock time, ``session_start_perf_ns`` to the host's monotonic clock (where an
+engine on the same host stamps its own log: the simulated engine's). ``output_tokens`` and ``input_tokens`` come from the server's
 ``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens per chunk.
 
 The load generator (``microbench.loadgen.trace``) writes a session's trace in this format; the calibration
@@ -97,6 +98,11 @@ class TraceHeader(StrictModel):
     time_unit: Literal["ns"] = "ns"
     clock: str = "perf_counter_ns offsets from the session start"
     session_start_unix_ns: int
+    session_start_perf_ns: int | None = Field(
+        default=None,
+        description="the session start on perf_counter_ns (CLOCK_MONOTONIC on Linux: one clock for every "
+        "process of the host); absent in a trace written before it",
+    )
     workload: dict[str, Any] = Field(default_factory=dict, description="name, seed, spec, notes")
     seed: int | None = Field(default=None, description="the workload seed")
     prompts: dict[str, Any] = Field(default_factory=dict, description="token space, salt, text or ids")

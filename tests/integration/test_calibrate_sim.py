@@ -4,19 +4,23 @@ The sim runs as a process (engine kind ``sim``) with a known step model and a kn
 prompt token; the interference sweep measures it on a small grid (its own sim process) and is fitted
 (``fit_to_sim``); the load generator records a Poisson workload against a second sim process of the same
 model; the trace is predicted in virtual time and compared. The loop must recover reality: the fitted
-model, E2E MAPE ≤ 2% (TTFT ≤ 2% over the requests that joined the model's step: see below), the same step
-composition as the sim's own step log, and a predicted trace the trace reader reads. On a loaded box the
-sim's own steps can run late past what it catches up on (its ground-truth log says by how much: the
-slips); the prediction must then not be slower than reality, and the 2% bar is judged where reality
-held its model within 1%.
+model's terms, a predicted trace the trace reader reads with the sim's tokens, E2E MAPE ≤ 2%; and, from
+the arrivals reality had, the replay must plan and price every step the sim ran, TTFT and E2E within 2%.
+
+Why from reality's arrivals. Which step a request joins turns on its way in: the load generator's send to
+the sim's handler, through two Python event loops. On the 2-core boxes that strays from request to request
+by ms (p10-p90 −2.4 to −0.4 ms about its model, quiet, 2026-11-30; a constant offset moves every request
+alike and changes nothing). A request that near a step boundary joins the step next to the model's, a
+third of a short prompt's TTFT. Over 6 quiet runs the prediction's whole-trace TTFT MAPE was 1.1-8.3%
+from that alone, while the replay from reality's arrivals missed by 0.01-0.09%. The sim logs when each
+request reached it (its ground truth, on the host's monotonic clock, which the trace's header anchors too).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,8 +30,7 @@ import yaml
 
 from analysis.calibrate.__main__ import main as calibrate_main
 from analysis.calibrate.config import SimSettings, fit_to_sim
-from analysis.calibrate.metrics import request_metrics
-from analysis.calibrate.replay import replay_requests
+from analysis.calibrate.replay import replay, replay_requests
 from analysis.calibrate.report import CalibrationReport
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
@@ -38,24 +41,17 @@ from microbench.results.trace import TRACE_COLUMNS, read_trace
 pytestmark = [pytest.mark.integration, pytest.mark.clock, pytest.mark.solo]  # fits read off the clock: alone
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "sweeps/workloads/calibrate-poisson.yaml"
-# Steps of ≈ 40 ms (a large model's decode step on a GPU). Which step a request joins turns on its way in,
-# and the way in through two Python event loops jitters on a 2-core box (0.3-1.5 ms quiet; the way back
-# to the client by up to 6 ms on the box of 2026-11-29, which also sets the phase of a busy period: the
-# request that opens it starts its first step): a request that close to a step boundary joins one step
-# off, a third of a short prompt's TTFT. Over 7 runs of 2026-11-29 (after the stream-time fix), whole-
-# trace TTFT MAPE ran 1.2-11.9% with 0-6 of 36 requests a step off, E2E 0.1-0.8%. So TTFT is judged per
-# request, against the requests of its busy period around it (the phase taken out): the requests that
-# joined the step the model put them in meet the 2% bar, and those that joined another arrived where the
-# two grids' drift put them between boundaries, each only a step away.
+# Steps of ≈ 40 ms (a large model's decode step on a GPU): a request that joins the step next to the
+# model's is a step off, a third of a short prompt's TTFT (see the module's text for why that happens)
 TRUTH = StepModel(alpha_ms=40.0, beta_d_ms=0.3, beta_c_ms=0.08, gamma_ns=20.0)
 FRONTEND_NS = 10_000.0  # 10 µs per prompt token: ≈ 10 ms for a 1000-token prompt
 BUDGET = 2048
-_SLACK_MS = 0.5  # a step is formed this long after its logged start (the previous one's end) at most
-_UNEXPLAINED_SHARE = 0.1  # of the measured requests: a step off, beyond their way in and phase
 # The host held the sim's step grid when at most this share of its steps ended over 1 ms behind it (quiet
 # runs of 2026-11-29: 2-6 of 453; a local CI whose solo pass ran 30% slower than the one before: 97, and
 # there every timing test of the pass failed, the fits' front-end time 14.4 ms against 4.5-6.8)
 _LATE_NS, _LATE_SHARE = 1_000_000, 0.05
+_COMPOSITION = ["decode_tokens", "prefill_tokens"]
+_BEYOND_LOG = ("stream_fixed_ms", "stream_ms_per_token", "prefill_extra_ms", "prefill_extra_ns_per_token")
 
 
 async def _run(module: str, *args: str) -> None:
@@ -67,30 +63,33 @@ async def _run(module: str, *args: str) -> None:
     assert await proc.wait() in (0, 1), f"python -m {module} failed"
 
 
-def _ways_in(sim_steps: pd.DataFrame, sent: dict[str, tuple[int, int]]) -> pd.Series:
-    """Per trace request: when it reached the sim (its step log's ground truth) less when the model has it
-    arrive (``sent``: trace request id → (modelled arrival on the trace's clock, prompt tokens)), in ns.
-    The trace's clock origin is not stored: the sim's requests are paired in order of arrival for it, then
-    each trace request with the sim's of its prompt length nearest that origin plus its modelled arrival."""
+def _engine_side(sim_steps: pd.DataFrame, real: pd.DataFrame, origin_ns: int | None) -> pd.DataFrame:
+    """Per completed trace request, from the sim's ground-truth step log, on the trace's clock: when it
+    reached the engine, and the ends of the steps that gave it its first and its last token. The sim does
+    not know the trace's request ids: each trace request, in order of sending, is the first request of its
+    prompt length the sim saw after it was sent."""
+    assert origin_ns is not None, "the trace's header has no monotonic origin"
     prompt: dict[str, int] = {}
     for chunks in sim_steps["prefill_chunks"]:
         for rid, tokens, context in chunks:
             prompt[rid] = max(prompt.get(rid, 0), tokens + context)
-    engine_in = {rid: t for arrived in sim_steps["arrivals"] for rid, t in arrived}
-    assert len(engine_in) == len(sent) == len(prompt), "the trace's requests are not the sim's"
-    model = sorted(sent.values())
-    origin = statistics.median(e - m for e, (m, _) in zip(sorted(engine_in.values()), model, strict=True))
-    out, left = {}, dict(engine_in)
-    for rid, (t, tokens) in sorted(sent.items(), key=lambda kv: kv[1]):
-        sim_rid = min((r for r in left if prompt[r] == tokens), key=lambda r: abs(left[r] - origin - t))
-        out[rid] = left.pop(sim_rid) - t
-    return pd.Series(out)
-
-
-def _edges_ms(sim_steps: pd.DataFrame, sent: dict[str, tuple[int, int]], way_in: pd.Series) -> pd.Series:
-    """Per trace request: how near its arrival at the sim came to one of the sim's step starts, in ms."""
-    starts = sim_steps["t_start_ns"].sort_values().to_numpy()
-    return pd.Series({rid: abs(starts - (t + way_in[rid])).min() / 1e6 for rid, (t, _) in sent.items()})
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for step in sim_steps.itertuples():
+        end = step.t_start_ns + step.duration_ns - origin_ns
+        partial = {rid for rid, tokens, context in step.prefill_chunks if tokens + context < prompt[rid]}
+        for rid in set(step.request_ids) - partial:  # its prompt's last chunk, or a decode: a token
+            first.setdefault(rid, end)
+            last[rid] = end
+    left = sorted((t - origin_ns, rid) for arrived in sim_steps["arrivals"] for rid, t in arrived)
+    rows = {}
+    for row in real.loc[real["status"] == "ok"].sort_values("send_ns").itertuples():
+        tokens = int(row.input_tokens) if pd.notna(row.input_tokens) else int(row.prompt_tokens)
+        i = next(i for i, (t, rid) in enumerate(left) if prompt[rid] == tokens and t > row.send_ns)
+        t, rid = left.pop(i)
+        rows[str(row.request_id)] = {"arrived_ns": t, "first_ns": first[rid], "last_ns": last[rid]}
+    assert not left, "the sim saw requests the trace did not send"
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
@@ -124,7 +123,7 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
             "microbench.loadgen", "run", "--workload", str(WORKLOAD), "--url", engine.base_url,
             "--rate", "2", "--duration", "15s", "--warmup-requests", "4", "--out", str(trace),
         )  # fmt: skip
-    _, real = read_trace(trace)
+    real_head, real = read_trace(trace)
     assert (real["status"] == "ok").sum() >= 30
 
     predicted, report_dir = tmp_path / "predicted", tmp_path / "report"
@@ -148,87 +147,76 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
     ttft, e2e = report.metric("ttft"), report.metric("e2e")
     assert ttft.mape_pct is not None and e2e.mape_pct is not None and e2e.bias_pct is not None
     # Reality's own deviation from its model, from its ground-truth step log. The sim holds its step grid
-    # on the model's through host hiccups up to 50 ms; a longer stall (the host gave the process no core)
-    # moves the grid on, and every later step boundary (which step a request joins) departs from the
-    # model's by the slip. No prediction from the model can know it.
+    # on the model's through host hiccups up to 50 ms (late steps deliver their tokens late, but a request
+    # joins the step the grid says: test_sim_admission); a longer stall (the host gave the process no core)
+    # moves the grid on, and every later step boundary departs from the model's by the slip. No prediction
+    # from the model can know it.
     behind = sim_steps["behind_ns"]
     moved_on = behind > _RESYNC_NS
     late = float((behind > _LATE_NS).mean())  # steps the host let end over 1 ms late (caught up after)
     slips, slip_ms = int(moved_on.sum()), float(behind[moved_on].sum() / 1e6)
     busy_ms = float(sim_steps["model_duration_s"].sum() * 1e3)
-    step_ms = float(sim_steps["model_duration_s"].median() * 1e3)
-    # The step grid's phase: an idle engine starts a step the moment a request arrives, so the request
-    # that opens a busy period sets the phase of every later step of it. Within a long busy period the
-    # phase then drifts: the fitted step is not the truth to the last µs, and 0.03 ms a step over the 450
-    # steps of one 22 s busy period moved the replay's grid 15 ms off reality's (runs of 2026-11-30, whose
-    # period openers were 0.0-0.5 ms off). So each request's phase is the median TTFT error of the 9
-    # measured requests of its busy period nearest it in arrival (it among them), which follows the drift
-    # (a period's one phase failed 2 of 5 runs, with a median "phase" of 4-6 ms where the opener was 0.1 ms
-    # off; local CI 44 among them)
+
+    # The replay of the sim's own model (no stream time: the sim's step log holds all of its time) from the
+    # arrivals reality had, judged on the engine's side (arrival to the step end that gave a token, as
+    # vLLM's own TTFT metric counts): does the replay schedule and time what the engine did? The fitted
+    # model is judged above by its terms; replayed, a term that only noise put there (a stream time of
+    # 0.034 ms a step, its 95% CI above 0 in 1 of 8 runs of 2026-11-30) moves every later step boundary
+    # of a 450-step busy period by 15 ms, and which step a request joins with them
     settings_used = SimSettings.model_validate_json((predicted / "sim-settings.json").read_text())
-    starts = set(replayed["t_start_ns"])
-    sent_in = replay_requests(real, settings_used)  # as the replay sent them: arrival, prompt
-    arrivals = sorted((q.arrival_ns, q.request_id) for q in sent_in)
-    opened = [(t, rid) for t, rid in arrivals if t in starts]  # each busy period's opener, by arrival
-    measured_ids = set(real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str))
-    measured = [(t, rid) for t, rid in arrivals if rid in measured_ids]
-    opener = {rid: opened[bisect.bisect_right(opened, (t, "\uffff")) - 1][1] for t, rid in arrivals}
-    real_ttft, pred_ttft = request_metrics(real)["ttft_ms"], request_metrics(pred)["ttft_ms"]
-    ttft_err_ms = real_ttft - pred_ttft
-    phase: dict[str, float] = {}
-    for o in {opener[rid] for _, rid in measured}:
-        period = [rid for _, rid in measured if opener[rid] == o]
-        for i, rid in enumerate(period):
-            phase[rid] = float(ttft_err_ms[period[max(0, min(i - 4, len(period) - 9)) :][:9]].median())
-    # each request's TTFT error less its phase: ≈ 0 where it joined the step the model put it in, ≈ ± a
-    # step where it joined another. Which step it joins turns on its way in (two Python event loops: 0.3-
-    # 1.5 ms of jitter quiet, 5.5 ms on a box installing packages beside the test) and on the drift: one
-    # that reached the engine within both of one of reality's step starts fell between the two grids'
-    # boundaries. The sim logs when each request reached it; its way in is judged against the model's
-    # (send + front-end time) less the median over the requests (the trace's clock origin is not stored)
-    own_ms = pd.Series({rid: ttft_err_ms[rid] - phase[rid] for _, rid in measured})
-    same = own_ms.abs() <= step_ms / 2
-    same_mape = float((own_ms[same].abs() / real_ttft[own_ms.index[same]]).mean() * 100)
-    sent = {q.request_id: (q.arrival_ns, len(q.prompt_token_ids)) for q in sent_in}
-    way_in = _ways_in(sim_steps, sent)
-    way_in_ms = (way_in - way_in.median()) / 1e6
-    edge_ms = _edges_ms(sim_steps, sent, way_in)
-    unexplained = [
-        rid for rid in own_ms.index[~same] if edge_ms[rid] > abs(way_in_ms[rid]) + abs(phase[rid]) + _SLACK_MS
-    ]
-    phase_ms = max(abs(v) for v in phase.values())
+    sent = replay_requests(real, settings_used)
+    sim_side = _engine_side(sim_steps, real, real_head.session_start_perf_ns)
+    reality_model = settings_used.model_copy(update=dict.fromkeys(_BEYOND_LOG, 0.0) | {"step": TRUTH})
+    given = replay(
+        sorted(
+            (dataclasses.replace(q, arrival_ns=int(sim_side.at[q.request_id, "arrived_ns"])) for q in sent),
+            key=lambda q: q.arrival_ns,
+        ),
+        reality_model,
+    )
+    measured = real.loc[ok & ~real["warmup"].astype(bool), "request_id"].astype(str)
+    truth = sim_side.loc[measured]
+    model = pd.DataFrame(
+        {
+            "first_ns": [given.token_ns[r][0] for r in measured],
+            "last_ns": [given.token_ns[r][-1] for r in measured],
+        },
+        index=measured,
+    )
+
+    def mape(end: str) -> float:  # of the engine's time from arrival to the step end named
+        spent = truth[end] - truth["arrived_ns"]
+        return float(((model[end] - truth[end]).abs() / spent).mean() * 100)
+
+    way_in_ms = pd.Series(
+        {q.request_id: sim_side.at[q.request_id, "arrived_ns"] - q.arrival_ns for q in sent}
+    )
+    way_in_ms = way_in_ms[measured] / 1e6  # reality's way in less the model's
     figures = (
         f"{slips} slips of the step grid ({slip_ms:.1f} ms in {busy_ms:.0f} ms busy), {late:.1%} of the "
-        f"steps over 1 ms late, phase up to {phase_ms:.2f} ms off (steps of {step_ms:.1f} ms) over "
-        f"{len({opener[r] for _, r in measured})} busy periods, ways in "
-        f"{way_in_ms.abs().quantile(0.9):.2f} ms off the model's (p90); {int((~same).sum())} of "
-        f"{len(measured)} requests joined another step than the model's (errors "
-        f"{sorted(own_ms[~same].round(1))} ms, phase out; {len(unexplained)} not explained by their way in "
-        f"and phase, by {[round(edge_ms[r] - abs(way_in_ms[r]) - abs(phase[r]), 1) for r in unexplained]} "
-        f"ms); TTFT MAPE {ttft.mape_pct:.1f}% ({same_mape:.2f}% over the rest, phase "
-        f"out), E2E {e2e.mape_pct:.1f}%"
+        f"steps over 1 ms late; ways in off the model's by {way_in_ms.median():+.2f} ms (median), "
+        f"{way_in_ms.quantile(0.1):+.2f} to {way_in_ms.quantile(0.9):+.2f} (p10-p90); from reality's "
+        f"arrivals, on the engine's side: TTFT MAPE {mape('first_ns'):.2f}%, E2E {mape('last_ns'):.2f}%; the "
+        f"prediction's TTFT {ttft.mape_pct:.1f}% (bias {ttft.bias_pct:+.1f}%), E2E {e2e.mape_pct:.2f}% (bias "
+        f"{e2e.bias_pct:+.2f}%)"
     )
     print(figures)  # pytest -s shows what the bars were judged on
     # a busy box only slows reality down: the prediction is never slower than reality (a replay that
     # batched worse than the engine would be)
     assert e2e.bias_pct <= 2.0 and ttft.bias_pct is not None and ttft.bias_pct <= 5.0, figures
-    if slip_ms <= 0.01 * busy_ms:  # reality held its model: the loop recovers it
+    if slip_ms <= 0.01 * busy_ms:  # reality held its model's grid: the loop recovers it
         assert e2e.pearson_r is not None and e2e.pearson_r > 0.98, figures
-        assert e2e.mape_pct <= 2.0, figures  # issue #36's bar
-        assert phase_ms <= step_ms, figures  # the fitted step's price held over the whole period
-        # Which step a request joins is no longer the model's to say where the host moved reality's step
-        # boundaries, or where the grids drifted apart by over a quarter step: the phase near a flip is
-        # then an estimate of a moving offset (local CI 47: a 29 ms drift, 13 of 36 requests a step off,
-        # 5 of them farther from a step start than their neighbours' phase said; same-step error 1.1%)
-        if late > _LATE_SHARE or phase_ms > step_ms / 4:
-            assert ttft.mape_pct <= 20.0, figures
-        else:
-            # TTFT: issue #36's bar where reality put a request in the model's step; a model that priced
-            # steps or scheduled them otherwise would move every request, and by more than one step
-            assert same_mape <= 2.0, figures
-            # the phase at a flip is its neighbours' median, an estimate of a moving offset: a few flips
-            # fall just outside it (local CI 48: 1 of 3 flips, at a phase of 8.7 ms)
-            assert len(unexplained) <= _UNEXPLAINED_SHARE * len(measured), figures
-            assert (own_ms.abs() <= 2.5 * step_ms).all(), figures
+        assert e2e.mape_pct <= 2.0, figures  # issue #36's bar, for the prediction itself
+        # issue #36's TTFT bar, for the model given reality's arrivals (a model that priced or scheduled
+        # steps otherwise would move every request); a box that let over 5% of the sim's steps end late
+        # delivered their tokens late (local CI 47: a 30% slower solo pass), judged against 10%
+        bar = 2.0 if late <= _LATE_SHARE else 10.0
+        assert mape("first_ns") <= bar and mape("last_ns") <= bar, figures
+    if slips == 0:  # from the same arrivals, the replay plans every step the engine ran, and prices it alike
+        ran, planned = sim_steps[_COMPOSITION], given.steps_frame()[_COMPOSITION]
+        assert ran.to_numpy().tolist() == planned.to_numpy().tolist(), figures
+        priced = given.steps_frame()["duration_ns"].to_numpy() - sim_steps["engine_ns"].to_numpy()
+        assert abs(priced).max() <= 1_000, figures  # ns: the two round the same model time
+        assert ttft.mape_pct <= 20.0, figures  # the way in's jitter moves a request by at most a step
     for name in ("calibration.md", "calibration.html", "calibration_qq.png", "calibration_scatter.png"):
         assert (report_dir / name).stat().st_size > 0

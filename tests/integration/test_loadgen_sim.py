@@ -69,6 +69,7 @@ async def test_run_writes_a_complete_trace(tmp_path: Path) -> None:
             _stage({"kind": "poisson", "rate": 200, "seed": 1}, work.requests(), max_requests=40),
         ]
         result = await _run(sim, stages, hooks=[events])
+        arrived = [t for step in sim.step_log for _, t in step.arrivals]  # the sim's clock: perf_counter_ns
     header = write_trace(tmp_path, result, workload={"name": "small"}, seed=5)
     head, rows = read_trace(tmp_path)
     assert head == header and tuple(rows.columns) == TRACE_COLUMNS
@@ -86,6 +87,12 @@ async def test_run_writes_a_complete_trace(tmp_path: Path) -> None:
         rows["done_ns"] >= rows["last_chunk_ns"]
     ).all()
     assert rows["tokens_from_usage"].all()
+    # the header's monotonic origin puts an engine's own stamps on the trace's clock: each request reached
+    # the sim after some request of the trace was sent and before that request's first chunk came back
+    assert head.session_start_perf_ns is not None and len(arrived) == 44
+    on_trace = pd.Series(arrived) - head.session_start_perf_ns
+    for t in on_trace:
+        assert ((rows["send_ns"] < t) & (t < rows["first_chunk_ns"])).any(), t
     measured = header.stages[1]
     assert (measured.requested_rate, measured.issued, measured.status_counts) == (200.0, 40, {"ok": 40})
     assert measured.schedule_delay_p50_ms is not None and measured.schedule_delay_p99_ms is not None
