@@ -40,12 +40,14 @@ async def test_a_request_arriving_while_a_step_runs_late_joins_the_step_after_it
     try:
         engine.submit(list(range(1, 17)), max_tokens=200, ignore_eos=True)  # keeps the engine stepping
         await _until(lambda: engine.num_steps >= 3)
+        seen = engine.num_steps
+        await _until(lambda: engine.num_steps > seen)  # a step has just ended: the next one is ≈ 20 ms away
         last = engine.step_log[-1]
         # the step after ``last`` ends on the grid at this time: block the loop from 3 ms before it to 4 ms
         # after it (the step ends late), and let a request arrive inside the block, after the grid's end
         next_end = last.t_start_ns + last.duration_ns - last.behind_ns + int(ALPHA_MS * 1e6)
         await SimEngine.wait_until(next_end - 3_000_000, 0)
-        time.sleep((next_end + 2_000_000 - time.perf_counter_ns()) / 1e9)  # noqa: ASYNC251 - the block
+        time.sleep(max(0, next_end + 2_000_000 - time.perf_counter_ns()) / 1e9)  # noqa: ASYNC251 - the block
         late = engine.submit(list(range(100, 132)), max_tokens=4, ignore_eos=True)
         time.sleep(0.002)  # noqa: ASYNC251 - the loop is still blocked past the request's arrival
         assert late.t_arrival_ns > next_end
