@@ -17,13 +17,11 @@ them): the next steps wait that much less. A step that ends more than ``_RESYNC_
 freeze, a swapped-out process: the engine's own stall) moves the grid on instead, as it would a real
 engine's. Below that the noise is the test box's (moving on at every 1 ms, 14 hiccups of 1-6 ms in a 15 s
 trace set the grid 20 ms behind the model's). A step takes in the requests that reached the engine by its
-start on the grid, not by when a late loop came to plan it (a /metrics page rendered on the one loop: 2-3 ms
-on the box of 2026-11-30; vLLM renders it in another process than its engine core), and an idle engine's
-grid starts at the arrival that woke it, as the model and a replay of it put both. ``StepRecord.behind_ns``
-says how far each step ended behind
-the grid, ``arrivals`` when the requests it took in first reached the engine (the way in's ground truth),
-``engine_ns`` the step on the engine's own clock (``sim.step_record``). After an idle spell a step pays
-the configured wake cost (``engine_harness.wake_model``).
+start on the grid, not by when a late loop came to plan it, and an idle engine's grid starts at the arrival
+that woke it, as the model and a replay of it put both (``clock``: front-end work kept out of a step's last
+ms). ``StepRecord.behind_ns`` says how far each step ended behind the grid, ``arrivals`` when the requests
+it took in reached the engine (the way in's ground truth), ``engine_ns`` the step on the engine's own clock
+(``sim.step_record``). After an idle spell a step pays the configured wake cost (``wake_model``).
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from typing import IO
 from engine_harness.scheduler_model import Scheduler, SimRequest, StepPlan, StepResult
 from engine_harness.sim.gpu_modes import host_s, iteration_line, step_times
 from engine_harness.sim.params import SimConfig
+from engine_harness.sim.step_clock import StepClock
 from engine_harness.sim.step_record import StepRecord
 from engine_harness.sim.streams import EngineDead, RequestStream
 from engine_harness.sim.vllm_metrics import SimMetrics
@@ -88,6 +87,7 @@ class SimEngine:
         self._streams: dict[str, RequestStream] = {}
         self._arriving: deque[RequestStream] = deque()  # submitted, not yet taken in by a step (``_admit``)
         self._wake = asyncio.Event()
+        self.clock = StepClock()  # the running step's planned end, for front-end work (step_clock)
         self._task: asyncio.Task[None] | None = None
         self._log_file: IO[str] | None = None
         self._counted = (0, 0, 0)  # prefix queries, hits, preemptions already added to the counters
@@ -281,7 +281,8 @@ class SimEngine:
     async def _sleep(self, t0: int, model_s: float, scale: float, spin_ns: int) -> None:
         """Until ``model_s`` model seconds after ``t0`` (no waiting at all at time scale 0)."""
         if scale > 0:
-            await self.wait_until(t0 + int(model_s * scale * 1e9), spin_ns)
+            self.clock.begin(end := t0 + int(model_s * scale * 1e9))
+            await self.wait_until(end, spin_ns)
         else:
             await asyncio.sleep(0)
 
@@ -367,6 +368,7 @@ class SimEngine:
             if (stream := streams.pop(req.request_id, None)) is not None:
                 self._observe_finished(stream, t1)
         self._update_gauges()
+        self.clock.end()
         if self.config.faults.die_after_requests is not None and (
             self.num_finished >= self.config.faults.die_after_requests
         ):

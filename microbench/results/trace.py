@@ -6,8 +6,9 @@ of chunks) plus every chunk's stamp and token count, status, HTTP status and err
 load-generation worker that sent it (empty in a trace written before that column). Times are integer
 nanoseconds of ``perf_counter_ns`` measured from the session start; ``session_start_unix_ns`` in the
 header anchors them to wall-clock time, ``session_start_perf_ns`` to the host's monotonic clock (where an
-engine on the same host stamps its own log: the simulated engine's). ``output_tokens`` and ``input_tokens`` come from the server's
-``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens per chunk.
+engine on the same host stamps its own log: the simulated engine's). ``output_tokens`` and
+``input_tokens`` come from the server's ``usage`` (empty where it sent none); ``chunk_tokens`` holds tokens
+per chunk.
 
 The load generator (``microbench.loadgen.trace``) writes a session's trace in this format; the calibration
 (``analysis.calibrate``) reads a real one and writes its prediction in the same format, so every reader of
