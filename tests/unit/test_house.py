@@ -1,4 +1,5 @@
-"""The house is checked, not hoped for: import contracts (import-linter, pyproject.toml) and module size."""
+"""The house is checked, not hoped for: import contracts (import-linter, pyproject.toml), module size, lint,
+format and types (ruff and mypy at the versions the lock pins: a lint slip once landed with CI green)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,27 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("benchcore", "engine_harness", "microbench", "analysis")
 
 
+def _tool(name: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """The venv's ``name`` run over the repository with ``args`` (the settings in pyproject.toml)."""
+    tool = Path(sys.executable).with_name(name)
+    return subprocess.run([str(tool), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def test_import_contracts_hold() -> None:
-    lint = Path(sys.executable).with_name("lint-imports")
-    out = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = _tool("lint-imports")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
+
+
+def test_ruff_finds_nothing_and_the_code_is_formatted() -> None:
+    for args in (("check", "."), ("format", "--check", ".")):
+        out = _tool("ruff", *args)
+        assert out.returncode == 0, f"ruff {' '.join(args)}:\n" + out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_mypy_finds_no_type_error() -> None:
+    out = _tool("mypy", timeout=600)  # ~30 s without its cache (.mypy_cache), ~2 s with it
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 def _modules() -> list[Path]:
