@@ -197,9 +197,9 @@ class SimEngine:
         an idle engine's, every arrival); None (after waiting for work) when nothing can run now."""
         sched = self.scheduler
         self._admit(until_ns)
-        if not sched.has_work() and self._arriving:
-            return None  # the engine idled from the grid's step start to an arrival the late loop saw since
         if not sched.has_work():
+            if self._arriving:  # the engine idled from the grid's step start to an arrival the late loop saw
+                return None
             if self._log_file is not None:
                 self._log_file.flush()
             self._wake.clear()
