@@ -19,6 +19,8 @@ from engine_harness.sim.server import _RENDER_NS
 
 pytestmark = [pytest.mark.integration, pytest.mark.clock]  # reads the clock: the clock pass
 
+_READ_NS = 100_000  # from the wait's reading of the clock to the render's stamp, at most
+
 
 async def test_scrapes_at_every_phase_of_a_step_render_outside_its_last_ms() -> None:
     cfg = SimConfig(model="sim", time_scale=1.0, step=SimStepModel(alpha_ms=20.0))
@@ -45,4 +47,6 @@ async def test_scrapes_at_every_phase_of_a_step_render_outside_its_last_ms() -> 
             assert reply.status == 200
     in_steps = [left for left in lefts if left is not None]
     assert pages == len(lefts) >= 50 and len(in_steps) >= 25, (pages, len(in_steps))
-    assert all(left > _RENDER_NS for left in in_steps), sorted(in_steps)[:5]
+    # the clock is read when the wait is judged, the stamp a few µs later when the render begins (4.9998 ms
+    # left in 2 of 10 runs here); without the wait renders began with 0.05 ms, and -3 µs, left
+    assert all(left > _RENDER_NS - _READ_NS for left in in_steps), sorted(in_steps)[:5]
