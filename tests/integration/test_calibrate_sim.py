@@ -4,8 +4,9 @@ The sim runs as a process (engine kind ``sim``) with a known step model and a kn
 prompt token; the interference sweep measures it on a small grid (its own sim process) and is fitted
 (``fit_to_sim``); the load generator records a Poisson workload against a second sim process of the same
 model; the trace is predicted in virtual time and compared. The loop must recover reality: the fitted
-model's terms, a predicted trace the trace reader reads with the sim's tokens, E2E MAPE ≤ 2%; and, from
-the arrivals reality had, the replay must plan and price every step the sim ran, TTFT and E2E within 2%.
+model's terms, a predicted trace the trace reader reads with the sim's tokens, E2E MAPE ≤ 2%; from the
+arrivals reality had, the replay must plan and price every step the sim ran, TTFT and E2E within 2%; and
+where reality's ways in held to the model's (p10-p90 within 1 ms), the prediction's TTFT within 2% too.
 
 Why from reality's arrivals. Which step a request joins turns on its way in: the load generator's send to
 the sim's handler, through two Python event loops. On the 2-core boxes that strays from request to request
@@ -212,7 +213,12 @@ async def test_loop_recovers_the_sim(tmp_path: Path) -> None:
         # delivered their tokens late (local CI 47: a 30% slower solo pass), judged against 10%
         bar = 2.0 if late <= _LATE_SHARE else 10.0
         assert mape("first_ns") <= bar and mape("last_ns") <= bar, figures
-        assert ttft.mape_pct <= 20.0, figures  # the way in's jitter moves a request by at most a step
+        # the prediction starts each request from the client's send and the fitted way in; where reality's
+        # ways in held to the model's (their p10-p90 within 1 ms: 0.6-0.9 ms in quiet runs of 2026-11-30,
+        # prediction 0.4-0.6%), issue #36's bar holds for the prediction itself; a box that let them stray
+        # by 2-5 ms (the day before) moved requests a step, by at most that: 0.2-7.3% over 7 runs
+        strayed = way_in_ms.quantile(0.9) - way_in_ms.quantile(0.1) > _LATE_NS / 1e6
+        assert ttft.mape_pct <= (20.0 if strayed else 2.0), figures
     if slips == 0:  # from the same arrivals, the replay plans every step the engine ran, and prices it alike
         planned = given.steps_frame()
         ran_shapes, planned_shapes = (f[_COMPOSITION].to_numpy().tolist() for f in (sim_steps, planned))

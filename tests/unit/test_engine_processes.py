@@ -21,14 +21,20 @@ from engine_harness.watchdog import progress_key
 
 @pytest.fixture
 def child_group() -> Iterator[int]:
-    """A process group of two sleeping processes (a parent and the child it spawned); its id."""
+    """A process group of two sleeping processes (a parent and the child it spawned); its id.
+
+    The parent says "ready" once ``Popen`` has returned, that is once the child has exec'd. Before that
+    the two are mid-``vfork`` (CPython spawns with it): a SIGSTOP then stops the child before its exec
+    and leaves the parent in uninterruptible sleep waiting for it, never "stopped" (local CI 59, under
+    load). Waiting for two members alone caught that window."""
     sleep = "import time; time.sleep(60)"
-    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); {sleep}"
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    code = (
+        f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); "
+        f"print('ready', flush=True); {sleep}"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while len(group_processes(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         yield proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -53,7 +59,8 @@ def test_every_thread_of_the_group_is_pinned_and_stopped_members_are_named(child
     deadline = time.monotonic() + 10
     while len(stopped_pids(child_group)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sorted(stopped_pids(child_group)) == sorted(p.pid for p in members)
+    states = {p.pid: psutil.Process(p.pid).status() for p in members}  # what a member not stopped was doing
+    assert sorted(stopped_pids(child_group)) == sorted(p.pid for p in members), states
     os.killpg(child_group, signal.SIGCONT)
     assert all(psutil.Process(p.pid).status() != psutil.STATUS_STOPPED for p in members)
 
