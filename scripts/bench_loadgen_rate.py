@@ -6,8 +6,12 @@ its own core at the top of the core list (``--time-scale 0``: answers at once, s
 the figure is the load generator's own. For each rate of ``--rates`` (uniform spacing, ``--seconds`` of
 sends) and each worker count N of ``--workers``, interleaved and in alternating order, ``--reps`` times:
 schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst worker's p99, the
-achieved send rate, and the client's CPU µs per request (one worker: this process's CPU time over the
-run, the last-millisecond spin included). Worker k of N runs pinned to core k when the N fit beside the
+achieved send rate, and the client's CPU µs per request (the workers' CPU time from the stage's start to
+their last send, summed, per request sent). That includes the spin before each send (the last
+millisecond) and the loop's polling for timers under a millisecond away: from about 1000 req/s on, one
+worker is busy the whole gap (CPU µs/req ≈ 10⁶/rate, with the spin or without: 497 µs at 2000 req/s with
+no spin on a 2-core VM, 2026-11-30), so the figure says what the worker spends, not what a request costs;
+where it saturates is the knee. Worker k of N runs pinned to core k when the N fit beside the
 sims; when they do not (2 workers beside 1 sim on a 2-core box) they share every core, and their row is
 no scaling figure. No core left for the workers is refused. Beside them, as a yardstick in the same run
 (row ``timer``), the same schedule kept by a bare loop on core 0 that sends nothing: the lateness the
@@ -168,9 +172,7 @@ def one_run(
         {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 3}
     )
     os.sched_setaffinity(0, set(cores) if pinned is None else set(pinned))
-    cpu0 = time.process_time()
     result = aio.run(run_sessions(settings, [stage], workers, cores=pinned))
-    cpu = time.process_time() - cpu0
     outcome = result.stages[0]
     gc_figures = gc_lateness(
         outcome.gc_passes,
@@ -190,8 +192,8 @@ def one_run(
         "p99_ms": float(np.percentile(delay_ms, 99)),
         "worst_worker_p99_ms": max(w["p99_ms"] for w in per_worker.values()),
         "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
-        # N > 1: the workers' CPU is theirs, not this process's (which only waits)
-        "cpu_us_per_request": cpu / n * 1e6 if workers == 1 else float("nan"),
+        # over the issuing window (start to last send), not the run's start-up, drain and parsing
+        "cpu_us_per_request": outcome.issue_cpu_s / max(outcome.issued, 1) * 1e6,
         # did the sim keep up? A sim that falls behind piles up requests, each a new connection to open
         "max_in_flight": float(result.stages[0].max_in_flight),
         "e2e_p50_ms": float(np.median([r.stream.t_done_ns - r.stream.t_send_ns for r in ok]) / 1e6)

@@ -167,12 +167,14 @@ class LoadSession:
         self._outcome = outcome
         outcome.start_ns = await self._stage_start() if self._stage_start else time.perf_counter_ns()
         self._emit(EventKind.STAGE_STARTED, outcome.start_ns, warmup=stage.warmup)
+        cpu0 = time.process_time()
         deadline = None if stage.duration_s is None else outcome.start_ns + int(stage.duration_s * 1e9)
         if stage.in_flight_limit is None:
             await self._open_loop(stage, outcome, deadline)
         else:
             await self._closed_loop(stage, outcome, deadline, stage.in_flight_limit)
         outcome.issue_end_ns = time.perf_counter_ns()
+        outcome.issue_cpu_s = time.process_time() - cpu0
         outcome.stopped = self._stopping
         self._emit(EventKind.ISSUE_STOPPED, outcome.issue_end_ns, issued=outcome.issued)
         outcome.drain_cancelled = await self._drain(self.settings.drain_timeout_s)

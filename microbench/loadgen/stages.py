@@ -137,6 +137,7 @@ class StageOutcome:
     end_ns: int = 0
     issued: int = 0
     max_in_flight: int = 0
+    issue_cpu_s: float = 0.0  # this process's CPU from the start to the issue end (the spin before sends too)
     drain_cancelled: int = 0
     stopped: bool = False
     gc_passes: list[GcPass] = field(default_factory=list)  # this process's, from start to end of drain

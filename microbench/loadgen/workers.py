@@ -210,6 +210,7 @@ def _merge_stage(outcomes: list[StageOutcome]) -> StageOutcome:
     merged.end_ns = max(o.end_ns for o in outcomes)
     merged.issued = sum(o.issued for o in outcomes)
     merged.max_in_flight = sum(o.max_in_flight for o in outcomes)
+    merged.issue_cpu_s = sum(o.issue_cpu_s for o in outcomes)
     merged.drain_cancelled = sum(o.drain_cancelled for o in outcomes)
     merged.stopped = any(o.stopped for o in outcomes)
     merged.gc_passes = sorted((p for o in outcomes for p in o.gc_passes), key=lambda p: p.start_ns)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,21 @@ async def test_closed_loop_never_exceeds_its_concurrency() -> None:
     # the 4th request on waits for a slot: its intended time is the completion that freed one
     for intended in rows["intended_ns"].to_numpy()[3:]:
         assert np.abs(ends - intended).min() < 2_000_000
+
+
+async def test_a_stage_counts_its_cpu_while_issuing_the_spin_included() -> None:
+    """``issue_cpu_s``: the process's CPU from the stage's start to its last send. The spin before each
+    send (the last ``spin_us``, yielding to the loop) burns CPU while it waits: here 5 ms of every 20, less
+    the ≤ 1 ms the timer before it wakes late (the sim runs in this process, alike in both runs)."""
+    cpu = {}
+    async with SimServer(SimConfig(time_scale=0)) as sim:
+        for spin_us in (0, 5000):
+            stage = _stage({"kind": "uniform", "rate": 50}, _workload(4).requests(), max_requests=25)
+            outcome = (await _run(sim, [stage], spin_us=spin_us)).stages[0]
+            assert outcome.issued == 25
+            assert 0 < outcome.issue_cpu_s <= (outcome.issue_end_ns - outcome.start_ns) / 1e9 * os.cpu_count()
+            cpu[spin_us] = outcome.issue_cpu_s
+    assert cpu[5000] - cpu[0] >= 0.3 * 25 * 4e-3, cpu  # 25 spins of ≥ 4 ms; a loaded box runs them less
 
 
 async def test_open_loop_issues_on_time_while_the_server_stalls() -> None:

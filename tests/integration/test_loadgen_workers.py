@@ -61,6 +61,7 @@ async def test_two_workers_send_one_seeded_schedule_and_every_prompt_once() -> N
     assert {r.worker for r in two.records} == {0, 1}
     assert rows_two["worker"].tolist() == [r.worker for r in two.records] and set(rows_one["worker"]) == {0}
     assert [o.issued for o in two.stages] == [40, 40]
+    assert all(o.issue_cpu_s > 0 for o in two.stages)  # the workers' CPU while issuing, summed
     delays = worker_delays(two)
     assert set(delays) == {0, 1} and sum(d["sent"] for d in delays.values()) == 80
     assert all(0 <= d["p50_ms"] < 50 for d in delays.values())
