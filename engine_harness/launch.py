@@ -43,6 +43,7 @@ from engine_harness.process_group import (
     drop_scratch,
     engine_scratch,
     isolation_plan,
+    pin_named,
     pin_process,
 )
 from engine_harness.sim.params import SimConfig
@@ -188,6 +189,7 @@ class EngineProcess:
             self._spawn(argv, env)
         try:
             await self._wait_healthy()
+            self._pin_worker()
             self.version = await self._read_version()
             self.metrics = await self._read_metric_names()
         except BaseException:
@@ -227,6 +229,18 @@ class EngineProcess:
             # the client (this process) off the worker's cores too: on a 2-core box it otherwise lands on the
             # worker's core whenever the engine's scheduler spins on the other
             pin_process(os.getpid(), host)
+
+    def _pin_worker(self) -> None:
+        """``isolate_worker`` where the engine binds no worker of its own (``EngineKind.worker_process``):
+        that process, every thread of it, onto the worker's cores, once it is up (its model loaded)."""
+        name = self.kind.worker_process
+        if not (self.spec.isolate_worker and name and self.proc):
+            return
+        if not pin_named(self.proc.pid, name, set(isolation_plan(self.spec.cpu_threads_bind).worker)):
+            raise EngineStartError(
+                f"isolate_worker: the engine is up but no process of it is named {name!r} to pin; "
+                "run without isolate_worker"
+            )
 
     def _popen(
         self, log_path: Path, env: dict[str, str], host: frozenset[int] | None

@@ -206,6 +206,13 @@ def pin_group(pgid: int, cores: set[int]) -> int:
     return sum(pin_process(proc.pid, cores) for proc in group_processes(pgid))
 
 
+def pin_named(pgid: int, name: str, cores: set[int]) -> int:
+    """Pin every thread of the processes of group ``pgid`` named ``name`` (a process title, matched on the
+    15 characters the kernel keeps of it) to ``cores``; processes pinned."""
+    named = [p for p in group_processes(pgid) if (p.info["name"] or "")[:15] == name[:15]]
+    return sum(pin_process(p.pid, cores) > 0 for p in named)
+
+
 def pin_process(pid: int, cores: Iterable[int]) -> int:
     """Pin every thread of process ``pid`` to ``cores`` (one thread's affinity is its own: a process's
     threads started before keep theirs otherwise); threads pinned."""

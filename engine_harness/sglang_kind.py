@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_harness.environments import EngineEnvError, ask_python, find_venv_python
+from engine_harness.process_group import isolation_plan
 from engine_harness.spec import SpecFields, option
 from engine_harness.step_model import Scheduling
 
@@ -90,6 +91,8 @@ def sglang_env(spec: SpecFields) -> dict[str, str]:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
     if spec.log_iteration_details:
         env["SGLANG_LOGGING_CONFIG_PATH"] = str(LOGGING_CONFIG)
+    if spec.isolate_worker:  # torch's pool in the scheduler: one thread per core it is pinned to (launch)
+        env["OMP_NUM_THREADS"] = str(len(isolation_plan(spec.cpu_threads_bind).worker))
     return env | spec.env
 
 

@@ -64,9 +64,10 @@ class SpecFields(StrictModel):
     cpu_kvcache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE for the CPU build")
     cpu_threads_bind: str | None = Field(None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1' or 'auto'")
     isolate_worker: bool = Field(
-        False, description="vLLM CPU: the worker's threads alone on their cores (cpu_threads_bind; default "
-        "every core but the last), the engine's other processes and the client that launched it on the rest, "
-        "so neither preempts the worker (engine_harness.process_group.isolation_plan)",
+        False, description="vLLM or SGLang on CPU: the worker's threads alone on their cores "
+        "(cpu_threads_bind; default every core but the last), the engine's other processes and the client "
+        "that launched it on the rest, so neither preempts the worker (engine_harness.process_group."
+        "isolation_plan; SGLang: its scheduler pinned there once up, one OpenMP thread per worker core)",
     )  # fmt: skip
     log_iteration_details: bool = Field(False, description="vLLM logs every engine step with its time")
     mixed_chunk: bool = Field(False, description="SGLang --enable-mixed-chunk (decode rides with prefill)")

@@ -6,7 +6,9 @@
 #   flock /tmp/engine.lock scripts/calibrate_sglang_cpu.sh OUT [PRESET]   (OUT: a new folder, e.g. /tmp/calq-sgl)
 # PRESET: sglang-cpu (default scheduling: a prefill step runs instead of the decodes) or sglang-cpu-mixed
 # (--enable-mixed-chunk: the decodes ride in every prefill step); the fit and both engines use it.
-# Holds the engine lock for about 13 min (sweep ≈ 3 min, two engines ≈ 1 min each to start, 2 × 280 s).
+# Holds the engine lock for about 14 min (sweep ≈ 3.5 min, two engines ≈ 1 min each to start, 2 × 280 s).
+# Both the fit's engine and the observed ones isolate SGLang's scheduler on every core but the last, with
+# the rest of the engine and the client on the last (isolate_worker).
 # Every step's console output is in OUT/*.log; the reports are OUT/report-{poisson,bursty}/calibration.md.
 set -u
 OUT=${1:?usage: scripts/calibrate_sglang_cpu.sh OUT [sglang-cpu|sglang-cpu-mixed]}
@@ -23,13 +25,15 @@ echo "sweep start $(date -u +%T) $(cat /proc/loadavg)"
   || { echo "the sweep failed: $OUT/sweep.log"; exit 1; }
 for W in poisson bursty; do
   .venv/bin/python -m engine_harness serve --engine sglang --preset "$PRESET" --chunk 2048 --max-model-len 16384 \
-    --log-iteration-details --out "$OUT/serve-$W" > "$OUT/serve-$W.log" 2>&1 &
+    --log-iteration-details --isolate-worker --out "$OUT/serve-$W" > "$OUT/serve-$W.log" 2>&1 &
   ENGINE=$!
   for _ in $(seq 200); do grep -q "ready in" "$OUT/serve-$W.log" && break; kill -0 $ENGINE 2>/dev/null || break; sleep 1; done
   URL=$(grep -o "ready in [0-9.]* s: http://[0-9.:]*" "$OUT/serve-$W.log" | grep -o "http://.*")
   [ -n "$URL" ] || { echo "the engine did not start: $OUT/serve-$W.log"; kill $ENGINE 2>/dev/null; exit 1; }
   echo "observe $W start $(date -u +%T) $(cat /proc/loadavg)"
-  .venv/bin/python -m microbench.loadgen run --workload "sweeps/workloads/calibrate-$W.yaml" --url "$URL" \
+  # the client on the engine's host cores, off its scheduler's (serve --isolate-worker prints them)
+  CORES=$(sed -n 's/.*, the rest on \([0-9,-]*\): .*/\1/p' "$OUT/serve-$W.log")
+  taskset -c "$CORES" .venv/bin/python -m microbench.loadgen run --workload "sweeps/workloads/calibrate-$W.yaml" --url "$URL" \
     --duration 280s --warmup-requests 8 --rate 0.75 --out "$OUT/observe-$W" > "$OUT/loadgen-$W.log" 2>&1
   echo "observe $W rc=$? end $(date -u +%T) $(cat /proc/loadavg)"
   kill -TERM $ENGINE; wait $ENGINE

@@ -1,5 +1,5 @@
 """The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu,
-results/calibrate-vllm-cpu-isolated and results/calibrate-{vllm,sglang}-cpu-prefill-extra,
+results/calibrate-{vllm,sglang}-cpu-isolated and results/calibrate-{vllm,sglang}-cpu-prefill-extra,
 results/README.md):
 their predictions are what ``analysis.calibrate predict`` makes of their fit and traces today, and their
 reports say what the READMEs quote."""
@@ -28,6 +28,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
         "calibrate-vllm-cpu-prefill-extra",
         "calibrate-sglang-cpu",
         "calibrate-sglang-cpu-prefill-extra",
+        "calibrate-sglang-cpu-isolated",
     ],
 )
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
@@ -57,6 +58,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
         ("calibrate-vllm-cpu-prefill-extra", (296, 259), (4.3, 7.1), (5.1, 4.6), 10689),
         ("calibrate-sglang-cpu", (252, 241), (10.9, 7.7), (11.9, 8.1), None),
         ("calibrate-sglang-cpu-prefill-extra", (252, 241), (9.3, 8.3), (11.1, 8.4), 10214),
+        ("calibrate-sglang-cpu-isolated", (252, 241), (6.5, 11.4), (4.6, 6.3), 9900),
     ],
 )
 def test_the_reports_hold_the_quoted_figures(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ from pydantic import ValidationError
 from engine_harness import process_group
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
-from engine_harness.process_group import CorePlan, isolation_plan, pin_process
+from engine_harness.process_group import CorePlan, isolation_plan, pin_named, pin_process
+from engine_harness.sglang_kind import sglang_env
 from engine_harness.vllm_kind import vllm_env
 
 
@@ -41,9 +43,12 @@ def test_the_engine_is_told_the_worker_cores(cores: None) -> None:
     assert "VLLM_CPU_OMP_THREADS_BIND" not in vllm_env(EngineSpec(kind="vllm"))
 
 
-def test_only_a_kind_that_binds_its_worker_takes_it() -> None:
-    with pytest.raises(ValidationError, match="isolate_worker is for vLLM's CPU build"):
-        EngineSpec(kind="sglang", isolate_worker=True)
+def test_only_a_kind_with_a_worker_to_pin_takes_it(cores: None) -> None:
+    with pytest.raises(ValidationError, match="isolate_worker is for vLLM's and SGLang's"):
+        EngineSpec(kind="sim", isolate_worker=True)
+    # SGLang binds no threads here: the suite pins its scheduler, whose torch pool gets a thread per core
+    assert sglang_env(EngineSpec(kind="sglang", isolate_worker=True))["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in sglang_env(EngineSpec(kind="sglang"))
 
 
 @pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, ≥ 2 cores")
@@ -70,3 +75,28 @@ def test_pinning_a_process_pins_the_threads_it_already_has() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, ≥ 2 cores")
+def test_the_named_worker_of_a_group_is_pinned_and_the_rest_left() -> None:
+    """SGLang's scheduler, as its process title names it (the kernel keeps 15 characters of it)."""
+    worker = (
+        "import ctypes, threading, time; ctypes.CDLL(None).prctl(15, b'sglang::scheduler', 0, 0, 0); "
+        "threading.Thread(target=time.sleep, args=(30,)).start(); print(1, flush=True); time.sleep(30)"
+    )
+    parent = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(30)"
+    )
+    group = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert group.stdout is not None and group.stdout.readline()  # the worker named itself, 2 threads
+        last = max(os.sched_getaffinity(0))
+        assert pin_named(group.pid, "sglang::scheduler", {last}) == 1
+        assert pin_named(group.pid, "sglang::detokenizer", {last}) == 0
+        named = [p for p in process_group.group_processes(group.pid) if p.pid != group.pid]
+        tids = os.listdir(f"/proc/{named[0].pid}/task")
+        assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {last} for t in tids)
+        assert os.sched_getaffinity(group.pid) == os.sched_getaffinity(0)  # the parent keeps its cores
+    finally:
+        os.killpg(group.pid, signal.SIGKILL)
+        group.wait()
