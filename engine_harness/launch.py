@@ -40,6 +40,7 @@ from engine_harness.process_group import (
     _LIVE,
     _die_with_parent,
     _kill_group,
+    core_text,
     drop_scratch,
     engine_scratch,
     isolation_plan,
@@ -234,12 +235,18 @@ class EngineProcess:
         """``isolate_worker`` where the engine binds no worker of its own (``EngineKind.worker_process``):
         that process, every thread of it, onto the worker's cores, once it is up (its model loaded)."""
         name = self.kind.worker_process
-        if not (self.spec.isolate_worker and name and self.proc):
+        if not (self.spec.isolate_worker and name and self.proc and self.log_path):
             return
-        if not pin_named(self.proc.pid, name, set(isolation_plan(self.spec.cpu_threads_bind).worker)):
+        worker = isolation_plan(self.spec.cpu_threads_bind).worker
+        pinned = pin_named(self.proc.pid, name, set(worker))
+        if not pinned:
             raise EngineStartError(
                 f"isolate_worker: the engine is up but no process of it is named {name!r} to pin; "
                 "run without isolate_worker"
+            )
+        with self.log_path.open("a") as log:  # the run folder says where its worker ran
+            log.write(
+                f"### isolate_worker: {pinned} process(es) {name!r} pinned to core(s) {core_text(worker)}\n"
             )
 
     def _popen(

@@ -36,11 +36,13 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    ("preset", "scheduling", "chunks"), [("sglang-cpu", "exclusive", 2), ("sglang-cpu-mixed", "mixed", 3)]
+    ("preset", "scheduling", "chunks", "isolate"),
+    [("sglang-cpu", "exclusive", 2, False), ("sglang-cpu-mixed", "mixed", 3, True)],
 )
 def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
-    tmp_path: Path, preset: str, scheduling: str, chunks: int
+    tmp_path: Path, preset: str, scheduling: str, chunks: int, isolate: bool
 ) -> None:
+    """The mixed mode with its scheduler isolated (isolate_worker: no second engine start for it)."""
     sweep = {
         "chunks": [2048],
         "decode_batch_sizes": [4],
@@ -48,7 +50,7 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
         "repetitions": 1,
         "decode_context": 1024,
         "max_attempts": 4,
-        "engine": {"preset": preset, "max_model_len": 16384},
+        "engine": {"preset": preset, "max_model_len": 16384, "isolate_worker": isolate},
     }
     path = tmp_path / "sglang.yaml"
     path.write_text(yaml.safe_dump(sweep))
@@ -78,6 +80,8 @@ def test_one_cold_injection_next_to_decodes_in_each_scheduling_mode(
     assert rec.derived.penalty_ratio is not None and rec.derived.penalty_ratio > 1
     table = pd.read_csv(run / "interference_table.csv")
     assert list(table["scheduling"]) == [scheduling]
+    pinned = "### isolate_worker: 1 process(es) 'sglang::scheduler' pinned to core(s)"
+    assert (pinned in (run / "engine-2048.log").read_text()) == isolate
     argv = " ".join(read_manifest_argv(run))
     assert ("--enable-mixed-chunk" in argv) is (scheduling == "mixed")
 
