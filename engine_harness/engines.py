@@ -54,21 +54,20 @@ class EngineSpec(SpecFields):
 
     @model_validator(mode="after")
     def _check_kind(self) -> EngineSpec:
-        launched = engine_kind(self.kind).launched
+        kind = engine_kind(self.kind)
+        launched = kind.launched
         if not launched and not self.url:
             raise ValueError(f"engine kind {self.kind!r} needs url= (the base URL of the running engine)")
         if launched and self.url:
             raise ValueError(f"url= is only for kind 'external'; kind {self.kind!r} is launched by the suite")
-        var = engine_kind(self.kind).api_key_var
+        var = kind.api_key_var
         if any(a.split("=", 1)[0] == "--api-key" for a in self.extra_args):
             where = f"the engine reads it from {var}" if var else "this kind cannot take one safely"
             raise ValueError(
                 "an API key on the engine's command line is echoed into its log: put the key in an "
                 f"environment variable and name the variable with --api-key-env VAR ({where})"
             )
-        if self.isolate_worker and not (
-            engine_kind(self.kind).cpu_thread_binding or engine_kind(self.kind).worker_process
-        ):
+        if self.isolate_worker and not (kind.cpu_thread_binding or kind.worker_process):
             raise ValueError(
                 f"isolate_worker is for vLLM's and SGLang's CPU engines (a worker the suite can pin); kind "
                 f"{self.kind!r} has none"

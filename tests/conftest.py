@@ -8,8 +8,11 @@ Fast loop for developers: ``pytest tests/unit`` (seconds), then ``pytest -m "not
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -170,3 +173,28 @@ async def aiohttp_client_factory() -> AsyncIterator[Callable[[web.Application], 
     yield make
     for c in clients:
         await c.close()
+
+
+@pytest.fixture
+def spawn_group() -> Iterator[Callable[[str], int]]:
+    """Start a process group of this host, as an engine's: a parent that spawned a child running ``child``
+    (Python code that prints one line once it is ready) and sleeps; its id once that line came. The line
+    comes after the child's exec, so neither is mid-``vfork`` (CPython spawns with it), where a SIGSTOP
+    would stop the child and leave the parent in uninterruptible sleep, never "stopped" (local CI 59).
+    Every group started is killed after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(child: str) -> int:
+        code = (
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+            "time.sleep(60)"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline(), "the group's child never said it was ready"
+        return proc.pid
+
+    yield start
+    for proc in started:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -20,25 +19,9 @@ from engine_harness.watchdog import progress_key
 
 
 @pytest.fixture
-def child_group() -> Iterator[int]:
-    """A process group of two sleeping processes (a parent and the child it spawned); its id.
-
-    The parent says "ready" once ``Popen`` has returned, that is once the child has exec'd. Before that
-    the two are mid-``vfork`` (CPython spawns with it): a SIGSTOP then stops the child before its exec
-    and leaves the parent in uninterruptible sleep waiting for it, never "stopped" (local CI 59, under
-    load). Waiting for two members alone caught that window."""
-    sleep = "import time; time.sleep(60)"
-    code = (
-        f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); "
-        f"print('ready', flush=True); {sleep}"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        yield proc.pid
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def child_group(spawn_group: Callable[[str], int]) -> int:
+    """A process group of two sleeping processes (a parent and the child it spawned); its id."""
+    return spawn_group("import time; print(1, flush=True); time.sleep(60)")
 
 
 def test_core_lists_parse_like_vllm_cpu_omp_threads_bind() -> None:

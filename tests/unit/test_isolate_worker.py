@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from engine_harness import process_group
 from engine_harness.engines import EngineSpec
 from engine_harness.launch import EngineProcess
-from engine_harness.process_group import CorePlan, isolation_plan, pin_named, pin_process
+from engine_harness.process_group import CorePlan, group_processes, isolation_plan, pin_named, pin_process
 from engine_harness.sglang_kind import sglang_env
 from engine_harness.vllm_kind import vllm_env
 
@@ -78,25 +78,16 @@ def test_pinning_a_process_pins_the_threads_it_already_has() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, ≥ 2 cores")
-def test_the_named_worker_of_a_group_is_pinned_and_the_rest_left() -> None:
+def test_the_named_worker_of_a_group_is_pinned_and_the_rest_left(spawn_group: Callable[[str], int]) -> None:
     """SGLang's scheduler, as its process title names it (the kernel keeps 15 characters of it)."""
-    worker = (
+    pgid = spawn_group(  # the worker names itself and starts a second thread, then says it is ready
         "import ctypes, threading, time; ctypes.CDLL(None).prctl(15, b'sglang::scheduler', 0, 0, 0); "
-        "threading.Thread(target=time.sleep, args=(30,)).start(); print(1, flush=True); time.sleep(30)"
+        "threading.Thread(target=time.sleep, args=(60,)).start(); print(1, flush=True); time.sleep(60)"
     )
-    parent = (
-        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(30)"
-    )
-    group = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, start_new_session=True)
-    try:
-        assert group.stdout is not None and group.stdout.readline()  # the worker named itself, 2 threads
-        last = max(os.sched_getaffinity(0))
-        assert pin_named(group.pid, "sglang::scheduler", {last}) == 1
-        assert pin_named(group.pid, "sglang::detokenizer", {last}) == 0
-        named = [p for p in process_group.group_processes(group.pid) if p.pid != group.pid]
-        tids = os.listdir(f"/proc/{named[0].pid}/task")
-        assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {last} for t in tids)
-        assert os.sched_getaffinity(group.pid) == os.sched_getaffinity(0)  # the parent keeps its cores
-    finally:
-        os.killpg(group.pid, signal.SIGKILL)
-        group.wait()
+    last = max(os.sched_getaffinity(0))
+    assert pin_named(pgid, "sglang::scheduler", {last}) == 1
+    assert pin_named(pgid, "sglang::detokenizer", {last}) == 0
+    named = [p for p in group_processes(pgid) if p.pid != pgid]
+    tids = os.listdir(f"/proc/{named[0].pid}/task")
+    assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {last} for t in tids)
+    assert os.sched_getaffinity(pgid) == os.sched_getaffinity(0)  # the parent keeps its cores
