@@ -1,27 +1,33 @@
 """Where one load-generation process stops keeping its schedule, and what N worker processes reach.
 
 The sim engine runs as ``--sims K`` subprocesses (default 1) on one port (SO_REUSEPORT), each pinned to
-its own core at the top of the core list (``--time-scale 0``: answers at once, short outputs; with
-``--sim-step-ms S`` every step takes S ms, so requests share steps and a sim costs less per request), so
-the figure is the load generator's own. For each rate of ``--rates`` (uniform spacing, ``--seconds`` of
-sends) and each worker count N of ``--workers``, interleaved and in alternating order, ``--reps`` times:
-schedule delay (actual − intended send) p50/p99 over all first-round sends, the worst worker's p99, the
-achieved send rate, and the client's CPU µs per request (the workers' CPU time from the stage's start to
-their last send, summed, per request sent). That includes the spin before each send (the last
-millisecond) and the loop's polling for timers under a millisecond away: from about 1000 req/s on, one
-worker is busy the whole gap (CPU µs/req ≈ 10⁶/rate, with the spin or without: 497 µs at 2000 req/s with
-no spin on a 2-core VM, 2026-11-30), so the figure says what the worker spends, not what a request costs;
-where it saturates is the knee. Worker k of N runs pinned to core k when the N fit beside the
-sims; when they do not (2 workers beside 1 sim on a 2-core box) they share every core, and their row is
-no scaling figure. No core left for the workers is refused. Beside them, as a yardstick in the same run
-(row ``timer``), the same schedule kept by a bare loop on core 0 that sends nothing: the lateness the
-box's own scheduling causes (on a shared, loaded box it sets the floor of every p99), and its CPU per
-tick. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core over the run) and ``sim µs/req``
-(the sims' CPU time over the run per request planned) say whether the sims kept up (a sim that falls
-behind piles requests up, and each one past the connection pool is a new connection for the client to
-open). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf,
-and its request function on asyncio's loop), pinned like one worker; its intended time is
-``start + (i+1)/rate``.
+its own core at the top of the core list, taking whole physical cores (SMT siblings together;
+``--time-scale 0``: answers at once, short outputs; with ``--sim-step-ms S`` every step takes S ms, so
+requests share steps and a sim costs less per request), so the figure is the load generator's own. For
+each rate of ``--rates`` (uniform spacing, ``--seconds`` of sends) and each worker count N of
+``--workers``, interleaved and in alternating order, ``--reps`` times: schedule delay (actual − intended
+send) p50/p99 over all first-round sends, the worst worker's p99, the achieved send rate, and the
+client's CPU µs per request (the workers' CPU time from the stage's start to their last send, summed, per
+request sent). That includes the spin before each send (the last millisecond) and the loop's polling for
+timers under a millisecond away: from about 1000 req/s on, one worker is busy the whole gap (CPU µs/req ≈
+10⁶/rate, with the spin or without: 497 µs at 2000 req/s with no spin on a 2-core VM, 2026-11-30), so the
+figure says what the worker spends, not what a request costs; where it saturates is the knee. Worker k of
+N runs pinned to the first core of the k-th physical core the sims leave free, its SMT siblings left idle
+(two workers, or a worker and a sim, on siblings would share one core's throughput; the report gives the
+topology it read); when they do not fit (2 workers beside 1 sim on a 2-core box) they share every core,
+and their row is no scaling figure. No core left for the workers is refused. Beside them, two yardsticks
+in the same run, on core 0: row ``timer``, the same schedule kept by a bare loop that sends nothing (the
+lateness the box's own scheduling causes: on a shared, loaded box it sets the floor of every p99), and
+its CPU per tick; row ``bare``, the same schedule, payloads and spin sent by a bare aiohttp + uvloop
+client that per send only posts the body and stamps and keeps each read, the interpreter's collector left
+at its defaults (a stamping client written the plain way on the same library; on an H200 machine's Xeon
+core on 2026-11-30 it kept p99 ≤ 1 ms to 4000 req/s, one worker to 6000). ``ours/bare knee`` is one
+worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core
+over the run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the
+sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
+connection for the client to open). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop
+(``get_request``, burstiness=inf, and its request function on asyncio's loop), pinned like one worker;
+its intended time is ``start + (i+1)/rate``.
 
 The garbage collector's part: the collector passes that began in each run's sending window (every
 worker's), their longest pause, and the late sends (later than ``--knee-ms``) that a pass could explain
@@ -54,13 +60,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import numpy as np
 import psutil
 
 from engine_harness.launch import free_port
 from engine_harness.process_group import _die_with_parent
 from microbench.client import aio
-from microbench.client.requests import RequestSpec
+from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.loadgen.lateness import gc_lateness
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.workers import run_sessions, worker_delays
@@ -86,16 +93,21 @@ def _wait_healthy(url: str) -> None:
     raise RuntimeError("the sim engine did not become healthy")
 
 
+async def _wait_until(target: int) -> None:
+    """Sleep until ``target``, yielding to the loop for the last millisecond, as ``LoadSession`` does."""
+    if (remaining := target - time.perf_counter_ns() - 1_000_000) > 0:
+        await asyncio.sleep(remaining / 1e9)
+    while time.perf_counter_ns() < target:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+
+
 async def _timer_floor(rate: float, n: int) -> list[int]:
-    """The yardstick: the same schedule kept by a loop that sends nothing (sleep, then yield to the loop
-    for the last millisecond, as ``LoadSession`` does): the lateness this box's scheduler alone causes."""
+    """The yardstick: the same schedule kept by a loop that sends nothing: the lateness this box's
+    scheduler alone causes."""
     start, delays = time.perf_counter_ns() + 50_000_000, []
     for i in range(n):
         target = start + int(i * 1e9 / rate)
-        if (remaining := target - time.perf_counter_ns() - 1_000_000) > 0:
-            await asyncio.sleep(remaining / 1e9)
-        while time.perf_counter_ns() < target:  # noqa: ASYNC110
-            await asyncio.sleep(0)
+        await _wait_until(target)
         delays.append(time.perf_counter_ns() - target)
     return delays
 
@@ -109,6 +121,64 @@ def floor_run(rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
     return {"requests": n, "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99,
             "worst_worker_p99_ms": p99, "achieved_rate": rate,
             "cpu_us_per_request": (time.process_time() - cpu0) / n * 1e6}  # fmt: skip
+
+
+async def _bare_sends(
+    url: str, rate: float, bodies: list[bytes]
+) -> tuple[list[int], list[int], list[int], float]:
+    """The library's yardstick: the same schedule sent by a bare aiohttp + uvloop client that does per send
+    only what every stamping client must (post the body; per read one stamp, the bytes kept): intended
+    and actual send times, each request's span to its body's end (-1: it failed) and the CPU seconds
+    from the first send to the last."""
+    reads: list[list[tuple[int, bytes]]] = [[] for _ in bodies]
+    sent, done = [0] * len(bodies), [-1] * len(bodies)
+    headers = {"Content-Type": "application/json"}
+
+    async def one(i: int) -> None:
+        sent[i] = time.perf_counter_ns()
+        try:
+            async with http.post(url, data=bodies[i], headers=headers) as resp:
+                async for data in resp.content.iter_any():
+                    reads[i].append((time.perf_counter_ns(), data))
+            done[i] = time.perf_counter_ns() - sent[i]
+        except aiohttp.ClientError:
+            pass
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        start, tasks = time.perf_counter_ns() + 50_000_000, []
+        intended = [start + int(i * 1e9 / rate) for i in range(len(bodies))]
+        await _wait_until(start)
+        cpu0 = time.process_time()
+        for i, target in enumerate(intended):
+            await _wait_until(target)
+            tasks.append(asyncio.create_task(one(i)))
+        issue_cpu_s = time.process_time() - cpu0
+        _, late = await asyncio.wait(tasks, timeout=3)  # the workers' drain timeout
+        for task in late:
+            task.cancel()
+    return intended, sent, done, issue_cpu_s
+
+
+def bare_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
+    """The schedule kept by the bare sender (``_bare_sends``) on core ``cores[0]``, the same payloads as
+    the workers' (``build_payload``), CPU µs per request over its sending window."""
+    n = max(int(rate * seconds), 10)
+    factory, api = PromptFactory(), ApiSettings(model="sim")
+    bodies = [
+        msgspec.json.encode({**build_payload(RequestSpec(factory.cold(PROMPT_TOKENS), PROMPT_TOKENS,
+                                                         OUTPUT_TOKENS), api), "stream": True})
+        for _ in range(n)
+    ]  # fmt: skip
+    os.sched_setaffinity(0, set(cores[:1]))
+    intended, sent, done, issue_cpu_s = aio.run(_bare_sends(url + "/v1/completions", rate, bodies))
+    delay_ms = (np.array(sent, dtype=float) - np.array(intended, dtype=float)) / 1e6
+    span_s = (max(sent) - min(sent)) / 1e9
+    ok = [d for d in done if d >= 0]
+    p99 = float(np.percentile(delay_ms, 99))
+    return {"requests": n, "ok": len(ok), "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99,
+            "worst_worker_p99_ms": p99, "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
+            "cpu_us_per_request": issue_cpu_s / n * 1e6,
+            "e2e_p50_ms": float(np.median(ok) / 1e6) if ok else float("nan")}  # fmt: skip
 
 
 def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
@@ -225,16 +295,52 @@ def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict
     }  # fmt: skip
 
 
-def placement(cores: list[int], workers: int, sims: int) -> list[int] | None:
-    """The cores worker k of ``workers`` is pinned to (``cores[k]``: the sims hold the top ``sims``
-    cores), or None when they do not fit beside the sims: they then share every core (not a scaling
-    figure). No core left for the load generator is an error."""
-    if sims >= len(cores):
+def core_groups(cores: list[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """``cores`` grouped by physical core (SMT siblings together, from ``thread_siblings_list``), groups in
+    order of their first core; a core whose topology is unreadable is a group of its own."""
+    groups: dict[frozenset[int], list[int]] = {}
+    for core in cores:
+        try:
+            text = (sysfs / f"cpu{core}" / "topology" / "thread_siblings_list").read_text().strip()
+            siblings = frozenset(_cpu_list(text))
+        except (OSError, ValueError):
+            siblings = frozenset({core})
+        groups.setdefault(siblings, []).append(core)
+    return sorted(groups.values())
+
+
+def _cpu_list(text: str) -> list[int]:
+    """A kernel CPU list (``0-3,8,10-11``) as the cores it names."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def sim_placement(groups: list[list[int]], sims: int) -> list[int]:
+    """The ``sims`` cores the sims run on: whole physical cores from the top, so no sim shares a physical
+    core with a worker (an SMT sibling spinning beside a worker takes its core's throughput). No
+    physical core left for the load generator is an error."""
+    taken: list[int] = []
+    for group in reversed(groups):
+        if len(taken) >= sims:
+            break
+        taken = sorted(taken + group)
+    if len(taken) < sims or len(taken) == sum(map(len, groups)):
         raise ValueError(
-            f"{sims} sim process(es) need {sims} cores and the load generator at least one more: "
-            f"this process may use {len(cores)} ({cores}); ask for fewer --sims"
+            f"{sims} sim process(es) and the load generator need more cores than the {sum(map(len, groups))} "
+            f"this process may use ({len(groups)} physical: {groups}); ask for fewer --sims"
         )
-    return cores[:workers] if workers <= len(cores) - sims else None
+    return taken[len(taken) - sims :]
+
+
+def placement(groups: list[list[int]], workers: int, sim_cores: list[int]) -> list[int] | None:
+    """The cores worker k of ``workers`` is pinned to: the first core of the k-th physical core the sims
+    leave free (its SMT siblings stay idle), or None when there are fewer such physical cores than
+    workers: they then share every core (not a scaling figure)."""
+    free = [group[0] for group in groups if not set(group) & set(sim_cores)]
+    return free[:workers] if workers <= len(free) else None
 
 
 def scaling(knee: dict[str, float | None], peak: dict[str, float]) -> dict[str, dict[str, float | None]]:
@@ -265,7 +371,8 @@ def measure(
     the busiest sim's CPU share over it (≈ 1: that sim, not the load generator, set the pace)."""
     for w in args.workers:
         one_run(url, 200, 0.5, w, cores, pinned[w], args.knee_ms)  # warm every path and the sims
-    rows: list[str] = ["timer", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
+    bare_run(url, 200, 0.5, cores)
+    rows: list[str] = ["timer", "bare", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
     if args.vllm:
         vllm_run(url, 200, 0.5, cores)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -275,6 +382,8 @@ def measure(
                 sim_cpu0, wall0 = _cpu_s(sims), time.perf_counter()
                 if row == "timer":
                     run = floor_run(rate, args.seconds, cores)
+                elif row == "bare":
+                    run = bare_run(url, rate, args.seconds, cores)
                 elif row == "vllm":
                     run = vllm_run(url, rate, args.seconds, cores)
                 else:
@@ -350,6 +459,9 @@ def print_report(report: dict[str, Any], knee_ms: float) -> None:
     print(f"knee (highest rate with p99 ≤ {knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
     for row, knee in report["knee_rate"].items():
         print(f"  {row:>6}: {'none' if knee is None else f'{knee:g} req/s'}")
+    if report["knee_rate"].get("bare") and report["knee_rate"].get("1"):
+        ratio = report["knee_rate"]["1"] / report["knee_rate"]["bare"]
+        print(f"ours/bare knee: {ratio:.2f} (one worker over the bare sender's on the same core)")
     for row, fig in report["scaling"].items():
         knee_ratio = "n/a" if fig["knee_ratio"] is None else f"{fig['knee_ratio']:.2f}"
         peak_ratio = "n/a" if fig["peak_ratio"] is None else f"{fig['peak_ratio']:.2f}"
@@ -395,13 +507,14 @@ def main() -> None:
     ):
         parser.error("rates and seconds must be > 0, workers, sims and reps ≥ 1, --sim-step-ms ≥ 0")
     cores = sorted(os.sched_getaffinity(0))
+    groups = core_groups(cores)
     try:
-        pinned = {w: placement(cores, w, args.sims) for w in args.workers}
+        sim_cores = sim_placement(groups, args.sims)
     except ValueError as exc:
         parser.error(str(exc))
+    pinned = {w: placement(groups, w, sim_cores) for w in args.workers}
     if args.vllm:
         import vllm.benchmarks.serve  # noqa: F401  (a slow import: not inside a run)
-    sim_cores = cores[len(cores) - args.sims :]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     load_before = os.getloadavg()
@@ -424,9 +537,10 @@ def main() -> None:
         for w, c in pinned.items()
     )
     report = {
-        "machine": f"{os.cpu_count()} cores; {args.sims} sim(s) on cores {sim_cores}, steps of "
+        "machine": f"{os.cpu_count()} cores, physical (SMT siblings together) {groups}; "
+        f"{args.sims} sim(s) on cores {sim_cores}, steps of "
         f"{args.sim_step_ms:g} ms; {places}; "
-        f"timer and vllm rows on core {cores[0]}",
+        f"timer, bare and vllm rows on core {cores[0]}",
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "pinned": {str(w): c for w, c in pinned.items()},

@@ -40,3 +40,25 @@ def test_the_sims_answer_and_take_their_steps_time(step_ms: float) -> None:
             sim.wait()
     if step_ms:  # 4 tokens: the prompt's step and 3 decode steps, each step_ms at least
         assert e2e >= 4 * step_ms, e2e
+
+
+def test_the_bare_sender_keeps_the_schedule_and_every_request_streams_to_its_end() -> None:
+    """Row ``bare``, the library's yardstick: the same payloads as the workers', each request answered in
+    full, sends at the asked rate, its CPU taken over the sending window only."""
+    cores = sorted(os.sched_getaffinity(0))
+    port = free_port()
+    sims = bench.start_sims(port, cores[-1:])
+    try:
+        bench.wait_listening(sims)
+        url = f"http://127.0.0.1:{port}"
+        bench._wait_healthy(url)
+        run = bench.bare_run(url, 200, 0.5, cores)
+    finally:
+        os.sched_setaffinity(0, cores)
+        for sim in sims:
+            sim.terminate()
+            sim.wait()
+    assert run["requests"] == 100 and run["ok"] == 100
+    assert run["achieved_rate"] == pytest.approx(200, rel=0.05)
+    assert 0 <= run["p50_ms"] <= run["p99_ms"]
+    assert run["e2e_p50_ms"] > 0 and run["cpu_us_per_request"] > 0

@@ -14,12 +14,36 @@ _SPEC.loader.exec_module(bench)
 
 
 def test_workers_are_pinned_below_the_sims_or_share_the_cores_when_they_do_not_fit() -> None:
-    cores = list(range(16))
-    assert [bench.placement(cores, n, 8) for n in (1, 2, 4, 8)] == [[0], [0, 1], [0, 1, 2, 3], cores[:8]]
-    assert bench.placement(cores, 9, 8) is None
-    assert bench.placement([0, 1], 1, 1) == [0] and bench.placement([0, 1], 2, 1) is None  # this box
-    with pytest.raises(ValueError, match=r"2 sim process.*may use 2"):
-        bench.placement([0, 1], 1, 2)
+    groups = [[c] for c in range(16)]  # no SMT
+    sims = bench.sim_placement(groups, 8)
+    assert sims == list(range(8, 16))
+    pinned = [bench.placement(groups, n, sims) for n in (1, 2, 4, 8)]
+    assert pinned == [[0], [0, 1], [0, 1, 2, 3], list(range(8))]
+    assert bench.placement(groups, 9, sims) is None
+    two = [[0], [1]]  # this box
+    assert bench.sim_placement(two, 1) == [1]
+    assert bench.placement(two, 1, [1]) == [0] and bench.placement(two, 2, [1]) is None
+    with pytest.raises(ValueError, match=r"2 sim process.*the 2 this process may use"):
+        bench.sim_placement(two, 2)
+
+
+def test_sims_take_whole_physical_cores_and_workers_one_thread_of_each_free_one() -> None:
+    groups = [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]]  # 8 cores, 2 threads each
+    sims = bench.sim_placement(groups, 7)  # 4 physical cores, one thread of them left idle
+    assert sims == [5, 6, 7, 12, 13, 14, 15]
+    assert bench.placement(groups, 2, sims) == [0, 1]  # never 0 and 8: siblings
+    assert bench.placement(groups, 4, sims) == [0, 1, 2, 3]
+    assert bench.placement(groups, 5, sims) is None  # core 4's sibling 12 runs a sim
+
+
+def test_core_groups_read_the_siblings_from_sysfs(tmp_path: Path) -> None:
+    for core, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3", 4: "4-5", 5: "4-5"}.items():
+        topology = tmp_path / f"cpu{core}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(siblings + "\n")
+    # core 6's topology is unreadable: a group of its own
+    assert bench.core_groups([0, 1, 2, 3, 4, 5, 6], tmp_path) == [[0, 2], [1, 3], [4, 5], [6]]
+    assert bench.core_groups([1, 2], tmp_path) == [[1], [2]]  # a sibling outside the affinity is no group
 
 
 def test_scaling_is_each_worker_counts_knee_and_peak_over_one_workers() -> None:
