@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -38,8 +37,8 @@ from engine_harness.metric_names import METRIC_TABLES, MetricNames, served_table
 from engine_harness.metrics import MetricsError, scrape
 from engine_harness.process_group import (
     _LIVE,
-    _die_with_parent,
     _kill_group,
+    child_preexec,
     core_text,
     drop_scratch,
     engine_scratch,
@@ -269,20 +268,8 @@ class EngineProcess:
                 # thread on the shared core for up to 7 s (measured: run-queue wait = the stall), so
                 # hundreds of decode tokens reached the client in one read. In one session it does not.
                 process_group=0,
-                preexec_fn=self._preexec(host) if sys.platform == "linux" else None,
+                preexec_fn=child_preexec(host) if sys.platform == "linux" else None,
             )
-
-    @staticmethod
-    def _preexec(host: frozenset[int] | None) -> Callable[[], None]:
-        """The child's pre-exec: die with this process, start on the ``host`` cores (an isolated worker's)."""
-        if host is None:
-            return _die_with_parent
-
-        def preexec() -> None:
-            _die_with_parent()
-            os.sched_setaffinity(0, host)
-
-        return preexec
 
     async def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +35,8 @@ import psutil
 __all__ = [
     "_LIVE",
     "CorePlan",
-    "_die_with_parent",
     "_kill_group",
+    "child_preexec",
     "core_text",
     "drop_scratch",
     "engine_scratch",
@@ -132,6 +132,20 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the suite's process dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def child_preexec(cores: Iterable[int] | None = None) -> Callable[[], None]:
+    """A child's pre-exec (``subprocess.Popen(preexec_fn=…)``, Linux): die with this process and, given
+    ``cores``, start on them (an isolated worker's host cores, a benchmark's pinned server)."""
+    if cores is None:
+        return _die_with_parent
+    pinned = frozenset(cores)
+
+    def preexec() -> None:
+        _die_with_parent()
+        os.sched_setaffinity(0, pinned)
+
+    return preexec
 
 
 def group_processes(pgid: int) -> list[psutil.Process]:

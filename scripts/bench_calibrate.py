@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,7 @@ def synthetic_trace(minutes: float, rate: float, seed: int = 0) -> pd.DataFrame:
     prompt = np.clip(rng.lognormal(6.2, 0.6, n), 32, 3000).astype(int)
     output = rng.integers(16, 97, n)
     grouped = rng.random(n) < 0.25
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(n):
         send = int(sends[i] * 1e9)
         rows.append(

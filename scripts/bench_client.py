@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ import numpy as np
 from aiohttp import web
 
 from engine_harness.launch import free_port
-from engine_harness.process_group import _die_with_parent
+from engine_harness.process_group import child_preexec
 from microbench.client import aio
 from microbench.client.streams import StreamRecord, stream_request
 
@@ -115,21 +116,26 @@ async def minimal(url: str, ids: list[str], tokens: int) -> Stamps:
         return list(await asyncio.gather(*(one(http, p) for p in ids)))
 
 
-def ours(mode: str, usage: bool = False) -> Callable[[str, list[str], int], Awaitable[Stamps]]:
-    async def run(url: str, ids: list[str], tokens: int) -> Stamps:
+class Ours:
+    """``stream_request`` in one of its modes; ``records`` keeps the last round's (its deferred parse is
+    timed by the caller)."""
+
+    def __init__(self, mode: str, usage: bool = False) -> None:
+        self.mode, self.usage = mode, usage
+        self.records: list[StreamRecord] = []
+
+    async def __call__(self, url: str, ids: list[str], tokens: int) -> Stamps:
         recs = [StreamRecord() for _ in ids]
-        watch = (lambda r: None) if mode == "live" else None
-        extra = USAGE if usage else {}
+        watch = (lambda r: None) if self.mode == "live" else None
+        extra = USAGE if self.usage else {}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             await asyncio.gather(*(
                 stream_request(http, url, {"model": "m", "prompt": p, "max_tokens": tokens, **extra}, r,
-                               on_chunk=watch, lazy=mode == "lazy")
+                               on_chunk=watch, lazy=self.mode == "lazy")
                 for p, r in zip(ids, recs, strict=True)
             ))  # fmt: skip
-        run.records = recs  # type: ignore[attr-defined]  (the deferred parse is timed by the caller)
-        return [r._chunk_t_ns for r in recs] if mode == "lazy" else [r.chunk_t_ns for r in recs]
-
-    return run
+        self.records = recs
+        return [r._chunk_t_ns for r in recs] if self.mode == "lazy" else [r.chunk_t_ns for r in recs]
 
 
 async def vllm(url: str, ids: list[str], tokens: int) -> Stamps:
@@ -155,10 +161,10 @@ async def vllm(url: str, ids: list[str], tokens: int) -> Stamps:
 
 CLIENTS: dict[str, tuple[Callable[..., Any], Callable[..., Awaitable[Stamps]]]] = {
     "minimal": (aio.run, minimal),
-    "ours_lazy": (aio.run, ours("lazy")),
-    "ours_end": (aio.run, ours("end")),
-    "ours_live": (aio.run, ours("live")),
-    "ours_usage": (aio.run, ours("lazy", usage=True)),
+    "ours_lazy": (aio.run, Ours("lazy")),
+    "ours_end": (aio.run, Ours("end")),
+    "ours_live": (aio.run, Ours("live")),
+    "ours_usage": (aio.run, Ours("lazy", usage=True)),
     "vllm": (asyncio.run, vllm),
 }
 
@@ -180,7 +186,7 @@ def _get_json(url: str) -> Any:
 def _start_server(step_ms: float, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(step_ms)]
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: (_die_with_parent(), os.sched_setaffinity(0, {cpu})))
+    proc = subprocess.Popen(cmd, preexec_fn=child_preexec({cpu}))
     base = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -237,7 +243,7 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], float]]] = {
     "chunks_per_cpu_s": ("ingest", lambda r: r["chunks"] / r["cpu_ns"] * 1e9),
     "cpu_us_per_chunk": ("ingest", lambda r: r["cpu_ns"] / r["chunks"] / 1e3),
     **{
-        k: ("fidelity", lambda r, k=k: r[k])
+        k: ("fidelity", operator.itemgetter(k))
         for k in ("lag_p50_ms", "lag_p99_ms", "itl_err_p50_ms", "itl_err_p99_ms")
     },
 }

@@ -65,7 +65,7 @@ import numpy as np
 import psutil
 
 from engine_harness.launch import free_port
-from engine_harness.process_group import _die_with_parent
+from engine_harness.process_group import child_preexec
 from microbench.client import aio
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.loadgen.lateness import gc_lateness
@@ -197,22 +197,21 @@ def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[st
                                       ignore_eos=True)
               for s in samples}  # fmt: skip
 
-    async def go() -> tuple[float, list[Any]]:
+    async def go() -> tuple[float, float, list[Any]]:
         connector = aiohttp.TCPConnector(
             limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
         )
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=600)
         ) as http:
-            tasks, start = [], time.perf_counter()
+            tasks, start, cpu0 = [], time.perf_counter(), time.process_time()
             async for request, _ in get_request(samples, rate, burstiness=float("inf")):
                 tasks.append(asyncio.create_task(async_request_openai_completions(inputs[id(request)], http)))
-            return start, list(await asyncio.gather(*tasks))
+            issue_cpu_s = time.process_time() - cpu0  # over the sending window, as the workers' rows
+            return start, issue_cpu_s, list(await asyncio.gather(*tasks))
 
     os.sched_setaffinity(0, set(cores[:1]))
-    cpu0 = time.process_time()
-    start, outputs = asyncio.run(go())
-    cpu = time.process_time() - cpu0
+    start, issue_cpu_s, outputs = asyncio.run(go())
     sends = np.array([o.start_time for o in outputs])
     delay_ms = np.array([(o.start_time - (start + (i + 1) / rate)) * 1e3 for i, o in enumerate(outputs)])
     span_s = float(sends.max() - sends.min())
@@ -220,7 +219,7 @@ def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[st
     return {"requests": n, "ok": sum(o.success for o in outputs),
             "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99, "worst_worker_p99_ms": p99,
             "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
-            "cpu_us_per_request": cpu / n * 1e6,
+            "cpu_us_per_request": issue_cpu_s / n * 1e6,
             "e2e_p50_ms": float(np.median([o.latency for o in outputs if o.success]) * 1e3)}  # fmt: skip
 
 
@@ -411,7 +410,7 @@ def start_sims(port: int, sim_cores: list[int], step_ms: float = 0.0) -> list[su
     sims = [
         subprocess.Popen(
             argv,
-            preexec_fn=lambda core=core: (_die_with_parent(), os.sched_setaffinity(0, {core})),
+            preexec_fn=child_preexec({core}),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )

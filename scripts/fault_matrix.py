@@ -317,7 +317,8 @@ def run_row(row: Row, cwd: Path) -> Result:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        code, text = 124, f"timed out after 120 s: {exc.stdout or ''}"
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        code, text = 124, f"timed out after 120 s: {partial}"
     seconds = time.monotonic() - t0
     stray = sorted(p.name for p in cwd.iterdir())
     if row.expect == 2 and row.out and Path(row.out).exists():

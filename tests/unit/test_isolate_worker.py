@@ -12,8 +12,14 @@ from pydantic import ValidationError
 
 from engine_harness import process_group
 from engine_harness.engines import EngineSpec
-from engine_harness.launch import EngineProcess
-from engine_harness.process_group import CorePlan, group_processes, isolation_plan, pin_named, pin_process
+from engine_harness.process_group import (
+    CorePlan,
+    child_preexec,
+    group_processes,
+    isolation_plan,
+    pin_named,
+    pin_process,
+)
 from engine_harness.sglang_kind import sglang_env
 from engine_harness.vllm_kind import vllm_env
 
@@ -53,7 +59,7 @@ def test_only_a_kind_with_a_worker_to_pin_takes_it(cores: None) -> None:
 
 @pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, ≥ 2 cores")
 def test_the_engines_processes_start_on_the_host_cores() -> None:
-    preexec = EngineProcess._preexec(isolation_plan(None).host)
+    preexec = child_preexec(isolation_plan(None).host)
     code = "import os; print(sorted(os.sched_getaffinity(0)))"
     out = subprocess.run([sys.executable, "-c", code], preexec_fn=preexec, capture_output=True, text=True)
     assert out.stdout.strip() == str(sorted(isolation_plan(None).host))
