@@ -19,6 +19,7 @@ tokens are printable ASCII (the bundled tiny models: '!'..'~'), so the text roun
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -87,7 +88,12 @@ class PromptFactory:
         key = (group, index)
         cached = self._shared.get(key)
         if cached is None or len(cached) < n:
-            group_key = int.from_bytes(group.encode("utf-8")[:32].ljust(32, b"\0"), "big") % 2**63
+            # A digest of the whole name (63 bits, the same in every process). The key before 2026-11-30,
+            # a name's first 32 bytes read big-endian modulo 2**63, kept only bytes 25-32: 0 for every name
+            # of up to 24 bytes, so the i-th prefixes of two groups ("system", "corpus") were one and the
+            # same, and SGLang served one group's requests from the other's cached prefix.
+            digest = hashlib.blake2b(group.encode("utf-8"), digest_size=8).digest()
+            group_key = int.from_bytes(digest, "big") >> 1
             cached = self._rng(2, group_key, index).integers(self.space.lo, self.space.hi, size=n).tolist()
             self._shared[key] = cached
         return cached[:n]

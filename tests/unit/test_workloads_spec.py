@@ -71,6 +71,16 @@ def test_prefix_group_repeats_its_prefix_and_cold_parts_never_share_a_block(tmp_
     assert all(0 <= t < 256 for r in requests for t in r.prompt)
 
 
+def test_each_group_and_index_has_its_own_prefix_whatever_the_names_length() -> None:
+    """Two groups' i-th prefixes share no first block: short names (the key once read only bytes 25-32 of
+    the name, 0 for all of these) and long ones that differ only past byte 32."""
+    factory = PromptFactory(salt=7)
+    names = ["system", "corpus", "g", "long-context-question", "x" * 40 + "a", "x" * 40 + "b"]
+    firsts = {(n, i): tuple(factory.shared(n, i, 64)[:BLOCK_TOKENS]) for n in names for i in range(3)}
+    assert len(set(firsts.values())) == len(firsts)
+    assert factory.shared("system", 1, 64) == PromptFactory(salt=7).shared("system", 1, 200)[:64]
+
+
 def test_token_space_is_respected() -> None:
     factory = PromptFactory(TokenSpace(1000, 1100), salt=3)
     ids = factory.cold(5000) + factory.shared("g", 0, 500)
