@@ -1,6 +1,6 @@
 """The committed calibration runs on the CPU engines (results/calibrate-{vllm,sglang}-cpu,
 results/calibrate-{vllm,sglang}-cpu-isolated, results/calibrate-{vllm,sglang}-cpu-prefill-extra and
-results/calibrate-sglang-cpu-distinct-prefixes, results/README.md):
+results/calibrate-{vllm,sglang}-cpu-distinct-prefixes, results/README.md):
 their predictions are what ``analysis.calibrate predict`` makes of their fit and traces today, and their
 reports say what the READMEs quote."""
 
@@ -30,6 +30,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
         "calibrate-sglang-cpu-prefill-extra",
         "calibrate-sglang-cpu-isolated",
         "calibrate-sglang-cpu-distinct-prefixes",
+        "calibrate-vllm-cpu-distinct-prefixes",
     ],
 )
 @pytest.mark.parametrize("workload", ["poisson", "bursty"])
@@ -61,6 +62,7 @@ def _reports(run: str) -> tuple[CalibrationReport, CalibrationReport]:
         ("calibrate-sglang-cpu-prefill-extra", (252, 241), (9.3, 8.3), (11.1, 8.4), 10214),
         ("calibrate-sglang-cpu-isolated", (252, 241), (6.5, 11.4), (4.6, 6.3), 9900),
         ("calibrate-sglang-cpu-distinct-prefixes", (252, 241), (9.4, 8.3), (9.5, 7.7), 9830),
+        ("calibrate-vllm-cpu-distinct-prefixes", (296, 259), (4.8, 4.7), (7.3, 4.0), 10201),
     ],
 )
 def test_the_reports_hold_the_quoted_figures(
