@@ -123,6 +123,17 @@ def floor_run(rate: float, seconds: float, cores: list[int]) -> dict[str, Any]:
             "cpu_us_per_request": (time.process_time() - cpu0) / n * 1e6}  # fmt: skip
 
 
+def _schedule_figures(n: int, sends_s: np.ndarray, delay_ms: np.ndarray) -> dict[str, Any]:
+    """A sending row's schedule figures: ``n`` requests planned, sent at ``sends_s`` (any origin), each
+    ``delay_ms`` after its intended time: delay p50/p99 (the worst worker's: the p99, one sender) and the
+    rate achieved between the first send and the last."""
+    span_s = float(sends_s.max() - sends_s.min())
+    p99 = float(np.percentile(delay_ms, 99))
+    achieved = (n - 1) / span_s if span_s > 0 else float("nan")
+    return {"requests": n, "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99,
+            "worst_worker_p99_ms": p99, "achieved_rate": achieved}  # fmt: skip
+
+
 async def _bare_sends(
     url: str, rate: float, bodies: list[bytes]
 ) -> tuple[list[int], list[int], list[int], float]:
@@ -171,13 +182,10 @@ def bare_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[st
     ]  # fmt: skip
     os.sched_setaffinity(0, set(cores[:1]))
     intended, sent, done, issue_cpu_s = aio.run(_bare_sends(url + "/v1/completions", rate, bodies))
-    delay_ms = (np.array(sent, dtype=float) - np.array(intended, dtype=float)) / 1e6
-    span_s = (max(sent) - min(sent)) / 1e9
+    sends = np.array(sent, dtype=float)
     ok = [d for d in done if d >= 0]
-    p99 = float(np.percentile(delay_ms, 99))
-    return {"requests": n, "ok": len(ok), "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99,
-            "worst_worker_p99_ms": p99, "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
-            "cpu_us_per_request": issue_cpu_s / n * 1e6,
+    return {**_schedule_figures(n, sends / 1e9, (sends - np.array(intended, dtype=float)) / 1e6),
+            "ok": len(ok), "cpu_us_per_request": issue_cpu_s / n * 1e6,
             "e2e_p50_ms": float(np.median(ok) / 1e6) if ok else float("nan")}  # fmt: skip
 
 
@@ -214,11 +222,7 @@ def vllm_run(url: str, rate: float, seconds: float, cores: list[int]) -> dict[st
     start, issue_cpu_s, outputs = asyncio.run(go())
     sends = np.array([o.start_time for o in outputs])
     delay_ms = np.array([(o.start_time - (start + (i + 1) / rate)) * 1e3 for i, o in enumerate(outputs)])
-    span_s = float(sends.max() - sends.min())
-    p99 = float(np.percentile(delay_ms, 99))
-    return {"requests": n, "ok": sum(o.success for o in outputs),
-            "p50_ms": float(np.percentile(delay_ms, 50)), "p99_ms": p99, "worst_worker_p99_ms": p99,
-            "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
+    return {**_schedule_figures(n, sends, delay_ms), "ok": sum(o.success for o in outputs),
             "cpu_us_per_request": issue_cpu_s / n * 1e6,
             "e2e_p50_ms": float(np.median([o.latency for o in outputs if o.success]) * 1e3)}  # fmt: skip
 
@@ -252,15 +256,11 @@ def one_run(
     ok = [r for r in result.records if r.status == "ok"]
     sends = np.array([r.stream.t_send_ns for r in result.records], dtype=float)
     delay_ms = np.array([r.stream.t_send_ns - r.intended_ns for r in result.records], dtype=float) / 1e6
-    span_s = (sends.max() - sends.min()) / 1e9
     per_worker = worker_delays(result)
     return {
-        "requests": n,
+        **_schedule_figures(n, sends / 1e9, delay_ms),
         "ok": len(ok),
-        "p50_ms": float(np.percentile(delay_ms, 50)),
-        "p99_ms": float(np.percentile(delay_ms, 99)),
         "worst_worker_p99_ms": max(w["p99_ms"] for w in per_worker.values()),
-        "achieved_rate": (n - 1) / span_s if span_s > 0 else float("nan"),
         # over the issuing window (start to last send), not the run's start-up, drain and parsing
         "cpu_us_per_request": outcome.issue_cpu_s / max(outcome.issued, 1) * 1e6,
         # did the sim keep up? A sim that falls behind piles up requests, each a new connection to open
