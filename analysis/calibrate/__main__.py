@@ -8,11 +8,14 @@ sweep, and say with statistics how far the prediction is from reality.
       simulator's scheduler in virtual time, and write the predicted trace (same format) into DIR. The
       first step after an idle spell pays the wake cost the sweep's wake probe measured (--no-wake: none),
       and a step carrying prompt tokens the prefill extra the sweep measured (--no-prefill-extra: none).
-  python -m analysis.calibrate report REAL PREDICTED --out DIR
+  python -m analysis.calibrate report REAL PREDICTED [--repeat REAL2] --out DIR
       Compare two traces per request and metric (TTFT, TPOT, E2E, ITL): MAPE, bias, Pearson r, percentile
       errors, KS, QQ, bootstrap CIs, seed 003's rating; calibration.{json,md,html} and figures in DIR.
+      REAL2, the same workload run again on the engine (same spec and seed, a new prompt salt), gives the
+      engine's error against itself beside the prediction's: the floor no prediction is expected to beat.
 
-Exit codes: 0 done; 2 bad input (a folder that is not a trace or a sweep run, a chunk size to choose).
+Exit codes: 0 done; 2 bad input (a folder that is not a trace or a sweep run, a chunk size to choose, a
+--repeat of another schedule).
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the real engine's log (vLLM with --enable-logging-iteration-details, or SGLang): compare "
         "its steps during the trace with the replay's (a .gz log is read through gzip)",
     )  # fmt: skip
+    r.add_argument(
+        "--repeat", type=Path, metavar="REAL2",
+        help="the same workload run again on the engine (same spec and seed, new prompt salt): report its "
+        "error against REAL beside the prediction's, the run-to-run floor of this box and engine",
+    )  # fmt: skip
     add_out(r, "results/calibration-<UTC time>")
     return parser
 
@@ -132,11 +140,16 @@ def _report(args: argparse.Namespace, held: ExitStack) -> int:
 
     if args.bootstrap < 100:
         raise BadInput(f"--bootstrap must be ≥ 100 (got {args.bootstrap})")
-    for name, path in (("REAL", args.real), ("PREDICTED", args.predicted)):
+    named = [("REAL", args.real), ("PREDICTED", args.predicted)] + (
+        [("--repeat", args.repeat)] if args.repeat else []
+    )
+    for name, path in named:
         if not (path / "header.json").is_file():
             raise BadInput(f"{name} {path} is not a trace folder (no header.json)")
     try:
-        report = calibration_report(args.real, args.predicted, args.bootstrap, args.seed, args.engine_log)
+        report = calibration_report(
+            args.real, args.predicted, args.bootstrap, args.seed, args.engine_log, args.repeat
+        )
     except EngineLogError as exc:
         raise BadInput(f"--engine-log: {exc}") from None
     except (OSError, ValueError) as exc:

@@ -15,12 +15,16 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis.calibrate.metrics import request_metrics, split_requests
+from analysis.calibrate.repeat import floor_verdict
 from analysis.calibrate.report import CalibrationReport, MetricComparison
 from benchcore.atomic import atomic_write_bytes, write_model
 from benchcore.pages import png_data_uri, render_page
 from microbench.results.trace import read_trace
 
-__all__ = ["COLUMNS", "lines", "markdown", "qq_figure", "rows", "scatter_figure", "write_pages"]
+__all__ = [
+    "COLUMNS", "REPEAT_COLUMNS", "lines", "markdown", "qq_figure", "repeat_rows", "rows", "scatter_figure",
+    "write_pages",
+]  # fmt: skip
 
 COLUMNS = [
     "metric", "N", "MAPE % [95% CI]", "median APE %", "bias %", "r [95% CI]", "p50 err %", "p90 err %",
@@ -152,6 +156,36 @@ def band_rows(report: CalibrationReport) -> list[list[str]]:
     ]
 
 
+REPEAT_COLUMNS = [
+    "metric", "N", "predicted median APE %", "repeat median APE %", "predicted / repeat", "predicted MAPE %",
+    "repeat MAPE % [95% CI]", "repeat bias %", "repeat r",
+]  # fmt: skip
+
+
+def repeat_note(report: CalibrationReport) -> str:
+    """What the repeat is, in one paragraph (empty: no repeat)."""
+    rp = report.repeat
+    if rp is None:
+        return ""
+    return (
+        f"The engine run again on the same schedule (`{rp.repeat}`: same requests, lengths and send times, "
+        f"new cold prompts), against the real run, on the {rp.n_compared} compared requests it completed "
+        f"({rp.not_in_repeat} it did not: left out here). The repeat's error is what the box and engine "
+        "change from one run to the next: a prediction, one fixed sequence, cannot be expected to come "
+        "closer to a real run than that. Predicted / repeat ≤ 1: the prediction is within that floor."
+    )
+
+
+def repeat_rows(report: CalibrationReport) -> list[list[str]]:
+    """The repeatability table's rows (none without a repeat)."""
+    return [
+        [r.metric.upper(), str(r.n), f"{r.model_median_ape_pct:.1f}", f"{r.repeat_median_ape_pct:.1f}",
+         _f(r.ratio, ".2f"), f"{r.model_mape_pct:.1f}", _ci(r.repeat_mape_pct, r.repeat_mape_ci_pct, ".1f"),
+         f"{r.repeat_bias_pct:+.1f}", _f(r.repeat_pearson_r, ".3f")]
+        for r in (report.repeat.rows if report.repeat is not None else [])
+    ]  # fmt: skip
+
+
 def _steps_note(report: CalibrationReport) -> str:
     st = report.steps
     return "" if st is None else (
@@ -172,6 +206,11 @@ def lines(report: CalibrationReport) -> list[str]:
         )
     if note := speed_note(report):
         out.append(note)
+    for r in report.repeat.rows if report.repeat is not None else []:
+        out.append(
+            f"{r.metric.upper():5s} median APE: predicted {r.model_median_ape_pct:.1f} %, the engine's "
+            f"repeat {r.repeat_median_ape_pct:.1f} % ({floor_verdict(r)})"
+        )
     return out + [f"warning: {w}" for w in report.warnings]
 
 
@@ -220,6 +259,10 @@ def markdown(report: CalibrationReport, figures: bool = True) -> str:
         if table := speed_rows(report):
             md += ["", "| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
             md += ["| " + " | ".join(r) + " |" for r in table]
+    if table := repeat_rows(report):
+        md += ["", "## Repeatability: the engine against itself", "", repeat_note(report), ""]
+        md += ["| " + " | ".join(REPEAT_COLUMNS) + " |", "|" + "---|" * len(REPEAT_COLUMNS)]
+        md += ["| " + " | ".join(r) + " |" for r in table]
     if report.by_prompt:
         md += ["", "## Error by prompt length", "", "| " + " | ".join(BAND_COLUMNS) + " |"]
         md += ["|" + "---|" * len(BAND_COLUMNS)] + ["| " + " | ".join(r) + " |" for r in band_rows(report)]
@@ -300,6 +343,9 @@ def write_pages(report: CalibrationReport, out_dir: Path) -> list[Path]:
         band_columns=BAND_COLUMNS,
         band_rows=band_rows(report),
         band_note=BAND_NOTE,
+        repeat_columns=REPEAT_COLUMNS,
+        repeat_rows=repeat_rows(report),
+        repeat_note=repeat_note(report),
         matched=matched,
         defaulted=defaulted,
         qq=png_data_uri(qq),

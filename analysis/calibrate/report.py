@@ -3,8 +3,9 @@
 ``calibration_report(real_dir, predicted_dir)`` reads both traces (``microbench.results.trace``), pairs
 their requests by id (``metrics.split_requests``: warm-up and failed requests excluded and counted) and
 computes, per metric (TTFT, TPOT, E2E: paired per request; ITL: the pooled distributions), the statistics
-of ``analysis.calibrate.stats``. Markdown, HTML and JSON are renderers of the one ``CalibrationReport``
-(``analysis.calibrate.pages``).
+of ``analysis.calibrate.stats``; given a repeat run of the real trace's schedule, the engine's error against
+itself beside the prediction's (``analysis.calibrate.repeat``). Markdown, HTML and JSON are renderers of
+the one ``CalibrationReport`` (``analysis.calibrate.pages``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import Field, model_validator
 
 from analysis.calibrate import stats
 from analysis.calibrate.metrics import METRICS, itl_values, request_metrics, split_requests
+from analysis.calibrate.repeat import RepeatFloor, repeat_floor
 from analysis.calibrate.speed import EngineSpeed, engine_speed
 from analysis.calibrate.steps import StepComposition, engine_log_steps, step_composition
 from benchcore.schema import StrictModel
@@ -114,6 +116,9 @@ class CalibrationReport(StrictModel):
     by_prompt: list[BandBias] = Field(
         default_factory=list, description="median signed error per quartile of the prompt's length"
     )
+    repeat: RepeatFloor | None = Field(
+        default=None, description="the engine run again on the same schedule: its error against the real run"
+    )
     warnings: list[str] = Field(default_factory=list)
     known_limitations: list[str] = Field(default_factory=lambda: list(KNOWN_LIMITATIONS))
 
@@ -122,6 +127,16 @@ class CalibrationReport(StrictModel):
         left_out = self.warmup_excluded + self.failed_excluded + self.not_predicted
         if self.n_compared + left_out != self.n_requests:
             raise ValueError(f"{self.n_compared} compared + {left_out} left out ≠ {self.n_requests} requests")
+        if self.repeat is not None:
+            if self.repeat.n_compared + self.repeat.not_in_repeat != self.n_compared:
+                raise ValueError("the repeat's requests do not add up to the compared ones")
+            for row in self.repeat.rows:
+                m = self.metric(row.metric)
+                if m.n_real < row.n:
+                    raise ValueError(f"{row.metric}: the repeat counts more requests than the comparison")
+                told = m.median_ape_pct
+                if m.n_real == row.n and told is not None and abs(row.model_median_ape_pct - told) > 1e-9:
+                    raise ValueError(f"{row.metric}: the floor's model error contradicts the comparison's")
         return self
 
     def metric(self, name: str) -> MetricComparison:
@@ -170,9 +185,12 @@ def calibration_report(
     n_boot: int = 1000,
     seed: int = 0,
     engine_log: str | Path | None = None,
+    repeat_dir: str | Path | None = None,
 ) -> CalibrationReport:
     """Compare the predicted trace at ``predicted_dir`` with the real one at ``real_dir`` (and, given the
-    real engine's log, its steps with the replay's); ``ValueError`` when no request can be compared."""
+    real engine's log, its steps with the replay's; given ``repeat_dir``, a second real run of the same
+    schedule, the engine's error against itself on the same requests); ``ValueError`` when no request can
+    be compared or the repeat ran another schedule."""
     real_head, real = read_trace(real_dir)
     pred_head, pred = read_trace(predicted_dir)
     split = split_requests(real, pred)
@@ -207,6 +225,13 @@ def calibration_report(
         sim = pred_head.engine.get("sim")
         if isinstance(sim, dict) and "step" in sim:
             speed = engine_speed(real_steps, StepModel.model_validate(sim["step"]))
+    floor = None
+    if repeat_dir is not None:
+        _, again = read_trace(repeat_dir)
+        try:
+            floor = repeat_floor(real, pred, again, split.compared, str(repeat_dir), n_boot, seed)
+        except ValueError as exc:
+            raise ValueError(f"{repeat_dir} is not a repeat of {real_dir}: {exc}") from None
     sent = real.loc[real["send_ns"].notna(), "send_ns"].astype(float)
     last = real["last_chunk_ns"].dropna().astype(float)
     duration = float((last.max() - sent.min()) / 1e9) if len(sent) and len(last) else 0.0
@@ -225,6 +250,7 @@ def calibration_report(
         steps=steps,
         speed=speed,
         by_prompt=_by_prompt(prompts.to_numpy(float), rm, pm),
+        repeat=floor,
         warnings=warnings,
     )
 
