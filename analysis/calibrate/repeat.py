@@ -22,7 +22,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.calibrate import stats
-from analysis.calibrate.metrics import request_metrics
+from analysis.calibrate.metrics import request_metrics, split_requests
 from benchcore.schema import StrictModel
 
 __all__ = [
@@ -119,8 +119,8 @@ def repeat_floor(
     """The prediction's and the repeat's errors against ``real`` on the ``compared`` requests that
     completed in ``repeat`` (``same_schedule`` checked first)."""
     same_schedule(real, repeat)
-    done = repeat[(repeat["status"] == "ok") & repeat["first_chunk_ns"].notna()]
-    shared = [i for i in compared if i in set(done["request_id"].astype(str))]
+    completed = set(split_requests(real, repeat).compared)  # the report's rule of "completed in both"
+    shared = [i for i in compared if i in completed]
     rm, pm = request_metrics(real).loc[shared], request_metrics(predicted).loc[shared]
     qm = request_metrics(repeat).loc[shared]
     rows = []
