@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -95,19 +96,23 @@ class BatteryContext:
             yield request
 
     def fixed_requests(self, input_tokens: int, output_tokens: int) -> Iterator[RequestSpec]:
-        """Endless cold requests of exactly ``input_tokens`` in and ``output_tokens`` out."""
+        """Endless cold requests of exactly ``input_tokens`` in and ``output_tokens`` out (drafts: the
+        worker that sends one makes its prompt)."""
         while True:
-            ids = self.prompts.cold(input_tokens)
-            prompt, count = (ids, len(ids)) if self.text is None else self.text.render(ids)
-            yield RequestSpec(prompt=prompt, prompt_tokens=count, max_tokens=output_tokens)
+            build = functools.partial(self._prompt, self.prompts.cold, input_tokens, self.prompts.item())
+            yield RequestSpec([], input_tokens, output_tokens, build_prompt=build)
 
     def document_requests(self, input_tokens: int, output_tokens: int) -> Iterator[RequestSpec]:
         """Endless Long Context requests (IETF A.5): a cold document and the fixed question, ``input_tokens``
-        in all, ``output_tokens`` out."""
+        in all, ``output_tokens`` out (drafts, as ``fixed_requests``)."""
         while True:
-            ids = self.prompts.document_question(input_tokens)
-            prompt, count = (ids, len(ids)) if self.text is None else self.text.render(ids)
-            yield RequestSpec(prompt=prompt, prompt_tokens=count, max_tokens=output_tokens)
+            draw = self.prompts.document_question
+            build = functools.partial(self._prompt, draw, input_tokens, self.prompts.item())
+            yield RequestSpec([], input_tokens, output_tokens, build_prompt=build)
+
+    def _prompt(self, draw: Callable[..., list[int]], n: int, item: int) -> tuple[list[int] | str, int]:
+        ids = draw(n, item=item)
+        return (ids, len(ids)) if self.text is None else self.text.render(ids)
 
     async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
         """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""

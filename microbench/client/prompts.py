@@ -34,13 +34,14 @@ __all__ = [
 ]
 
 # The first block of a cold prompt, what makes it cold: two cold prompts never share one (256 ids give
-# 256¹⁶ first blocks; ``microbench.workloads.prompts.PromptFactory`` even refuses a repeat). A cache that
-# matches token by token (SGLang's radix cache, page size 1) still matches a cold prompt's first ids by
-# chance: no prompt can start with an id never seen before once as many prompts as ids went by (256 on the
-# bundled byte models; SGLang adds no BOS to token-id prompts, so the hit is the prompt's own first id),
-# and 1-token hits were seen on 5 of 32 sweep attempts. So a hit shorter than this block is a chance match
-# of a cold prompt's first ids (it saves under 16 of P tokens: 0.2% of a 512-token prompt for the usual
-# 1), and one of this block or more is a warm prompt (``microbench.results.derive.cold_and_clean``).
+# 256¹⁶ first blocks; ``microbench.workloads.prompts.PromptFactory`` makes a repeat impossible: its first
+# ids spell the request's number). A cache that matches token by token (SGLang's radix cache, page size 1)
+# still matches a cold prompt's first ids by chance: no prompt can start with an id never seen before once
+# as many prompts as ids went by (256 on the bundled byte models; SGLang adds no BOS to token-id prompts, so
+# the hit is the prompt's own first id), and 1-token hits were seen on 5 of 32 sweep attempts. So a hit
+# shorter than this block is a chance match of a cold prompt's first ids (it saves under 16 of P tokens:
+# 0.2% of a 512-token prompt for the usual 1), and one of this block or more is a warm prompt
+# (``microbench.results.derive.cold_and_clean``).
 BLOCK_TOKENS = 16
 
 

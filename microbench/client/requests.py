@@ -6,6 +6,10 @@ asks for exact output lengths (``ignore_eos`` + ``min_tokens``, understood by vL
 for a running ``usage`` in every chunk, so tokens per chunk come from the server. ``completion_body`` is
 that body for a bare prompt: the one OpenAI request body of the suite (the sweep's and the transfer
 benchmark's probes and streams send it too).
+A drawn request may come as a draft (``build_prompt`` set, ``prompt`` empty): its lengths and labels are
+known, its prompt is made by ``built()``. The load generator builds only the requests it sends, so a
+worker among N skips the others' shares of a plan for the price of their lengths (a cold prompt is
+counted, not drawn in turn: ``microbench.workloads.prompts``). ``build_payload`` refuses a draft.
 A multi-turn request carries ``next_turn``: given the finished round's ``StreamRecord`` it returns the
 next round (or None), which the session sends ``think_time_s`` after the response ends.
 """
@@ -13,7 +17,7 @@ next round (or None), which the session sends ``think_time_s`` after the respons
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import Field
@@ -21,9 +25,10 @@ from pydantic import Field
 from benchcore.schema import StrictModel
 from microbench.client.streams import StreamRecord
 
-__all__ = ["ApiSettings", "NextTurn", "RequestSpec", "build_payload", "completion_body"]
+__all__ = ["ApiSettings", "BuildPrompt", "NextTurn", "RequestSpec", "build_payload", "completion_body"]
 
 NextTurn = Callable[["RequestSpec", StreamRecord], "RequestSpec | None"]
+BuildPrompt = Callable[[], "tuple[list[int] | str, int]"]  # a draft's prompt and its token count
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,15 @@ class RequestSpec:
     sampling: Mapping[str, Any] = field(default_factory=dict)
     next_turn: NextTurn | None = None
     think_time_s: float = 0.0
+    # a draft: ``prompt`` is empty and ``prompt_tokens`` the asked length until ``built()``
+    build_prompt: BuildPrompt | None = None
+
+    def built(self) -> RequestSpec:
+        """This request with its prompt made (itself when it has one); the token count is the prompt's."""
+        if self.build_prompt is None:
+            return self
+        prompt, tokens = self.build_prompt()
+        return replace(self, prompt=prompt, prompt_tokens=tokens, build_prompt=None)
 
 
 class ApiSettings(StrictModel):
@@ -93,6 +107,8 @@ def completion_body(
 
 def build_payload(spec: RequestSpec, api: ApiSettings) -> dict[str, Any]:
     """The JSON body for ``spec`` (``stream`` is set by the caller)."""
+    if spec.build_prompt is not None:
+        raise ValueError("a draft RequestSpec has no prompt yet: send spec.built()")
     if api.api == "chat" and not isinstance(spec.prompt, str):
         raise ValueError("the chat API needs text prompts; use api='completions' for token ids")
     body = completion_body(

@@ -3,7 +3,8 @@
 ``LoadSession`` owns one aiohttp session (no connection cap, so an open loop is never throttled by a
 pool) and runs ``Stage`` after ``Stage``: a warm-up, then the measured stages of a rate or concurrency
 sweep. A stage pairs a plan, ``(target offset ns, RequestSpec)`` pairs from a scheduler or a self-timed
-workload, with its limits (a request count, a duration, or both).
+workload, with its limits (a request count, a duration, or both). A plan's requests may be drafts: the
+session builds (``RequestSpec.built``) those it sends, before waiting for their time.
 
 Open loop: the dispatcher sleeps until each target (the last ``spin_us`` by yielding to the event loop,
 for sub-millisecond precision) and starts the request as a task; nothing it waits on depends on a
@@ -201,7 +202,8 @@ class LoadSession:
                 await self._sleep_until(deadline)
                 return
             if not mine:
-                continue
+                continue  # another worker's: its prompt is never made here
+            spec = spec.built()  # before the wait, not between the target and the send
             if not await self._sleep_until(target):
                 return
             self._launch(spec, target, stage, outcome, deadline, None)
@@ -229,6 +231,7 @@ class LoadSession:
             for offset_ns, spec, mine in self._plan(stage):
                 if not mine:
                     continue
+                spec = spec.built()
                 freed_ns = await slots.get()
                 if freed_ns is None or self._stopping:
                     return

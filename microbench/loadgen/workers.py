@@ -16,9 +16,12 @@ The workers' records come back (parsed, pickled) and are merged into one ``Sessi
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
 of the workers' maxima, an upper bound; ``gc_passes``: every worker's, by start). ``RequestRecord.worker``
 says who sent what; ``worker_delays`` gives each worker's schedule delay, the figure that shows which one
-fell behind. One worker (the default) runs in this process, as before. ``cores`` pins worker k to a
-core. ``SentCount`` lets a progress display (the battery's) read how many requests the workers have sent
-while they run.
+fell behind. Each worker builds only the requests it sends (the plans yield drafts, ``RequestSpec.built``),
+so skipping the others' costs their lengths, not their prompts; it sends back its prompt factories' request
+counts, which this process takes over, so a later run here never numbers a request again that a worker drew
+(``microbench.workloads.prompts``). One worker (the default) runs in this process, as before. ``cores``
+pins worker k to a core. ``SentCount`` lets a progress display (the battery's) read how many requests the
+workers have sent while they run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from microbench.client import aio
 from microbench.loadgen.events import EventHook
 from microbench.loadgen.session import LoadSession
 from microbench.loadgen.stages import SessionResult, SessionSettings, Stage, StageOutcome
+from microbench.workloads.prompts import item_counts, raise_item_counts
 
 __all__ = ["SentCount", "merge_results", "run_sessions", "worker_delays"]
 
@@ -120,7 +124,10 @@ async def run_sessions(
     failed = [a for a in answers if isinstance(a, str)]
     if failed:
         raise RuntimeError(f"a load-generation worker failed: {failed[0]}")
-    return merge_results([a for a in answers if isinstance(a, SessionResult)])
+    results = [a for a in answers if not isinstance(a, str)]
+    for _, counts in results:  # the requests the workers numbered are numbered here too
+        raise_item_counts(counts)
+    return merge_results([result for result, _ in results])
 
 
 async def _counted(
@@ -147,7 +154,7 @@ def _set_start(start: Any) -> None:
     start.value = time.perf_counter_ns() + _LEAD_NS
 
 
-def _receive(recv: Connection) -> SessionResult | str:
+def _receive(recv: Connection) -> tuple[SessionResult, dict[int, int]] | str:
     try:
         return recv.recv()
     except EOFError:
@@ -181,7 +188,7 @@ def _worker(
         for record in result.records:
             record.worker = k
             record.spec = dataclasses.replace(record.spec, next_turn=None)  # a closure does not pickle
-        send.send(result)
+        send.send((result, item_counts()))
     except BaseException as exc:  # the parent gets the reason, whatever it was
         barrier.abort()
         with contextlib.suppress(OSError):

@@ -1,10 +1,12 @@
 """A ``WorkloadSpec`` made runnable: seeded request streams and self-timed plans for the load generator.
 
-``Workload.requests()`` yields ``RequestSpec`` endlessly: each one's client is drawn by rate fraction, its
-lengths from the client's distributions, its prefix (if any) by the prefix group's popularity. Lengths,
-client and prefix choices come only from the spec's ``seed``; token ids come from the ``PromptFactory``
-(whose salt makes cold prompts unique per run). ``Workload.plan()`` yields ``(offset_ns, RequestSpec)``
-with every client's own arrival process at its share of the aggregate rate, only inside its windows.
+``Workload.requests()`` yields ``RequestSpec`` drafts endlessly: each one's client is drawn by rate
+fraction, its lengths from the client's distributions, its prefix (if any) by the prefix group's
+popularity. Lengths, client and prefix choices come only from the spec's ``seed``; token ids come from the
+``PromptFactory`` (whose salt makes cold prompts unique per run), made only when the request is built
+(``RequestSpec.built``: the load generator builds the requests it sends, no others). ``Workload.plan()``
+yields ``(offset_ns, RequestSpec)`` with every client's own arrival process at its share of the aggregate
+rate, only inside its windows.
 
 With ``max_model_len`` a request that would not fit (prefix + input + output) gets its input, then its
 output, shortened; ``clipped`` counts them for the trace header. Multi-turn clients draw all rounds'
@@ -176,52 +178,72 @@ class Workload:
     def _first_round(
         self, client: ClientSpec, prefix_index: int, input_len: int, output_len: int, turns: _Turns | None
     ) -> RequestSpec:
-        prefix: list[int] = []
-        group = ""
+        """A draft (``RequestSpec.built`` makes its prompt): its lengths and labels, and its number."""
+        group, prefix_len = "", 0
         if prefix_index >= 0 and client.prefix is not None:
             group = client.prefix.group
-            prefix = self.prompts.shared(group, prefix_index, int(self._prefix_lengths[group][prefix_index]))
-        input_len, output_len = self._fit(len(prefix), input_len, output_len)
-        prompt, n_tokens = self._render(prefix + self.prompts.cold(input_len))
+            prefix_len = int(self._prefix_lengths[group][prefix_index])
+        input_len, output_len = self._fit(prefix_len, input_len, output_len)
+        item = self.prompts.item()
+        prefix = (group, prefix_index, prefix_len)
         return RequestSpec(
-            prompt=prompt,
-            prompt_tokens=n_tokens,
+            prompt=[],
+            prompt_tokens=prefix_len + input_len,
             max_tokens=output_len,
             client_id=client.id,
             tenant_id=client.tenant_id,
             slo_class=client.slo_class,
             prefix_group=f"{group}/{prefix_index}" if group else "",
-            prefix_tokens=len(prefix),
+            prefix_tokens=prefix_len,
             session_id=turns.session_id if turns else "",
             streaming=client.streaming,
             sampling=dict(client.sampling),
-            next_turn=None if turns is None else functools.partial(self._next_round, turns, prefix),
+            next_turn=None if turns is None else functools.partial(self._next_round, turns, item, prefix),
             think_time_s=0.0 if turns is None else turns.think_time_s,
+            build_prompt=functools.partial(self._first_prompt, item, prefix, input_len),
         )
 
+    def _prefix(self, prefix: tuple[str, int, int]) -> list[int]:
+        group, index, length = prefix
+        return self.prompts.shared(group, index, length) if group else []
+
+    def _first_prompt(
+        self, item: int, prefix: tuple[str, int, int], input_len: int
+    ) -> tuple[list[int] | str, int]:
+        return self._render(self._prefix(prefix) + self.prompts.cold(input_len, item))
+
     def _next_round(
-        self, turns: _Turns, prefix: list[int], previous: RequestSpec, answer: StreamRecord
+        self,
+        turns: _Turns,
+        item: int,
+        prefix: tuple[str, int, int],
+        previous: RequestSpec,
+        answer: StreamRecord,
     ) -> RequestSpec | None:
-        """The round after ``previous`` given its ``answer`` (None once the rounds or the context run out)."""
+        """The round after ``previous`` given its ``answer`` (None once the rounds or the context run out);
+        round r's cold parts are the request's parts 1 + 2r (the answer's stand-in) and 2 + 2r (the
+        question), so they are the same whichever worker sends the conversation."""
         index = previous.round_index
         if index >= len(turns.questions):
             return None
         question_len, output_len = turns.questions[index], turns.outputs[index]
+        answer_part, question_part = 1 + 2 * index, 2 + 2 * index
         prompt: list[int] | str
         if turns.accumulate:
             if isinstance(previous.prompt, str):
-                question, _ = self._render(self.prompts.cold(question_len))
+                question, _ = self._render(self.prompts.cold(question_len, item, question_part))
                 assert isinstance(question, str)
                 prompt, n_tokens = self._joined_text(previous.prompt + "".join(answer.text) + question)
             else:
-                answer_ids = self.prompts.cold(answer.completion_tokens)
-                ids = previous.prompt + answer_ids + self.prompts.cold(question_len)
+                answer_ids = self.prompts.cold(answer.completion_tokens, item, answer_part)
+                ids = previous.prompt + answer_ids + self.prompts.cold(question_len, item, question_part)
                 prompt, n_tokens = ids, len(ids)
             if self.max_model_len is not None and n_tokens + output_len > self.max_model_len:
                 self.clipped += 1
                 return None
         else:
-            prompt, n_tokens = self._render(prefix + self.prompts.cold(question_len))
+            question_ids = self.prompts.cold(question_len, item, question_part)
+            prompt, n_tokens = self._render(self._prefix(prefix) + question_ids)
         return dataclasses.replace(
             previous, prompt=prompt, prompt_tokens=n_tokens, max_tokens=output_len, round_index=index + 1
         )

@@ -2,14 +2,21 @@
 
 ``PromptFactory`` draws token ids from a ``microbench.client.prompts.TokenSpace`` (the bundled tiny models:
 0..255, their specials 256–258 left out; ``token_space_for(model)`` reads it from a model folder).
-Uniqueness follows the sweep's rule: cold parts come from one RNG seeded by the factory's ``salt``
-(uuid4 ⊕ ``time_ns`` ⊕ ``perf_counter_ns`` unless given), and the factory never hands out
-two cold parts with the same first 16-token block, so no two prompts share a prefix-cache block by
-accident. ``document_question`` builds the Long Context workload's prompt: a cold document, then a fixed
-question (a suffix, so it never makes a prefix-cache hit). Shared prefixes (prefix groups, repository
-contexts, system prompts) are drawn once per ``(group, index)`` and repeated on purpose; they are new
-in every run (the salt), so a run starts cold.
-Giving the same salt back reproduces every prompt; the salt is reported in the trace header.
+Uniqueness follows the sweep's rule, by construction: every request drawn gets the factory's next number
+(``item()``), and a cold part is a function of the factory's ``salt`` (uuid4 ⊕ ``time_ns`` ⊕
+``perf_counter_ns`` unless given), that number and the part's place in the request (``part``: a
+conversation's later rounds). Its first ids are the digits of a one-to-one mix of (number, part), the rest
+a SHAKE-128 stream keyed by the three, so two cold parts of one factory never share a first 16-token block
+and no two prompts share a prefix-cache block by accident. Counted, not drawn in turn: a cold part is made
+only when asked for, in any order and in any process, so a load-generation worker builds only the
+requests it sends (``RequestSpec.built``) and skips the others' for nothing. Forked workers number the
+requests they draw as their parent would; ``item_counts``/``raise_item_counts`` carry the counts back
+to the parent, so a later run in the parent never draws a number a worker used. ``document_question``
+builds the Long Context workload's prompt: a cold document, then a fixed question (a suffix, so it never
+makes a prefix-cache hit). Shared prefixes (prefix groups, repository contexts, system prompts) are drawn
+once per ``(group, index)`` and repeated on purpose; they are new in every run (the salt), so a run
+starts cold. Giving the same salt back reproduces every prompt, whatever the number of workers; the salt
+is reported in the trace header.
 
 Engines that accept token ids get them as is (exact lengths). Otherwise (the chat API) ``TextRenderer``
 decodes the ids with the model's tokenizer and re-encodes the text, trimming or extending the ids until the
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -38,8 +47,10 @@ __all__ = [
     "PromptFactory",
     "TextRenderer",
     "Tokenizer",
+    "item_counts",
     "load_tokenizer",
     "prompt_source",
+    "raise_item_counts",
     "text_space",
 ]
 
@@ -47,41 +58,77 @@ QUESTION_TOKENS = 100  # the Long Context workload's fixed question (IETF A.5.1:
 BYTE_SPACE = TokenSpace(0, 256)  # the bundled tiny models' byte tokens (specials 256–258 left out)
 
 
+_PART_BITS = 20  # a request's cold parts: 0 its first round's, 1 + 2·r and 2 + 2·r its (r+1)-th later round's
+_MASK64 = (1 << 64) - 1
+_FACTORIES: weakref.WeakValueDictionary[int, PromptFactory] = weakref.WeakValueDictionary()
+
+
 def _fresh_salt() -> int:
     return uuid.uuid4().int ^ time.time_ns() ^ (time.perf_counter_ns() << 64)
+
+
+def _mix64(x: int) -> int:
+    """A one-to-one map of 64-bit integers (splitmix64's finalizer: xor-shifts and odd multipliers)."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 class PromptFactory:
     """Ids of ``space``: ``cold(n)`` never repeats a first block; ``shared(...)`` always repeats."""
 
     def __init__(self, space: TokenSpace = BYTE_SPACE, salt: int | None = None) -> None:
-        if (space.hi - space.lo) ** BLOCK_TOKENS < 2**64:
+        size = space.hi - space.lo
+        if size**BLOCK_TOKENS < 2**64:
             raise ValueError(f"token space [{space.lo}, {space.hi}) is too small for unique first blocks")
         self.space = space
         self.salt = _fresh_salt() if salt is None else salt
-        self._cold_rng = self._rng(1)
-        self._first_blocks: set[bytes] = set()
+        self._items = 0  # requests numbered so far (``item``)
         self._shared: dict[tuple[str, int], list[int]] = {}
+        salt_bytes = self.salt.to_bytes(max(1, (self.salt.bit_length() + 7) // 8), "little")
+        self._cold_key = hashlib.shake_128(b"cold\0" + salt_bytes)
+        self._mix_key = int.from_bytes(hashlib.blake2b(salt_bytes, digest_size=8).digest(), "little")
+        self._head = math.ceil(64 / math.log2(size))  # ids that spell a 64-bit number in base ``size``
+        _FACTORIES[id(self)] = self
 
     def _rng(self, *key: int) -> np.random.Generator:
         words = [(self.salt >> (32 * i)) & 0xFFFFFFFF for i in range(6)]
         return np.random.default_rng([*words, *key])
 
-    def cold(self, n: int) -> list[int]:
-        """``n`` fresh ids whose first block no earlier cold part of this factory has."""
-        while True:
-            ids = self._cold_rng.integers(self.space.lo, self.space.hi, size=n)
-            block = ids[:BLOCK_TOKENS].tobytes()
-            if n < BLOCK_TOKENS or block not in self._first_blocks:
-                if n >= BLOCK_TOKENS:
-                    self._first_blocks.add(block)
-                return ids.tolist()
+    def item(self) -> int:
+        """The next request's number: one per request drawn, whoever builds it later."""
+        self._items += 1
+        return self._items - 1
 
-    def document_question(self, n: int, question: int = QUESTION_TOKENS) -> list[int]:
-        """A Long Context prompt (IETF A.5): a cold document of ``n - question`` ids, then one fixed question
-        of ``question`` ids (at most half the prompt) that every such prompt of this factory ends with."""
+    def cold(self, n: int, item: int | None = None, part: int = 0) -> list[int]:
+        """``n`` ids of request ``item``'s cold part ``part`` (None: a new request's): the same ids every
+        time they are asked for, and no other (item, part) of this factory has their first block."""
+        if item is None:
+            item = self.item()
+        if not 0 <= part < 1 << _PART_BITS or not 0 <= item < 1 << (64 - _PART_BITS):
+            raise ValueError(f"cold part {part} of request {item} is out of range")
+        key = item << _PART_BITS | part
+        size, lo = self.space.hi - self.space.lo, self.space.lo
+        head, value = [], _mix64(key ^ self._mix_key)
+        for _ in range(min(self._head, n)):
+            value, digit = divmod(value, size)
+            head.append(lo + digit)
+        if n <= self._head:
+            return head
+        stream = self._cold_key.copy()
+        stream.update(key.to_bytes(8, "little"))
+        # 32 random bits per id, reduced modulo the space: a bias under size / 2**32 (1e-5 at 40k ids)
+        tail = np.frombuffer(stream.digest(4 * (n - self._head)), dtype=np.uint32) % size + lo
+        return head + tail.tolist()
+
+    def document_question(
+        self, n: int, question: int = QUESTION_TOKENS, item: int | None = None
+    ) -> list[int]:
+        """A Long Context prompt (IETF A.5): a cold document of ``n - question`` ids (request ``item``'s,
+        None: a new request's), then one fixed question of ``question`` ids (at most half the prompt) that
+        every such prompt of this factory ends with."""
         q = min(question, n // 2)
-        return self.cold(n - q) + self.shared("long-context-question", 0, q)
+        return self.cold(n - q, item) + self.shared("long-context-question", 0, q)
 
     def shared(self, group: str, index: int, n: int) -> list[int]:
         """The ``index``-th prefix of ``group``: the same ``n`` ids every time it is asked for."""
@@ -97,6 +144,20 @@ class PromptFactory:
             cached = self._rng(2, group_key, index).integers(self.space.lo, self.space.hi, size=n).tolist()
             self._shared[key] = cached
         return cached[:n]
+
+
+def item_counts() -> dict[int, int]:
+    """This process's factories' request counts, by ``id`` (a forked worker sends them to its parent)."""
+    return {key: factory._items for key, factory in _FACTORIES.items()}
+
+
+def raise_item_counts(counts: dict[int, int]) -> None:
+    """Raise each of this process's factories to the count a forked worker reached with its copy (the
+    same ``id``: the worker's copy of it), so this process never numbers a request again that a worker
+    drew; a count only ever rises, so an ``id`` that is another factory's only skips numbers."""
+    for key, count in counts.items():
+        if (factory := _FACTORIES.get(key)) is not None:
+            factory._items = max(factory._items, count)
 
 
 class Tokenizer(Protocol):

@@ -3,6 +3,8 @@ every prompt once, the merged trace the same shape as one process's, each worker
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing as mp
 import os
 from typing import Any
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from engine_harness.sim import SimConfig, SimServer
+from microbench.client.requests import RequestSpec
 from microbench.loadgen.stages import SessionResult, SessionSettings, Stage, sweep_stages
 from microbench.loadgen.trace import trace_frame
 from microbench.loadgen.workers import run_sessions, worker_delays
@@ -101,3 +104,56 @@ async def test_workers_pinned_to_cores_and_the_affinity_given_back() -> None:
         one = await run_sessions(settings, [stage()], 1, cores=[cores[-1]])
     assert [r.status for r in two.records + one.records] == ["ok"] * 40
     assert sorted(os.sched_getaffinity(0)) == cores  # one worker ran in this process, pinned for the run
+
+
+def _first_blocks(result: SessionResult) -> list[tuple[int, ...]]:
+    return [tuple(r.spec.prompt[:16]) for r in result.records]
+
+
+async def test_runs_in_workers_one_after_another_never_repeat_a_prompt() -> None:
+    """One factory across runs (the battery's): what the workers drew in one run is not drawn again in the
+    next, in this process or in new workers, and a conversation's later rounds differ between workers."""
+    factory = PromptFactory(salt=11)
+    spec = WorkloadSpec.model_validate({
+        "name": "talk", "seed": 5, "aggregate_rate": 40,
+        "clients": [{"id": "c", "input_length": {"type": "uniform", "min": 16, "max": 64},
+                     "output_length": {"type": "fixed", "value": 2},
+                     "multi_turn": {"max_rounds": 3, "think_time_s": 0.0,
+                                    "context_growth": "fixed"}}],
+    })  # fmt: skip
+
+    def stage(name: str) -> Stage:
+        uniform = parse_scheduler({"kind": "uniform", "rate": 400})
+        return Stage.scheduled(name, uniform, Workload(spec, factory).requests(), max_requests=12)
+
+    async with SimServer(SimConfig(time_scale=0)) as sim:
+        runs = [
+            await _run(sim, [stage("a")], 2),
+            await _run(sim, [stage("b")], 2),
+            await _run(sim, [stage("c")], 1),
+        ]
+    blocks = [b for run in runs for b in _first_blocks(run)]
+    assert [len(run.records) for run in runs] == [36, 36, 36]  # 12 conversations of 3 rounds each
+    assert all(r.status == "ok" for run in runs for r in run.records)
+    assert len(set(blocks)) == len(blocks) == 108
+
+
+async def test_each_worker_builds_only_the_requests_it_sends() -> None:
+    """Every draft of the plan is built once, by the worker that sends it: the others skip it unbuilt."""
+    builds = mp.get_context("fork").Array("q", 60, lock=True)
+
+    def drafts() -> Any:
+        for i in itertools.count():
+
+            def build(i: int = i) -> tuple[list[int], int]:
+                with builds.get_lock():
+                    builds[i] += 1
+                return list(range(i, i + 20)), 20
+
+            yield RequestSpec([], 20, 2, build_prompt=build)
+
+    stage = Stage.scheduled("u", parse_scheduler({"kind": "uniform", "rate": 400}), drafts(), max_requests=60)
+    async with SimServer(SimConfig(time_scale=0)) as sim:
+        result = await _run(sim, [stage], 3)
+    assert list(builds) == [1] * 60
+    assert sorted(r.spec.prompt[0] for r in result.records) == list(range(60))

@@ -44,7 +44,7 @@ def _spec(text: str, tmp_path: Path) -> WorkloadSpec:
 
 
 def _take(workload: Workload, n: int) -> list[RequestSpec]:
-    return list(itertools.islice(workload.requests(), n))
+    return [draft.built() for draft in itertools.islice(workload.requests(), n)]
 
 
 def test_clients_mix_by_rate_fraction_and_follow_their_lengths(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ clients:
 
 
 def test_multi_turn_accumulates_context_from_the_server_s_answer(tmp_path: Path) -> None:
-    first = next(Workload(_spec(MULTI, tmp_path), PromptFactory(salt=1)).requests())
+    first = next(Workload(_spec(MULTI, tmp_path), PromptFactory(salt=1)).requests()).built()
     assert first.session_id == "user-0" and first.round_index == 0 and first.think_time_s == 0.25
     assert first.next_turn is not None
     answer = StreamRecord(chunk_t_ns=[1, 2], chunk_tokens=[3, 4])  # the server reported 7 tokens
@@ -150,7 +150,7 @@ def test_multi_turn_accumulates_context_from_the_server_s_answer(tmp_path: Path)
 
 def test_fixed_context_growth_keeps_only_the_prefix(tmp_path: Path) -> None:
     spec = _spec(MULTI.replace("accumulate", "fixed"), tmp_path)
-    first = next(Workload(spec, PromptFactory(salt=1)).requests())
+    first = next(Workload(spec, PromptFactory(salt=1)).requests()).built()
     assert first.next_turn is not None
     second = first.next_turn(first, StreamRecord(chunk_t_ns=[1], chunk_tokens=[5]))
     assert second is not None and second.prompt_tokens == 36

@@ -118,9 +118,10 @@ def population_requests(requests: list[RequestSpec], text: TextRenderer | None =
     """One single-token request per distinct shared prefix (to pre-populate the cache); a text prompt's
     prefix is its first ``prefix_tokens`` tokens as ``text``'s tokenizer (the model's) splits it."""
     seen: dict[str, RequestSpec] = {}
-    for r in requests:
-        if not r.prefix_group or r.prefix_group in seen:
+    for draft in requests:
+        if not draft.prefix_group or draft.prefix_group in seen:
             continue
+        r = draft.built()
         prefix: list[int] | str
         if isinstance(r.prompt, list):
             prefix = r.prompt[: r.prefix_tokens]
