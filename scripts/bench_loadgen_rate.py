@@ -25,7 +25,12 @@ core on 2026-11-30 it kept p99 ≤ 1 ms to 4000 req/s, one worker to 6000). ``ou
 worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core
 over the run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the
 sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
-connection for the client to open). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop
+connection for the client to open). With ``--server canned`` the K processes are not sims but canned
+responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST with one write of the same
+vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token events with running usage,
+the usage event, ``[DONE]``) and every GET with a model list: a server far cheaper per request than the
+sim, so the figures are the load generator's even where the sims would fall behind (the ``sim`` columns
+are then the responders'). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop
 (``get_request``, burstiness=inf, and its request function on asyncio's loop), pinned like one worker;
 its intended time is ``start + (i+1)/rate``.
 
@@ -66,6 +71,7 @@ import psutil
 
 from engine_harness.launch import free_port
 from engine_harness.process_group import child_preexec
+from engine_harness.sim.openai_wire import DONE_EVENT, StreamEncoder
 from microbench.client import aio
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.loadgen.lateness import gc_lateness
@@ -419,6 +425,72 @@ def start_sims(port: int, sim_cores: list[int], step_ms: float = 0.0) -> list[su
     return sims
 
 
+def canned_answer() -> bytes:
+    """The canned responder's answer to a POST: a whole HTTP response, one write."""
+    encoder = StreamEncoder("completion", "cmpl-canned", 0, "sim", PROMPT_TOKENS, True, True, "fp")
+    events = [encoder.token_event("a", i + 1, "length" if i + 1 == OUTPUT_TOKENS else None)
+              for i in range(OUTPUT_TOKENS)]  # fmt: skip
+    body = b"".join(events) + encoder.usage_event(OUTPUT_TOKENS) + DONE_EVENT
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+_MODELS = b'{"object":"list","data":[{"id":"sim","object":"model"}]}'
+_MODELS_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    len(_MODELS),
+    _MODELS,
+)
+
+
+class CannedResponder(asyncio.Protocol):
+    """HTTP/1.1 keep-alive: per request (its head and ``content-length`` body read) one canned write."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer, self.buffer = answer, b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport: a WriteTransport
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = self.buffer[:end].lower()
+            length, at = 0, head.find(b"content-length:")
+            if at >= 0:
+                stop = head.find(b"\r\n", at)  # -1: the head's last line
+                length = int(head[at + 15 : stop if stop >= 0 else None])
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            self.transport.write(self.answer if head.startswith(b"post") else _MODELS_ANSWER)
+
+
+def serve_canned(port: int) -> None:
+    """Run one canned responder on ``port`` (SO_REUSEPORT) until killed; prints its start line."""
+
+    async def main() -> None:
+        answer = canned_answer()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: CannedResponder(answer), "127.0.0.1", port, reuse_port=True)
+        print("serving canned answers", flush=True)
+        await server.serve_forever()
+
+    aio.run(main())
+
+
+def start_canned(port: int, cores: list[int]) -> list[subprocess.Popen[bytes]]:
+    """One canned responder per core of ``cores``, all on ``port``; ``wait_listening`` waits for them."""
+    argv = [sys.executable, __file__, "--serve-canned", str(port)]
+    return [
+        subprocess.Popen(
+            argv, preexec_fn=child_preexec({core}), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        for core in cores
+    ]
+
+
 def wait_listening(sims: list[subprocess.Popen[bytes]]) -> None:
     """Return once every sim process has printed its start line (it listens)."""
     for sim in sims:
@@ -477,7 +549,14 @@ def main() -> None:
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[1000, 2000, 3000, 4000, 6000, 8000])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--sims", type=int, default=1, help="sim processes on one port, one core each")
+    parser.add_argument("--sims", type=int, default=1, help="server processes on one port, one core each")
+    parser.add_argument(
+        "--server",
+        choices=("sim", "canned"),
+        default="sim",
+        help="sim: the sim engine; canned: a bare responder, one write of the same stream per request",
+    )
+    parser.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of sends per run")
     parser.add_argument(
         "--sim-step-ms",
@@ -494,6 +573,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="rates 2000-5000, 2 reps of 1 s")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
     args = parser.parse_args()
+    if args.serve_canned:
+        serve_canned(args.serve_canned)
+        return
     if args.quick:
         args.rates, args.reps, args.seconds = [2000, 3000, 4000, 5000], 2, 1.0
     if (
@@ -517,7 +599,10 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     load_before = os.getloadavg()
-    sims = start_sims(port, sim_cores, args.sim_step_ms)
+    if args.server == "canned":
+        sims = start_canned(port, sim_cores)
+    else:
+        sims = start_sims(port, sim_cores, args.sim_step_ms)
     try:
         wait_listening(sims)
         _wait_healthy(url)
@@ -537,8 +622,8 @@ def main() -> None:
     )
     report = {
         "machine": f"{os.cpu_count()} cores, physical (SMT siblings together) {groups}; "
-        f"{args.sims} sim(s) on cores {sim_cores}, steps of "
-        f"{args.sim_step_ms:g} ms; {places}; "
+        f"{args.sims} {'canned responder' if args.server == 'canned' else 'sim'}(s) on cores {sim_cores}"
+        f"{'' if args.server == 'canned' else f', steps of {args.sim_step_ms:g} ms'}; {places}; "
         f"timer, bare and vllm rows on core {cores[0]}",
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],

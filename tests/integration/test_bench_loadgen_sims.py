@@ -8,6 +8,10 @@ import aiohttp
 import pytest
 
 from engine_harness.launch import free_port
+from microbench.client.requests import RequestSpec
+from microbench.loadgen.session import LoadSession
+from microbench.loadgen.stages import SessionSettings, Stage
+from microbench.workloads.schedulers import parse_scheduler
 from tests.unit.test_bench_loadgen_rate import bench  # the script, loaded once
 
 pytestmark = pytest.mark.integration
@@ -64,3 +68,28 @@ def test_the_bare_sender_keeps_the_schedule_and_every_request_streams_to_its_end
     assert 0 <= run["p50_ms"] <= run["p99_ms"]
     assert run["achieved_rate"] > 0
     assert run["e2e_p50_ms"] > 0 and run["cpu_us_per_request"] > 0
+
+
+async def _one_session(url: str) -> list[str]:
+    settings = SessionSettings.model_validate({"base_url": url, "api": {"model": "sim"}})
+    specs = [RequestSpec(list(range(16)), 16, 4) for _ in range(20)]
+    stage = Stage.scheduled("u", parse_scheduler({"kind": "uniform", "rate": 500}), specs, max_requests=20)
+    async with LoadSession(settings) as session:
+        result = await session.run([stage])
+    assert all(r.stream.usage and r.stream.usage["completion_tokens"] == 4 for r in result.records)
+    assert all(sum(r.stream.chunk_tokens) == 4 for r in result.records)
+    return [r.status for r in result.records]
+
+
+def test_the_load_generator_reads_the_canned_responders_stream_as_a_complete_answer() -> None:
+    port = free_port()
+    servers = bench.start_canned(port, [sorted(os.sched_getaffinity(0))[-1]])
+    try:
+        bench.wait_listening(servers)
+        url = f"http://127.0.0.1:{port}"
+        bench._wait_healthy(url)
+        assert asyncio.run(_one_session(url)) == ["ok"] * 20
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait()

@@ -54,3 +54,31 @@ def test_scaling_is_each_worker_counts_knee_and_peak_over_one_workers() -> None:
         "4": {"knee_ratio": 3.0, "peak_ratio": 3.2, "aim": 3.6},
         "8": {"knee_ratio": None, "peak_ratio": 4.0, "aim": 7.2},
     }
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+def test_the_canned_responder_answers_each_request_once_whatever_the_reads() -> None:
+    """Heads and bodies split across reads, two requests in one read: one whole answer per request, the
+    stream for a POST and the model list for a GET."""
+    answer = bench.canned_answer()
+    responder = bench.CannedResponder(answer)
+    transport = _Transport()
+    responder.transport = transport  # type: ignore[assignment]
+    post = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n{"a": 1234}'
+    get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    for piece in (post[:10], post[10:50], post[50:]):
+        responder.data_received(piece)
+    responder.data_received(get + post)
+    assert transport.writes[0] == answer and transport.writes[2] == answer
+    assert transport.writes[1].startswith(b"HTTP/1.1 200 OK") and b'"id":"sim"' in transport.writes[1]
+    assert len(transport.writes) == 3 and responder.buffer == b""
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert int(head.lower().split(b"content-length: ")[1]) == len(body)
+    assert body.count(b"data: ") == bench.OUTPUT_TOKENS + 2 and body.endswith(b"data: [DONE]\n\n")
