@@ -537,7 +537,7 @@ def print_report(report: dict[str, Any], knee_ms: float) -> None:
         knee_ratio = "n/a" if fig["knee_ratio"] is None else f"{fig['knee_ratio']:.2f}"
         peak_ratio = "n/a" if fig["peak_ratio"] is None else f"{fig['peak_ratio']:.2f}"
         shared = (
-            "" if report["pinned"][row] else "  (workers share cores with the sims: not a scaling figure)"
+            "" if report["pinned"][row] else "  (workers share cores with the servers: not a scaling figure)"
         )
         print(f"scaling N={row}: knee(N)/knee(1) {knee_ratio}, peak sent(N)/peak(1) {peak_ratio}, "
               f"aim ≥ {fig['aim']:.1f}{shared}")  # fmt: skip

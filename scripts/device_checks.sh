@@ -4,8 +4,10 @@
 #   1. the machine: CPU model, cores, GPUs (nvidia-smi);
 #   2. the GPU tier: pytest -m gpu (NVML telemetry through nvidia-ml-py) and the telemetry unit tests,
 #      then NVML's cost per sample (NvmlSource.read over every metric of the engine's GPUs);
-#   3. the load generator past one core (scripts/bench_loadgen_rate.py): 8 sim processes on the top 8
-#      cores, 1, 2, 4 and 8 worker processes pinned to cores 0..N-1, rates up to 32000 req/s;
+#   3. the load generator past one core (scripts/bench_loadgen_rate.py): 4 canned responders on the top 4
+#      cores (one write of the sim's stream per request, ~25 us of CPU: the sims, 500-700 us a request,
+#      were what fell behind on the H200 machines), 1, 2, 4 and 8 worker processes pinned to cores
+#      0..N-1, rates up to 48000 req/s;
 #   4. the SSE client against the bare stamping client and vllm bench serve's (scripts/bench_client.py
 #      --quick), client on core 0, server on the last core.
 # Each part has its own time limit and runs whether or not the one before passed; the exit status says
@@ -66,8 +68,8 @@ print(f"NvmlSource.read: {len(readings)} readings of {src.devices}; per sample p
       f"p99 {np.percentile(us, 99):.0f} us, over 300 samples; at the sampler's 50 ms: "
       f"{np.median(us) / 50_000:.2%} of a core")
 EOF
-loadgen_args=${LOADGEN_ARGS:-"--sims 8 --workers 1 2 4 8 --rates 2000 4000 8000 16000 24000 32000 \
---seconds 1.5 --reps 2"}
+loadgen_args=${LOADGEN_ARGS:-"--server canned --sims 4 --workers 1 2 4 8 --rates 4000 8000 16000 24000 \
+32000 48000 --seconds 1.5 --reps 2"}
 # shellcheck disable=SC2086  # the arguments are words
 part "load generator past one core" 300 "$out/loadgen.log" "$py" scripts/bench_loadgen_rate.py $loadgen_args \
     --out "$out/loadgen.json"
