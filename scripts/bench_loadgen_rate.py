@@ -30,8 +30,10 @@ responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST with o
 vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token events with running usage,
 the usage event, ``[DONE]``) and every GET with a model list: a server far cheaper per request than the
 sim, so the figures are the load generator's even where the sims would fall behind (the ``sim`` columns
-are then the responders'). With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop
-(``get_request``, burstiness=inf, and its request function on asyncio's loop), pinned like one worker;
+are then the responders'). ``--warm-connections K``: each worker opens K connections before its stage
+(``SessionSettings.warm_connections``), so a late burst reuses them instead of connecting. With
+``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request
+function on asyncio's loop), pinned like one worker;
 its intended time is ``start + (i+1)/rate``.
 
 The garbage collector's part: the collector passes that began in each run's sending window (every
@@ -241,14 +243,16 @@ def one_run(
     cores: list[int],
     pinned: list[int] | None,
     knee_ms: float,
+    warm: int = 0,
 ) -> dict[str, Any]:
-    """``workers`` processes keeping the schedule, worker k on core ``pinned[k]`` (None: on ``cores``)."""
+    """``workers`` processes keeping the schedule, worker k on core ``pinned[k]`` (None: on ``cores``),
+    each with ``warm`` connections opened before the stage."""
     n = max(int(rate * seconds), 10)
     factory = PromptFactory()
     specs = [RequestSpec(factory.cold(PROMPT_TOKENS), PROMPT_TOKENS, OUTPUT_TOKENS) for _ in range(n)]
     stage = Stage.scheduled("rate", parse_scheduler({"kind": "uniform", "rate": rate}), specs, max_requests=n)
     settings = SessionSettings.model_validate(
-        {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 3}
+        {"base_url": url, "api": {"model": "sim"}, "drain_timeout_s": 3, "warm_connections": warm}
     )
     os.sched_setaffinity(0, set(cores) if pinned is None else set(pinned))
     result = aio.run(run_sessions(settings, [stage], workers, cores=pinned))
@@ -375,7 +379,7 @@ def measure(
     """Every row at every rate, ``--reps`` times, interleaved and in alternating order; beside each run,
     the busiest sim's CPU share over it (≈ 1: that sim, not the load generator, set the pace)."""
     for w in args.workers:
-        one_run(url, 200, 0.5, w, cores, pinned[w], args.knee_ms)  # warm every path and the sims
+        one_run(url, 200, 0.5, w, cores, pinned[w], args.knee_ms, args.warm_connections)  # warm every path
     bare_run(url, 200, 0.5, cores)
     rows: list[str] = ["timer", "bare", *map(str, args.workers), *(["vllm"] if args.vllm else [])]
     if args.vllm:
@@ -392,7 +396,8 @@ def measure(
                 elif row == "vllm":
                     run = vllm_run(url, rate, args.seconds, cores)
                 else:
-                    run = one_run(url, rate, args.seconds, int(row), cores, pinned[int(row)], args.knee_ms)
+                    run = one_run(url, rate, args.seconds, int(row), cores, pinned[int(row)], args.knee_ms,
+                                  args.warm_connections)  # fmt: skip
                 sim_cpu = _cpu_s(sims) - sim_cpu0
                 run["sim_cpu_max"] = float(max(sim_cpu) / (time.perf_counter() - wall0))
                 run["sim_cpu_us_per_request"] = float(sum(sim_cpu) / run["requests"] * 1e6)
@@ -557,6 +562,12 @@ def main() -> None:
         help="sim: the sim engine; canned: a bare responder, one write of the same stream per request",
     )
     parser.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--warm-connections",
+        type=int,
+        default=0,
+        help="each worker opens this many connections before its stage (SessionSettings.warm_connections)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of sends per run")
     parser.add_argument(
         "--sim-step-ms",

@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--drain-timeout", type=duration, default=60.0, help="in-flight drain limit (default 60s)"
     )
+    run.add_argument(
+        "--warm-connections", type=int, default=0, metavar="K",
+        help="open K connections before each stage (per worker), so a burst of late sends reuses them "
+        "instead of connecting (default 0)",
+    )  # fmt: skip
     run.add_argument("--events", action="store_true", help="also write events.jsonl")
     run.add_argument(
         "--workers", type=int, default=1,
@@ -93,6 +98,8 @@ def _check(args: argparse.Namespace) -> None:
         raise BadInput(f"--cv must be > 0 (got {args.cv})")
     if args.workers < 1:
         raise BadInput(f"--workers must be ≥ 1 (got {args.workers})")
+    if not 0 <= args.warm_connections <= 10_000:
+        raise BadInput(f"--warm-connections must be 0-10000 (got {args.warm_connections})")
     if args.workers > 1 and args.events:
         raise BadInput("--events needs one process: drop --events or use --workers 1")
 
@@ -195,6 +202,7 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         api=ApiSettings(model=model, api=args.api),
         drain_timeout_s=args.drain_timeout,
         api_key_env=args.api_key_env,
+        warm_connections=args.warm_connections,
     )
     held.enter_context(hold_folder(args.out))  # one writer per folder, taken once the inputs are checked
     writer = JsonlEventWriter(args.out / "events.jsonl") if args.events else None

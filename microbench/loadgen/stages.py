@@ -35,6 +35,13 @@ class SessionSettings(StrictModel):
     drain_timeout_s: float = Field(default=60.0, gt=0, description="how long in-flight requests may finish")
     request_timeout_s: float | None = Field(default=None, gt=0, description="total time one request may take")
     api_key_env: str | None = Field(default=None, description="environment variable holding a bearer token")
+    warm_connections: int = Field(
+        default=0,
+        ge=0,
+        le=10_000,
+        description="before each stage, open this many connections (concurrent GET /v1/models) so its first "
+        "bursts reuse them instead of connecting; per worker process",
+    )
     spin_us: int = Field(
         default=1000,
         ge=0,

@@ -59,9 +59,10 @@ W1 = ["--workload", WORKLOAD, "--rate", "1"]
         ([*W1, "--scheduler", "trace", "--model", "m", *END], "--scheduler trace"),
         ([*W1, "--scheduler", "trace", "--trace-file", "{missing}", "--model", "m", *END], "does not exist"),
         (["--workload", WORKLOAD, "--rate", "1", "--model", "m"], "give --requests N, --duration T or both"),
+        ([*W1, "--warm-connections", "-1", *M, *END], "--warm-connections must be 0-10000 (got -1)"),
     ],
     ids=["uniform", "lognormal", "concurrency0", "rate-5", "requests0", "closed-port", "token-range", "cv-1",
-         "trace-without-file", "trace-missing", "no-end"],
+         "trace-without-file", "trace-missing", "no-end", "warm-1"],
 )  # fmt: skip
 def test_row6_loadgen_bad_input_is_one_line_and_exit_2(
     place: Place, run, argv: list[str], needle: str
