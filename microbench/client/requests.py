@@ -51,6 +51,7 @@ class RequestSpec:
     think_time_s: float = 0.0
     # a draft: ``prompt`` is empty and ``prompt_tokens`` the asked length until ``built()``
     build_prompt: BuildPrompt | None = None
+    clipped: bool = False  # its lengths were shortened to fit the engine's context (``max_model_len``)
 
     def built(self) -> RequestSpec:
         """This request with its prompt made (itself when it has one); the token count is the prompt's."""

@@ -218,7 +218,7 @@ async def _run(args: argparse.Namespace, held: ExitStack) -> dict[str, Any]:
         args.out,
         result,
         workload={"name": spec.name, "spec": spec.model_dump(mode="json"), "notes": spec.notes,
-                  "clipped_requests": workload.clipped, "arrival_seed": args.seed,
+                  "clipped_requests": sum(r.spec.clipped for r in result.records), "arrival_seed": args.seed,
                   "self_timed": fields},
         seed=spec.seed,
         prompts=prompt_disclosure,

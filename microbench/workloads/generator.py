@@ -9,7 +9,9 @@ yields ``(offset_ns, RequestSpec)`` with every client's own arrival process at i
 rate, only inside its windows.
 
 With ``max_model_len`` a request that would not fit (prefix + input + output) gets its input, then its
-output, shortened; ``clipped`` counts them for the trace header. Multi-turn clients draw all rounds'
+output, shortened, and says so (``RequestSpec.clipped``: the trace header counts the sent ones, whichever
+worker sent them); an accumulating conversation whose next round would not fit ends there (its rounds in
+the trace show it). Multi-turn clients draw all rounds'
 lengths up front (so runs stay reproducible); a later round's prompt is the earlier prompt, a stand-in for
 the answer of the length the server reported (fresh ids; the answer's own ids are not returned; text
 prompts use the answer's text), and a new question.
@@ -64,7 +66,6 @@ class Workload:
         self.prompts = prompts or PromptFactory()
         self.text = text
         self.max_model_len = max_model_len
-        self.clipped = 0
         self._prefix_lengths = {
             c.prefix.group: c.prefix.length.sample(self._rng(1, i), c.prefix.count).tolist()
             for i, c in enumerate(spec.clients)
@@ -161,14 +162,14 @@ class Workload:
             return paired_sample(client.input_length, client.output_length, rng, n)
         return client.input_length.sample(rng, n), client.output_length.sample(rng, n)
 
-    def _fit(self, prefix_len: int, input_len: int, output_len: int) -> tuple[int, int]:
-        """Input and output lengths shortened (input first) so the request fits ``max_model_len``."""
+    def _fit(self, prefix_len: int, input_len: int, output_len: int) -> tuple[int, int, bool]:
+        """Input and output lengths shortened (input first) so the request fits ``max_model_len``, and
+        whether they were."""
         if self.max_model_len is None or prefix_len + input_len + output_len <= self.max_model_len:
-            return input_len, output_len
-        self.clipped += 1
+            return input_len, output_len, False
         room = self.max_model_len - prefix_len
         output_len = max(1, min(output_len, room - 1))
-        return max(1, room - output_len), output_len
+        return max(1, room - output_len), output_len, True
 
     def _render(self, ids: list[int]) -> tuple[list[int] | str, int]:
         if self.text is None:
@@ -183,7 +184,7 @@ class Workload:
         if prefix_index >= 0 and client.prefix is not None:
             group = client.prefix.group
             prefix_len = int(self._prefix_lengths[group][prefix_index])
-        input_len, output_len = self._fit(prefix_len, input_len, output_len)
+        input_len, output_len, clipped = self._fit(prefix_len, input_len, output_len)
         item = self.prompts.item()
         prefix = (group, prefix_index, prefix_len)
         return RequestSpec(
@@ -201,6 +202,7 @@ class Workload:
             next_turn=None if turns is None else functools.partial(self._next_round, turns, item, prefix),
             think_time_s=0.0 if turns is None else turns.think_time_s,
             build_prompt=functools.partial(self._first_prompt, item, prefix, input_len),
+            clipped=clipped,
         )
 
     def _prefix(self, prefix: tuple[str, int, int]) -> list[int]:
@@ -239,13 +241,17 @@ class Workload:
                 ids = previous.prompt + answer_ids + self.prompts.cold(question_len, item, question_part)
                 prompt, n_tokens = ids, len(ids)
             if self.max_model_len is not None and n_tokens + output_len > self.max_model_len:
-                self.clipped += 1
                 return None
         else:
             question_ids = self.prompts.cold(question_len, item, question_part)
             prompt, n_tokens = self._render(self._prefix(prefix) + question_ids)
         return dataclasses.replace(
-            previous, prompt=prompt, prompt_tokens=n_tokens, max_tokens=output_len, round_index=index + 1
+            previous,
+            prompt=prompt,
+            prompt_tokens=n_tokens,
+            max_tokens=output_len,
+            round_index=index + 1,
+            clipped=False,
         )
 
     def _joined_text(self, text: str) -> tuple[str, int]:

@@ -165,3 +165,27 @@ def test_the_conversation_workload_reads_a_sharegpt_file_by_flag(tmp_path: Path)
     assert set(zip(rows["prompt_tokens"] - rows["prefix_tokens"], rows["max_tokens"], strict=True)) <= set(
         pairs
     )
+
+
+def test_clipped_requests_are_counted_from_what_the_workers_sent(tmp_path: Path) -> None:
+    """The header's ``clipped_requests`` counts the sent requests shortened to fit ``--max-model-len``,
+    whichever worker sent them (the parent draws none of them)."""
+    spec = {
+        "name": "clip", "seed": 3,
+        "clients": [
+            {"id": "short", "input_length": {"type": "fixed", "value": 16},
+             "output_length": {"type": "fixed", "value": 8}},
+            {"id": "long", "input_length": {"type": "fixed", "value": 200},
+             "output_length": {"type": "fixed", "value": 8}},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "clip.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with _sim() as sim:
+        flags = ("--rate", "100", "--requests", "30", "--max-model-len", "64", "--workers", "2")
+        assert _cli(sim, tmp_path / "run", *flags, workload=str(path)) == 0
+    header, rows = read_trace(tmp_path / "run")
+    long = rows[rows["client_id"] == "long"]
+    assert len(rows) == 30 and 0 < len(long) < 30 and set(rows["worker"]) == {0, 1}
+    assert header.workload["clipped_requests"] == len(long)
+    assert (long["prompt_tokens"] + long["max_tokens"] == 64).all()

@@ -61,6 +61,7 @@ async def test_two_workers_send_one_seeded_schedule_and_every_prompt_once() -> N
     )
     prompts = [tuple(r.spec.prompt) for r in two.records]
     assert len(set(prompts)) == 80  # no prompt sent twice: the workers' shares never meet
+    assert set(prompts) == {tuple(r.spec.prompt) for r in one.records}  # one salt: the same prompts, any N
     assert {r.worker for r in two.records} == {0, 1}
     assert rows_two["worker"].tolist() == [r.worker for r in two.records] and set(rows_one["worker"]) == {0}
     assert [o.issued for o in two.stages] == [40, 40]
