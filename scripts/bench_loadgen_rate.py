@@ -418,16 +418,18 @@ def start_sims(port: int, sim_cores: list[int], step_ms: float = 0.0) -> list[su
                   "--beta-c-ms", "0", "--gamma-ns", "0"]  # fmt: skip
     argv = [sys.executable, "-m", "engine_harness.sim", "--port", str(port), "--model", "sim", "--reuse-port",
             *timing, "--max-num-seqs", "4096"]  # fmt: skip
-    sims = [
+    return _one_per_core(argv, sim_cores)
+
+
+def _one_per_core(argv: list[str], cores: list[int]) -> list[subprocess.Popen[bytes]]:
+    """``argv`` started once per core of ``cores``, each pinned to its core, its stdout piped (the start
+    line ``wait_listening`` reads)."""
+    return [
         subprocess.Popen(
-            argv,
-            preexec_fn=child_preexec({core}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            argv, preexec_fn=child_preexec({core}), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        for core in sim_cores
+        for core in cores
     ]
-    return sims
 
 
 def canned_answer() -> bytes:
@@ -487,13 +489,7 @@ def serve_canned(port: int) -> None:
 
 def start_canned(port: int, cores: list[int]) -> list[subprocess.Popen[bytes]]:
     """One canned responder per core of ``cores``, all on ``port``; ``wait_listening`` waits for them."""
-    argv = [sys.executable, __file__, "--serve-canned", str(port)]
-    return [
-        subprocess.Popen(
-            argv, preexec_fn=child_preexec({core}), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        for core in cores
-    ]
+    return _one_per_core([sys.executable, __file__, "--serve-canned", str(port)], cores)
 
 
 def wait_listening(sims: list[subprocess.Popen[bytes]]) -> None:

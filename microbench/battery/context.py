@@ -33,7 +33,7 @@ from microbench.measure.runs import Run, run_of
 from microbench.measure.saturation import SATURATION_RULE
 from microbench.measure.sustainable import Capacity, LedgerEntry, capacity_from
 from microbench.workloads.generator import Workload
-from microbench.workloads.prompts import PromptFactory, TextRenderer
+from microbench.workloads.prompts import PromptFactory, TextRenderer, as_prompt
 from microbench.workloads.reference import load_workload
 from microbench.workloads.spec import WorkloadSpec
 
@@ -111,8 +111,7 @@ class BatteryContext:
             yield RequestSpec([], input_tokens, output_tokens, build_prompt=build)
 
     def _prompt(self, draw: Callable[..., list[int]], n: int, item: int) -> tuple[list[int] | str, int]:
-        ids = draw(n, item=item)
-        return (ids, len(ids)) if self.text is None else self.text.render(ids)
+        return as_prompt(draw(n, item=item), self.text)
 
     async def run(self, label: str, stages: list[Stage], base_url: str | None = None) -> Run:
         """Run ``stages`` against the engine (or ``base_url``) and keep their trace."""

@@ -31,7 +31,7 @@ import numpy as np
 from microbench.client.requests import RequestSpec
 from microbench.client.streams import StreamRecord
 from microbench.workloads.distributions import EmpiricalDist, paired_sample
-from microbench.workloads.prompts import PromptFactory, TextRenderer
+from microbench.workloads.prompts import PromptFactory, TextRenderer, as_prompt
 from microbench.workloads.spec import ClientSpec, WorkloadSpec
 
 __all__ = ["Workload"]
@@ -171,11 +171,6 @@ class Workload:
         output_len = max(1, min(output_len, room - 1))
         return max(1, room - output_len), output_len, True
 
-    def _render(self, ids: list[int]) -> tuple[list[int] | str, int]:
-        if self.text is None:
-            return ids, len(ids)
-        return self.text.render(ids)
-
     def _first_round(
         self, client: ClientSpec, prefix_index: int, input_len: int, output_len: int, turns: _Turns | None
     ) -> RequestSpec:
@@ -212,7 +207,7 @@ class Workload:
     def _first_prompt(
         self, item: int, prefix: tuple[str, int, int], input_len: int
     ) -> tuple[list[int] | str, int]:
-        return self._render(self._prefix(prefix) + self.prompts.cold(input_len, item))
+        return as_prompt(self._prefix(prefix) + self.prompts.cold(input_len, item), self.text)
 
     def _next_round(
         self,
@@ -233,7 +228,7 @@ class Workload:
         prompt: list[int] | str
         if turns.accumulate:
             if isinstance(previous.prompt, str):
-                question, _ = self._render(self.prompts.cold(question_len, item, question_part))
+                question, _ = as_prompt(self.prompts.cold(question_len, item, question_part), self.text)
                 assert isinstance(question, str)
                 prompt, n_tokens = self._joined_text(previous.prompt + "".join(answer.text) + question)
             else:
@@ -244,7 +239,7 @@ class Workload:
                 return None
         else:
             question_ids = self.prompts.cold(question_len, item, question_part)
-            prompt, n_tokens = self._render(self._prefix(prefix) + question_ids)
+            prompt, n_tokens = as_prompt(self._prefix(prefix) + question_ids, self.text)
         return dataclasses.replace(
             previous,
             prompt=prompt,

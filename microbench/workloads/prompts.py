@@ -47,6 +47,7 @@ __all__ = [
     "PromptFactory",
     "TextRenderer",
     "Tokenizer",
+    "as_prompt",
     "item_counts",
     "load_tokenizer",
     "prompt_source",
@@ -236,6 +237,11 @@ class TextRenderer:
                 break
             work = work[: len(work) - (count - target)] if count > target else work + ids[: target - count]
         return text, count
+
+
+def as_prompt(ids: list[int], text: TextRenderer | None) -> tuple[list[int] | str, int]:
+    """``ids`` as the prompt sent and its token count: as they are, or exact-count text through ``text``."""
+    return (ids, len(ids)) if text is None else text.render(ids)
 
 
 def _tokenizer_path(model: str, tokenizer: str | None) -> str | None:
