@@ -46,6 +46,7 @@ __all__ = ["LoadSession"]
 # GET /v1/models round trips before the stages: the network's share of every latency. The API server
 # answers it alone; SGLang's /health runs a one-token generation and polls for it once a second (≥ 1 s).
 _RTT_PROBES = 5
+_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)  # a GET /v1/models before the stages (round trip, warm pool)
 
 
 class LoadSession:
@@ -145,7 +146,7 @@ class LoadSession:
         for _ in range(count):
             t0 = time.perf_counter_ns()
             try:
-                async with self._http.get(url, headers=self._headers, timeout=aiohttp.ClientTimeout(total=2)):
+                async with self._http.get(url, headers=self._headers, timeout=_PROBE_TIMEOUT):
                     times.append((time.perf_counter_ns() - t0) / 1e6)
             except (aiohttp.ClientError, TimeoutError):
                 return times
@@ -156,14 +157,14 @@ class LoadSession:
         pool for the stage. Without it, a late stretch sends its overdue requests in one burst and each one
         past the pool's idle connections opens its own: on a 2-core box's core against a canned responder
         (4000-5000 req/s, 2-s reps, 2026-12-01, results/loadgen-canned-cpu/) reps with p99 delay > 1 ms
-        were 11 of 56 cold and 3 of 56 with 200 opened first. A refused or failed GET is let be: the
-        stage's own requests record what is wrong."""
+        were 11 of 56 cold and 3 of 56 with 200 opened first. A refused, failed or unanswered GET (2 s)
+        is let be: the stage's own requests record what is wrong."""
         http, url = self._http, self.settings.base_url.rstrip("/") + "/v1/models"
         assert http is not None
 
         async def one() -> None:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(url, headers=self._headers) as resp:
+                async with http.get(url, headers=self._headers, timeout=_PROBE_TIMEOUT) as resp:
                     await resp.read()
 
         await asyncio.gather(*(one() for _ in range(count)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -64,3 +66,33 @@ async def test_a_stage_sends_on_the_connections_opened_before_it(
         assert (
             len(set(seen["post"]) - set(probes)) >= 7
         )  # 8 at once: the pool's one idle connection, then new
+
+
+async def test_a_server_that_never_answers_does_not_hold_the_stage_at_its_warm_up() -> None:
+    """A frozen engine accepts connections and answers nothing: the warm-up gives up after its 2 s and
+    the stage's request is recorded as cancelled at the drain timeout, not waited on for ever."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = SessionSettings.model_validate(
+        {"base_url": f"http://127.0.0.1:{port}", "api": {"model": "m"}, "warm_connections": 4,
+         "drain_timeout_s": 0.5}
+    )  # fmt: skip
+    specs: Any = [RequestSpec(list(range(8)), 8, 2)]
+    stage = Stage.scheduled(
+        "c", parse_scheduler({"kind": "concurrency", "concurrency": 1}), specs, max_requests=1
+    )
+    t0 = time.perf_counter()
+    try:
+        async with LoadSession(settings) as session:
+            result = await asyncio.wait_for(session.run([stage]), 30)
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+    assert [r.status for r in result.records] == ["cancelled"]
+    assert time.perf_counter() - t0 < 15  # round-trip probe 2 s, warm-up 2 s, drain 0.5 s
