@@ -1,13 +1,13 @@
 """What a load-generation worker among N pays for the plan items the other workers send.
 
-Every worker pulls every item of a stage's plan (that keeps one seeded schedule and one numbering between
-them) and sends those whose pull count is its own modulo N (``microbench.loadgen.session``). Since the
-plans yield drafts (``RequestSpec.built``), a worker builds only its own items' prompts; before, every
-pulled item came built, so each worker paid for all N shares. Both are measured here in one run, on a
-self-timed workload plan (``Workload.plan``), with the session's rule (pull count k modulo N) as worker 0
-of N, interleaved and in alternating order, ``--reps`` times:
+Every worker goes through every item of a stage's plan (that keeps one seeded schedule and one numbering
+between them) and sends those whose count is its own modulo N (``microbench.loadgen.stages.share_of``).
+Three ways of doing that are measured in one run, on a self-timed workload plan (``Workload.plan``), as
+worker 0 of N, interleaved and in alternating order, ``--reps`` times:
 
-- ``own``: pull every item, build worker 0's (what a worker does now);
+- ``skip``: ``share_of``, what a worker does now: the others' items ``skip()``ped (their draws and numbers
+  taken, no draft made), its own built;
+- ``drafts``: pull every item's draft, build worker 0's (what a worker did before ``skip()``);
 - ``all``: pull and build every item (what each worker did before drafts: the yardstick in the same run).
 
 Per row: CPU µs (``time.process_time``) per item the worker sends, the median over the reps, and its ratio
@@ -21,6 +21,7 @@ bundled model's tokenizer (``TextRenderer``: the chat API's exact-count text), t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -32,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from engine_harness.engines import DEFAULT_MODEL
+from microbench.loadgen.stages import share_of
 from microbench.workloads.generator import Workload
 from microbench.workloads.prompts import BYTE_SPACE, PromptFactory, prompt_source
 from microbench.workloads.reference import load_workload
 
 WORKLOADS = ("sweeps/workloads/calibrate-poisson.yaml", "sweeps/workloads/calibrate-bursty.yaml")
-MODES = ("own", "all")
+MODES = ("skip", "drafts", "all")
 
 
 def machine() -> str:
@@ -54,17 +56,21 @@ def machine() -> str:
 
 
 def cost(workload: Workload, items: int, workers: int, mode: str) -> float:
-    """CPU µs per item worker 0 of ``workers`` sends, over ``items`` pulled items of ``workload``'s plan."""
+    """CPU µs per item worker 0 of ``workers`` sends, over ``items`` items of ``workload``'s plan."""
     plan = workload.plan(duration_s=1e6, aggregate_rate=100.0)
     own = 0
     cpu0 = time.process_time()
-    for pulled, (_, spec) in enumerate(plan):
-        if pulled >= items:
-            break
-        mine = pulled % workers == 0
-        if mine or mode == "all":
-            spec.built()
-        own += mine
+    if mode == "skip":
+        for _, spec in share_of(plan, 0, workers, limit=items):
+            if spec is not None:
+                spec.built()
+                own += 1
+    else:
+        for pulled, (_, spec) in enumerate(itertools.islice(plan, items)):
+            mine = pulled % workers == 0
+            if mine or mode == "all":
+                spec.built()
+            own += mine
     return (time.process_time() - cpu0) / own * 1e6
 
 
@@ -104,11 +110,11 @@ def main() -> None:
         parser.error("--workers must include 1 (the ratios' base), all ≥ 1; --reps ≥ 1; --items ≥ max N")
     report = run(args)
     print(report["machine"])
-    print(f"{'workload':>18} {'api':>12} {'mode':>5} {'N':>3} {'CPU µs/own item':>16} {'÷ N=1':>7}")
+    print(f"{'workload':>18} {'api':>12} {'mode':>6} {'N':>3} {'CPU µs/own item':>16} {'÷ N=1':>7}")
     for key, fig in report["table"].items():
         name, api, mode, n = key.split("|")
         us, ratio = fig["us_per_own_item"], fig["ratio_to_one"]
-        print(f"{name:>18} {api:>12} {mode:>5} {n:>3} {us:>16.1f} {ratio:>7.2f}")
+        print(f"{name:>18} {api:>12} {mode:>6} {n:>3} {us:>16.1f} {ratio:>7.2f}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -15,6 +15,10 @@
 # client.log}.
 #
 #   bash scripts/device_checks.sh OUT [PYTHON]     # PYTHON: default .venv/bin/python
+# On the H200 image (no registry, no pydantic): build/wheels312 from scripts/device_wheels.sh here, then
+# a device run that carries build/wheels312 and runs
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site build/wheels312/*.whl &&
+#   PYTHONPATH=/tmp/site:build/wheels312/vllm-client:$PWD bash scripts/device_checks.sh "$OUT" python3
 #   LOADGEN_ARGS="--sims 1 --workers 1 --rates 500 --seconds 1 --reps 1" CLIENT_ARGS="--reps 2" \
 #       bash scripts/device_checks.sh OUT              # a dry run of every part on a small box
 set -uo pipefail

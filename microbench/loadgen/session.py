@@ -4,7 +4,8 @@
 pool) and runs ``Stage`` after ``Stage``: a warm-up, then the measured stages of a rate or concurrency
 sweep. A stage pairs a plan, ``(target offset ns, RequestSpec)`` pairs from a scheduler or a self-timed
 workload, with its limits (a request count, a duration, or both). A plan's requests may be drafts: the
-session builds (``RequestSpec.built``) those it sends, before waiting for their time.
+session builds (``RequestSpec.built``) those it sends, before waiting for their time; as worker k of N it
+takes its share with ``share_of`` (the others' items skipped, where the plan can, without being made).
 
 Open loop: the dispatcher sleeps until each target (the last ``spin_us`` by yielding to the event loop,
 for sub-millisecond precision) and starts the request as a task; nothing it waits on depends on a
@@ -39,7 +40,14 @@ from microbench.client.session import engine_session
 from microbench.client.streams import StreamRecord
 from microbench.loadgen.client import classify, send_request
 from microbench.loadgen.events import Event, EventBus, EventHook, EventKind
-from microbench.loadgen.stages import RequestRecord, SessionResult, SessionSettings, Stage, StageOutcome
+from microbench.loadgen.stages import (
+    RequestRecord,
+    SessionResult,
+    SessionSettings,
+    Stage,
+    StageOutcome,
+    share_of,
+)
 
 __all__ = ["LoadSession"]
 
@@ -204,17 +212,16 @@ class LoadSession:
         self._emit(EventKind.DRAINED, outcome.end_ns, cancelled=outcome.drain_cancelled)
         return outcome
 
-    def _plan(self, stage: Stage) -> Iterator[tuple[int, RequestSpec, bool]]:
-        """The stage's plan up to its request limit, each item marked whether this worker sends it."""
+    def _plan(self, stage: Stage) -> Iterator[tuple[int, RequestSpec | None]]:
+        """The stage's plan up to its request limit: each item's offset, with its request where this
+        worker sends it (``share_of``: the others' items are skipped, not made), else None."""
         k, n = self.share
-        for seen, (offset_ns, spec) in enumerate(stage.plan):
-            if stage.max_requests is not None and seen >= stage.max_requests:
-                return
+        for item in share_of(stage.plan, k, n, self._pulled, stage.max_requests):
             self._pulled += 1
-            yield offset_ns, spec, (self._pulled - 1) % n == k
+            yield item
 
     async def _open_loop(self, stage: Stage, outcome: StageOutcome, deadline: int | None) -> None:
-        for offset_ns, spec, mine in self._plan(stage):
+        for offset_ns, spec in self._plan(stage):
             if self._stopping:
                 return
             target = outcome.start_ns + offset_ns
@@ -222,8 +229,8 @@ class LoadSession:
                 # the issuing window is the nominal one: its empty tail (no arrival drawn) belongs to it
                 await self._sleep_until(deadline)
                 return
-            if not mine:
-                continue  # another worker's: its prompt is never made here
+            if spec is None:
+                continue  # another worker's: its request is never made here
             spec = spec.built()  # before the wait, not between the target and the send
             if not await self._sleep_until(target):
                 return
@@ -249,8 +256,8 @@ class LoadSession:
             slots.put_nowait(time.perf_counter_ns())
 
         try:
-            for offset_ns, spec, mine in self._plan(stage):
-                if not mine:
+            for offset_ns, spec in self._plan(stage):
+                if spec is None:
                     continue
                 spec = spec.built()
                 freed_ns = await slots.get()

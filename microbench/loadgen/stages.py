@@ -1,4 +1,10 @@
-"""What a load session runs and returns: its settings, stages (plan + limits) and per-request records."""
+"""What a load session runs and returns: its settings, stages (plan + limits) and per-request records.
+
+A plan is an iterator of ``(offset_ns, RequestSpec)``. One that can also ``skip()`` (pass its next item by
+without making the request, returning the item's offset: ``Workload.plan``, and a ``Stage.scheduled``
+plan whose requests can ``skip()``, as ``Workload.requests`` can) lets a worker among N pass the items the
+others send for the price of their draws: ``share_of`` is how a worker takes its share.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ __all__ = [
     "SessionSettings",
     "Stage",
     "StageOutcome",
+    "share_of",
     "sweep_stages",
 ]
 
@@ -86,7 +93,7 @@ class Stage:
             raise ValueError(f"stage {name!r}: give max_requests, duration_s or both")
         return cls(
             name=name,
-            plan=zip(scheduler.offsets_ns(), requests, strict=False),
+            plan=_Scheduled(scheduler.offsets_ns(), iter(requests)),
             max_requests=max_requests,
             duration_s=duration_s,
             warmup=warmup,
@@ -94,6 +101,52 @@ class Stage:
             in_flight_limit=scheduler.in_flight_limit,
             description=scheduler.model_dump(),
         )
+
+
+class _Scheduled:
+    """A scheduler's offsets paired with a stream of requests; ``skip()`` where the requests can."""
+
+    def __init__(self, offsets: Iterator[int], requests: Iterator[RequestSpec]) -> None:
+        self._offsets, self._requests = offsets, requests
+        self._skip_request = getattr(requests, "skip", None)
+
+    def skip(self) -> int:
+        offset_ns = next(self._offsets)
+        if self._skip_request is None:
+            next(self._requests)
+        else:
+            self._skip_request()
+        return offset_ns
+
+    def __iter__(self) -> _Scheduled:
+        return self
+
+    def __next__(self) -> tuple[int, RequestSpec]:
+        offset_ns = next(self._offsets)
+        return offset_ns, next(self._requests)
+
+
+def share_of(
+    plan: Iterable[tuple[int, RequestSpec]], k: int, n: int, first: int = 0, limit: int | None = None
+) -> Iterator[tuple[int, RequestSpec | None]]:
+    """The items of ``plan`` as worker ``k`` of ``n`` takes them: every item's offset, with its request
+    where the item is this worker's (counted from ``first``, the items pulled before: item ``first + i`` is
+    worker ``(first + i) mod n``'s), else None; at most ``limit`` items (none pulled past it). The others'
+    items are ``skip()``ped where the plan can, so their requests are never made."""
+    items = iter(plan)
+    skip = getattr(items, "skip", None) if n > 1 else None
+    i = 0
+    while limit is None or i < limit:
+        mine = (first + i) % n == k
+        try:
+            if mine or skip is None:
+                offset_ns, spec = next(items)
+            else:
+                offset_ns, spec = skip(), None
+        except StopIteration:
+            return
+        i += 1
+        yield offset_ns, spec if mine else None
 
 
 def sweep_stages(

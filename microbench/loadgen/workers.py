@@ -17,7 +17,8 @@ order of intended send time and numbered again, each stage's outcome summed (``m
 of the workers' maxima, an upper bound; ``gc_passes``: every worker's, by start). ``RequestRecord.worker``
 says who sent what; ``worker_delays`` gives each worker's schedule delay, the figure that shows which one
 fell behind. Each worker builds only the requests it sends (the plans yield drafts, ``RequestSpec.built``),
-so skipping the others' costs their lengths, not their prompts; it sends back its prompt factories' request
+and passes the others' by with the plan's ``skip()`` where it has one (``stages.share_of``: a workload's
+plan does), for the price of their draws, not their drafts; it sends back its prompt factories' request
 counts, which this process takes over, so a later run here never numbers a request again that a worker drew
 (``microbench.workloads.prompts``). One worker (the default) runs in this process, as before. ``cores``
 pins worker k to a core. ``SentCount`` lets a progress display (the battery's) read how many requests the

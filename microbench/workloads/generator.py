@@ -6,7 +6,9 @@ popularity. Lengths, client and prefix choices come only from the spec's ``seed`
 ``PromptFactory`` (whose salt makes cold prompts unique per run), made only when the request is built
 (``RequestSpec.built``: the load generator builds the requests it sends, no others). ``Workload.plan()``
 yields ``(offset_ns, RequestSpec)`` with every client's own arrival process at its share of the aggregate
-rate, only inside its windows.
+rate, only inside its windows. Both can ``skip()`` an item: its draws and request number are taken, its
+draft is not made, so a worker among N passes the others' items for about 1 µs each where a draft costs 4
+(``microbench.loadgen.stages.share_of``; ``scripts/bench_plan_share.py``).
 
 With ``max_model_len`` a request that would not fit (prefix + input + output) gets its input, then its
 output, shortened, and says so (``RequestSpec.clipped``: the trace header counts the sent ones, whichever
@@ -84,19 +86,12 @@ class Workload:
         weights = ranks ** -(client.prefix.zipf_s or 0.0)
         return weights / weights.sum()
 
-    def requests(self) -> Iterator[RequestSpec]:
+    def requests(self) -> _Mixed:
         """Endless requests, clients mixed by ``rate_fraction``."""
         fractions = np.array([c.rate_fraction for c in self.spec.clients])
-        choice_rng = self._rng(2)
-        makers = [self._client_requests(i) for i in range(len(self.spec.clients))]
-        while True:
-            picks = choice_rng.choice(len(makers), size=1024, p=fractions / fractions.sum())
-            for index in picks:
-                yield next(makers[index])
+        return _Mixed(self._rng(2), fractions / fractions.sum(), self._client_drafts())
 
-    def plan(
-        self, duration_s: float, aggregate_rate: float | None = None
-    ) -> Iterator[tuple[int, RequestSpec]]:
+    def plan(self, duration_s: float, aggregate_rate: float | None = None) -> _Timed:
         """Timed requests for ``duration_s``: each client's arrivals at its share of the aggregate rate."""
         rate = aggregate_rate or self.spec.aggregate_rate
         if rate is None:
@@ -107,9 +102,7 @@ class Workload:
             for i, c in enumerate(self.spec.clients)
         ]
         merged = heapq.merge(*(zip(times, itertools.repeat(i)) for i, times in enumerate(streams)))
-        makers = [self._client_requests(i) for i in range(len(self.spec.clients))]
-        for offset_ns, index in merged:
-            yield offset_ns, next(makers[index])
+        return _Timed(merged, self._client_drafts())
 
     def _client_times(self, index: int, rate: float, duration_s: float) -> Iterator[int]:
         client = self.spec.clients[index]
@@ -124,33 +117,8 @@ class Workload:
                     break
                 yield start_ns + offset
 
-    def _client_requests(self, index: int) -> Iterator[RequestSpec]:
-        """Endless requests of one client; its draws are made in blocks (cheap per request)."""
-        client = self.spec.clients[index]
-        rng = self._rng(3, index)
-        rounds = client.multi_turn.max_rounds - 1 if client.multi_turn is not None else 0
-        for block in itertools.count():
-            prefix_index = np.full(_BLOCK, -1)
-            if client.prefix is not None:
-                carries = rng.random(_BLOCK) < client.prefix.fraction
-                picks = rng.choice(client.prefix.count, size=_BLOCK, p=self._prefix_weights[index])
-                prefix_index = np.where(carries, picks, -1)
-            inputs, outputs = self._lengths(client, rng, _BLOCK)
-            questions, answers = (
-                x.reshape(_BLOCK, rounds) for x in self._lengths(client, rng, _BLOCK * rounds)
-            )
-            for k in range(_BLOCK):
-                turns = None
-                if rounds:
-                    assert client.multi_turn is not None
-                    turns = _Turns(
-                        session_id=f"{client.id}-{block * _BLOCK + k}",
-                        questions=tuple(questions[k].tolist()),
-                        outputs=tuple(answers[k].tolist()),
-                        think_time_s=client.multi_turn.think_time_s,
-                        accumulate=client.multi_turn.context_growth == "accumulate",
-                    )
-                yield self._first_round(client, int(prefix_index[k]), int(inputs[k]), int(outputs[k]), turns)
+    def _client_drafts(self) -> list[_ClientDrafts]:
+        return [_ClientDrafts(self, i) for i in range(len(self.spec.clients))]
 
     @staticmethod
     def _lengths(client: ClientSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +140,13 @@ class Workload:
         return max(1, room - output_len), output_len, True
 
     def _first_round(
-        self, client: ClientSpec, prefix_index: int, input_len: int, output_len: int, turns: _Turns | None
+        self,
+        client: ClientSpec,
+        item: int,
+        prefix_index: int,
+        input_len: int,
+        output_len: int,
+        turns: _Turns | None,
     ) -> RequestSpec:
         """A draft (``RequestSpec.built`` makes its prompt): its lengths and labels, and its number."""
         group, prefix_len = "", 0
@@ -180,7 +154,6 @@ class Workload:
             group = client.prefix.group
             prefix_len = int(self._prefix_lengths[group][prefix_index])
         input_len, output_len, clipped = self._fit(prefix_len, input_len, output_len)
-        item = self.prompts.item()
         prefix = (group, prefix_index, prefix_len)
         return RequestSpec(
             prompt=[],
@@ -252,3 +225,114 @@ class Workload:
     def _joined_text(self, text: str) -> tuple[str, int]:
         assert self.text is not None
         return text, len(self.text.tokenizer.encode(text))
+
+
+class _ClientDrafts:
+    """One client's endless drafts, its lengths and prefix choices drawn in blocks (cheap per request).
+    ``skip()`` passes one by without making it: its draws and its request number are still taken, so the
+    next draft is the one ``next()`` would have given (a worker skips the items other workers send)."""
+
+    def __init__(self, workload: Workload, index: int) -> None:
+        self._workload = workload
+        self._index = index
+        self._client = workload.spec.clients[index]
+        self._rng = workload._rng(3, index)
+        multi = self._client.multi_turn
+        self._rounds = multi.max_rounds - 1 if multi is not None else 0
+        self._drawn = 0  # drafts taken or skipped
+        self._k = _BLOCK
+        self._prefix: list[int] = []
+        self._inputs: list[int] = []
+        self._outputs: list[int] = []
+        self._questions: np.ndarray = np.empty((0, 0), dtype=int)
+        self._answers: np.ndarray = np.empty((0, 0), dtype=int)
+
+    def _draw_block(self) -> None:
+        client, rng, workload = self._client, self._rng, self._workload
+        prefix_index = np.full(_BLOCK, -1)
+        if client.prefix is not None:
+            carries = rng.random(_BLOCK) < client.prefix.fraction
+            picks = rng.choice(client.prefix.count, size=_BLOCK, p=workload._prefix_weights[self._index])
+            prefix_index = np.where(carries, picks, -1)
+        inputs, outputs = workload._lengths(client, rng, _BLOCK)
+        self._prefix, self._inputs, self._outputs = prefix_index.tolist(), inputs.tolist(), outputs.tolist()
+        self._questions, self._answers = (
+            x.reshape(_BLOCK, self._rounds) for x in workload._lengths(client, rng, _BLOCK * self._rounds)
+        )
+        self._k = 0
+
+    def _take(self) -> int:
+        """The next draft's place in its block (a new block drawn when one runs out)."""
+        if self._k == _BLOCK:
+            self._draw_block()
+        k, self._k = self._k, self._k + 1
+        self._drawn += 1
+        return k
+
+    def skip(self) -> None:
+        self._take()
+        self._workload.prompts.item()
+
+    def __iter__(self) -> _ClientDrafts:
+        return self
+
+    def __next__(self) -> RequestSpec:
+        k = self._take()
+        client, turns = self._client, None
+        if self._rounds:
+            assert client.multi_turn is not None
+            turns = _Turns(
+                session_id=f"{client.id}-{self._drawn - 1}",
+                questions=tuple(self._questions[k].tolist()),
+                outputs=tuple(self._answers[k].tolist()),
+                think_time_s=client.multi_turn.think_time_s,
+                accumulate=client.multi_turn.context_growth == "accumulate",
+            )
+        item = self._workload.prompts.item()
+        return self._workload._first_round(
+            client, item, self._prefix[k], self._inputs[k], self._outputs[k], turns
+        )
+
+
+class _Mixed:
+    """Endless drafts of every client, each drawn by rate fraction (``Workload.requests``); ``skip()``
+    passes one by as ``_ClientDrafts.skip`` does."""
+
+    def __init__(self, rng: np.random.Generator, fractions: np.ndarray, makers: list[_ClientDrafts]) -> None:
+        self._rng, self._fractions, self._makers = rng, fractions, makers
+        self._picks: list[int] = []
+
+    def _maker(self) -> _ClientDrafts:
+        if not self._picks:
+            picks = self._rng.choice(len(self._makers), size=1024, p=self._fractions)
+            self._picks = picks.tolist()[::-1]
+        return self._makers[self._picks.pop()]
+
+    def skip(self) -> None:
+        self._maker().skip()
+
+    def __iter__(self) -> _Mixed:
+        return self
+
+    def __next__(self) -> RequestSpec:
+        return next(self._maker())
+
+
+class _Timed:
+    """``(offset_ns, draft)`` in time order, every client at its own arrivals (``Workload.plan``);
+    ``skip()`` passes one item by without making its draft and returns its offset."""
+
+    def __init__(self, merged: Iterator[tuple[int, int]], makers: list[_ClientDrafts]) -> None:
+        self._merged, self._makers = merged, makers
+
+    def skip(self) -> int:
+        offset_ns, index = next(self._merged)
+        self._makers[index].skip()
+        return offset_ns
+
+    def __iter__(self) -> _Timed:
+        return self
+
+    def __next__(self) -> tuple[int, RequestSpec]:
+        offset_ns, index = next(self._merged)
+        return offset_ns, next(self._makers[index])

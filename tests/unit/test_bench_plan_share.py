@@ -19,7 +19,8 @@ def test_a_small_run_reports_each_row_and_worker_count(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
-    rows = [(api, mode, n) for api in ("completions", "chat") for mode in ("own", "all") for n in (1, 4)]
+    modes = ("skip", "drafts", "all")
+    rows = [(api, mode, n) for api in ("completions", "chat") for mode in modes for n in (1, 4)]
     keys = {f"calibrate-poisson|{api}|{mode}|{n}" for api, mode, n in rows}
     assert set(report["table"]) == keys
     assert all(report["table"][k]["ratio_to_one"] == 1.0 for k in keys if k.endswith("|1"))
