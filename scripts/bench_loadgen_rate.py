@@ -22,19 +22,20 @@ its CPU per tick; row ``bare``, the same schedule, payloads and spin sent by a b
 client that per send only posts the body and stamps and keeps each read, the interpreter's collector left
 at its defaults (a stamping client written the plain way on the same library; on an H200 machine's Xeon
 core on 2026-11-30 it kept p99 ≤ 1 ms to 4000 req/s, one worker to 6000). ``ours/bare knee`` is one
-worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core
-over the run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the
-sims kept up (a sim that falls behind piles requests up, and each one past the connection pool is a new
-connection for the client to open). With ``--server canned`` the K processes are not sims but canned
-responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST with one write of the same
-vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token events with running usage,
-the usage event, ``[DONE]``) and every GET with a model list: a server far cheaper per request than the
-sim, so the figures are the load generator's even where the sims would fall behind (the ``sim`` columns
-are then the responders'). ``--warm-connections K``: each worker opens K connections before its stage
-(``SessionSettings.warm_connections``), so a late burst reuses them instead of connecting. With
-``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request
-function on asyncio's loop), pinned like one worker;
-its intended time is ``start + (i+1)/rate``.
+worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core over the
+run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the sims kept up (a
+sim that falls behind piles requests up, and each one past the connection pool is a new connection for the
+client to open); ``overflows``: this host's handshakes dropped over the run because a server's accept queue
+was full (``TcpExt: ListenOverflows``), each a request held up by a 1-s retransmit (the sims and responders
+listen with ``LISTEN_BACKLOG``, 2048, vLLM's and SGLang's). With ``--server canned`` the K processes are not
+sims but canned responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST with one write of
+the same vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token events with running
+usage, the usage event, ``[DONE]``) and every GET with a model list: a server far cheaper per request than the
+sim, so the figures are the load generator's even where the sims would fall behind (the ``sim`` columns are
+then the responders'). ``--warm-connections K``: each worker opens K connections before its stage
+(``SessionSettings.warm_connections``), so a late burst reuses them instead of connecting. With ``--vllm``,
+row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request function on
+asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
 
 The garbage collector's part: the collector passes that began in each run's sending window (every
 worker's), their longest pause, and the late sends (later than ``--knee-ms``) that a pass could explain
@@ -74,6 +75,7 @@ import psutil
 from engine_harness.launch import free_port
 from engine_harness.process_group import child_preexec
 from engine_harness.sim.openai_wire import DONE_EVENT, StreamEncoder
+from engine_harness.sim.server import LISTEN_BACKLOG
 from microbench.client import aio
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.loadgen.lateness import gc_lateness
@@ -292,7 +294,8 @@ def one_run(
 KNEE_SENT = 0.98  # a rate counts as kept when at least this share of it was sent
 FIGURES = ("p50_ms", "p99_ms", "worst_worker_p99_ms", "achieved_rate", "cpu_us_per_request", "e2e_p50_ms",
            "gc_passes", "gc_pause_total_ms", "gc_pause_max_ms", "late_sends",
-           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max", "sim_cpu_us_per_request")  # fmt: skip
+           "late_sends_near_gc", "window_share_near_gc", "sim_cpu_max", "sim_cpu_us_per_request",
+           "listen_overflows")  # fmt: skip
 
 
 def knees(table: dict[str, dict[str, dict[str, float]]], knee_ms: float) -> dict[str, float | None]:
@@ -365,6 +368,19 @@ def scaling(knee: dict[str, float | None], peak: dict[str, float]) -> dict[str, 
     return out
 
 
+def listen_overflows(netstat: Path = Path("/proc/net/netstat")) -> int:
+    """This host's count of handshakes dropped because a listening socket's accept queue was full
+    (``TcpExt: ListenOverflows``; -1 where the kernel does not say): each costs its request a 1-s
+    retransmit."""
+    try:
+        names, values = (
+            line.split() for line in netstat.read_text().splitlines() if line.startswith("TcpExt:")
+        )
+        return int(values[names.index("ListenOverflows")])
+    except (OSError, ValueError):
+        return -1
+
+
 def _cpu_s(procs: list[psutil.Process]) -> np.ndarray:
     return np.array([sum(p.cpu_times()[:2]) for p in procs])
 
@@ -388,7 +404,7 @@ def measure(
     for rep in range(args.reps):
         for rate in args.rates:
             for row in rows if rep % 2 == 0 else rows[::-1]:
-                sim_cpu0, wall0 = _cpu_s(sims), time.perf_counter()
+                sim_cpu0, wall0, overflows0 = _cpu_s(sims), time.perf_counter(), listen_overflows()
                 if row == "timer":
                     run = floor_run(rate, args.seconds, cores)
                 elif row == "bare":
@@ -401,6 +417,9 @@ def measure(
                 sim_cpu = _cpu_s(sims) - sim_cpu0
                 run["sim_cpu_max"] = float(max(sim_cpu) / (time.perf_counter() - wall0))
                 run["sim_cpu_us_per_request"] = float(sum(sim_cpu) / run["requests"] * 1e6)
+                overflows = listen_overflows()
+                counted = min(overflows, overflows0) >= 0
+                run["listen_overflows"] = float(overflows - overflows0) if counted else float("nan")
                 runs.setdefault(f"{row}@{rate:g}", []).append(run)
                 print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
     return runs
@@ -480,7 +499,9 @@ def serve_canned(port: int) -> None:
     async def main() -> None:
         answer = canned_answer()
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: CannedResponder(answer), "127.0.0.1", port, reuse_port=True)
+        server = await loop.create_server(
+            lambda: CannedResponder(answer), "127.0.0.1", port, reuse_port=True, backlog=LISTEN_BACKLOG
+        )
         print("serving canned answers", flush=True)
         await server.serve_forever()
 
@@ -517,7 +538,8 @@ def print_report(report: dict[str, Any], knee_ms: float) -> None:
     print(report["machine"], "; load average before/after", report["load_before"], "/", report["load_after"])
     print(f"{'row':>8} {'rate':>8} {'p50 ms':>9} {'p99 ms':>9} {'worst w p99':>12} {'achieved/s':>11} "
           f"{'best p99':>9} {'CPU µs/req':>11} {'sim E2E p50':>12} {'sim CPU':>8} {'sim µs/req':>11} "
-          f"{'GC passes':>10} {'GC max ms':>10} {'late near GC/late (chance)':>27}")  # fmt: skip
+          f"{'GC passes':>10} {'GC max ms':>10} {'late near GC/late (chance)':>27} "
+          f"{'overflows':>9}")  # fmt: skip
     for row, rates in report["medians"].items():
         for rate, fig in rates.items():
             print(f"{row:>8} {rate:>8} {fig['p50_ms']:>9.3g} {fig['p99_ms']:>9.3g} "
@@ -527,7 +549,7 @@ def print_report(report: dict[str, Any], knee_ms: float) -> None:
                   f"{fig['sim_cpu_us_per_request']:>11.0f} {fig['gc_passes']:>10.3g} "
                   f"{fig['gc_pause_max_ms']:>10.3g} "
                   f"{fig['late_sends_near_gc']:>9.0f}/{fig['late_sends']:<6.0f} "
-                  f"({fig['window_share_near_gc']:.0%})")  # fmt: skip
+                  f"({fig['window_share_near_gc']:.0%}) {fig['listen_overflows']:>9.3g}")  # fmt: skip
     print(f"knee (highest rate with p99 ≤ {knee_ms:g} ms and ≥ {KNEE_SENT:.0%} of it sent):")
     for row, knee in report["knee_rate"].items():
         print(f"  {row:>6}: {'none' if knee is None else f'{knee:g} req/s'}")
