@@ -78,6 +78,7 @@ from engine_harness.sim.openai_wire import DONE_EVENT, StreamEncoder
 from engine_harness.sim.server import LISTEN_BACKLOG
 from microbench.client import aio
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
+from microbench.loadgen.handshakes import listen_overflows
 from microbench.loadgen.lateness import gc_lateness
 from microbench.loadgen.stages import SessionSettings, Stage
 from microbench.loadgen.workers import run_sessions, worker_delays
@@ -368,19 +369,6 @@ def scaling(knee: dict[str, float | None], peak: dict[str, float]) -> dict[str, 
     return out
 
 
-def listen_overflows(netstat: Path = Path("/proc/net/netstat")) -> int:
-    """This host's count of handshakes dropped because a listening socket's accept queue was full
-    (``TcpExt: ListenOverflows``; -1 where the kernel does not say): each costs its request a 1-s
-    retransmit."""
-    try:
-        names, values = (
-            line.split() for line in netstat.read_text().splitlines() if line.startswith("TcpExt:")
-        )
-        return int(values[names.index("ListenOverflows")])
-    except (OSError, ValueError):
-        return -1
-
-
 def _cpu_s(procs: list[psutil.Process]) -> np.ndarray:
     return np.array([sum(p.cpu_times()[:2]) for p in procs])
 
@@ -418,8 +406,11 @@ def measure(
                 run["sim_cpu_max"] = float(max(sim_cpu) / (time.perf_counter() - wall0))
                 run["sim_cpu_us_per_request"] = float(sum(sim_cpu) / run["requests"] * 1e6)
                 overflows = listen_overflows()
-                counted = min(overflows, overflows0) >= 0
-                run["listen_overflows"] = float(overflows - overflows0) if counted else float("nan")
+                run["listen_overflows"] = (
+                    float(overflows - overflows0)
+                    if overflows is not None and overflows0 is not None
+                    else float("nan")
+                )
                 runs.setdefault(f"{row}@{rate:g}", []).append(run)
                 print(f"rep {rep} rate {rate:g} {row}: p99 {run['p99_ms']:.3g} ms", file=sys.stderr)
     return runs

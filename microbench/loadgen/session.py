@@ -40,6 +40,7 @@ from microbench.client.session import engine_session
 from microbench.client.streams import StreamRecord
 from microbench.loadgen.client import classify, send_request
 from microbench.loadgen.events import Event, EventBus, EventHook, EventKind
+from microbench.loadgen.handshakes import listen_overflows, on_this_host
 from microbench.loadgen.stages import (
     RequestRecord,
     SessionResult,
@@ -195,6 +196,7 @@ class LoadSession:
         self._outcome = outcome
         if self.settings.warm_connections:
             await self._warm_pool(self.settings.warm_connections)
+        overflows0 = listen_overflows() if on_this_host(self.settings.base_url) else None
         outcome.start_ns = await self._stage_start() if self._stage_start else time.perf_counter_ns()
         self._emit(EventKind.STAGE_STARTED, outcome.start_ns, warmup=stage.warmup)
         cpu0 = time.process_time()
@@ -209,6 +211,8 @@ class LoadSession:
         self._emit(EventKind.ISSUE_STOPPED, outcome.issue_end_ns, issued=outcome.issued)
         outcome.drain_cancelled = await self._drain(self.settings.drain_timeout_s)
         outcome.end_ns = time.perf_counter_ns()
+        if overflows0 is not None and (overflows := listen_overflows()) is not None:
+            outcome.listen_overflows = overflows - overflows0
         self._emit(EventKind.DRAINED, outcome.end_ns, cancelled=outcome.drain_cancelled)
         return outcome
 

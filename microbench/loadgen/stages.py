@@ -201,6 +201,9 @@ class StageOutcome:
     drain_cancelled: int = 0
     stopped: bool = False
     gc_passes: list[GcPass] = field(default_factory=list)  # this process's, from start to end of drain
+    # this host's handshakes dropped on a full accept queue from start to end of drain (``handshakes``);
+    # None: the engine is not on this host, or the kernel does not say
+    listen_overflows: int | None = None
 
 
 @dataclass

@@ -139,9 +139,14 @@ def _health(outcome: StageOutcome, rows: pd.DataFrame) -> StageHealth:
         problems.append(
             f"sent {achieved:.1f} req/s < {SATURATION_RATE_FRACTION:.0%} of scheduled {scheduled:.1f}"
         )
-    warning = None
-    if problems:
-        warning = f"stage {outcome.name!r}: load generator fell behind ({'; '.join(problems)})"
+    said = [f"load generator fell behind ({'; '.join(problems)})"] if problems else []
+    if outcome.listen_overflows:
+        said.append(
+            f"this host dropped {outcome.listen_overflows} connection handshake(s) on a full accept queue: "
+            "their requests waited 1 s or more for a retransmit (a listen backlog smaller than the stage's "
+            "bursts of new connections)"
+        )
+    warning = f"stage {outcome.name!r}: {'; '.join(said)}" if said else None
     return StageHealth(
         name=outcome.name,
         warmup=outcome.warmup,
@@ -160,6 +165,7 @@ def _health(outcome: StageOutcome, rows: pd.DataFrame) -> StageHealth:
         drain_cancelled=outcome.drain_cancelled,
         stopped=outcome.stopped,
         saturated=bool(problems),
+        listen_overflows=outcome.listen_overflows,
         warning=warning,
     )
 

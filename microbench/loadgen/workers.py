@@ -14,7 +14,8 @@ unique but may send pairs at one target time instead of the whole schedule (the 
 
 The workers' records come back (parsed, pickled) and are merged into one ``SessionResult``: records in
 order of intended send time and numbered again, each stage's outcome summed (``max_in_flight`` is the sum
-of the workers' maxima, an upper bound; ``gc_passes``: every worker's, by start). ``RequestRecord.worker``
+of the workers' maxima, an upper bound; ``gc_passes``: every worker's, by start; ``listen_overflows``: the
+largest, each worker having read the one host's count over the stage). ``RequestRecord.worker``
 says who sent what; ``worker_delays`` gives each worker's schedule delay, the figure that shows which one
 fell behind. Each worker builds only the requests it sends (the plans yield drafts, ``RequestSpec.built``),
 and passes the others' by with the plan's ``skip()`` where it has one (``stages.share_of``: a workload's
@@ -222,6 +223,8 @@ def _merge_stage(outcomes: list[StageOutcome]) -> StageOutcome:
     merged.drain_cancelled = sum(o.drain_cancelled for o in outcomes)
     merged.stopped = any(o.stopped for o in outcomes)
     merged.gc_passes = sorted((p for o in outcomes for p in o.gc_passes), key=lambda p: p.start_ns)
+    counted = [o.listen_overflows for o in outcomes if o.listen_overflows is not None]
+    merged.listen_overflows = max(counted) if counted else None  # one host's count, over like windows
     return merged
 
 

@@ -88,6 +88,11 @@ class StageHealth(StrictModel):
     drain_cancelled: int
     stopped: bool
     saturated: bool
+    listen_overflows: int | None = Field(
+        default=None,
+        description="handshakes this host dropped on a full accept queue over the stage, each request "
+        "held 1 s by the retransmit (microbench.loadgen.handshakes); None: the engine is not on this host",
+    )
     warning: str | None = None
 
 

@@ -82,15 +82,3 @@ def test_the_canned_responder_answers_each_request_once_whatever_the_reads() -> 
     head, body = answer.split(b"\r\n\r\n", 1)
     assert int(head.lower().split(b"content-length: ")[1]) == len(body)
     assert body.count(b"data: ") == bench.OUTPUT_TOKENS + 2 and body.endswith(b"data: [DONE]\n\n")
-
-
-def test_listen_overflows_is_the_kernels_count_or_minus_one(tmp_path: Path) -> None:
-    netstat = tmp_path / "netstat"
-    netstat.write_text(
-        "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 3 28153 28160\n"
-        "IpExt: InNoRoutes ListenOverflows\nIpExt: 0 7\n"
-    )
-    assert bench.listen_overflows(netstat) == 28153
-    netstat.write_text("TcpExt: SyncookiesSent\nTcpExt: 3\n")
-    assert bench.listen_overflows(netstat) == -1
-    assert bench.listen_overflows(tmp_path / "absent") == -1
