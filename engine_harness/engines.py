@@ -32,6 +32,7 @@ from engine_harness.steps import (
 from engine_harness.vllm_kind import vllm_argv, vllm_env
 
 __all__ = [
+    "API_LISTEN_BACKLOG",
     "DEFAULT_MODEL",
     "DEFAULT_PRESET",
     "ENGINE_KINDS",
@@ -45,6 +46,13 @@ __all__ = [
     "resolve_spec",
     "spec_from_settings",
 ]
+
+# The listen backlog of vLLM's and SGLang's API servers (uvicorn's default), for every server of the suite
+# that stands in for or in front of one (the sim, the PD proxy, the bench's canned responders): with aiohttp's
+# 128 a burst of new connections overflowed the accept queue, and each handshake the kernel dropped held its
+# request for a 1-s retransmit (a burst of 1000 against a sim core, 2026-12-01: 713 dropped, 373 requests
+# over 0.9 s)
+API_LISTEN_BACKLOG = 2048
 
 SETUP_HINT = "bash scripts/setup.sh"
 

@@ -22,20 +22,21 @@ its CPU per tick; row ``bare``, the same schedule, payloads and spin sent by a b
 client that per send only posts the body and stamps and keeps each read, the interpreter's collector left
 at its defaults (a stamping client written the plain way on the same library; on an H200 machine's Xeon
 core on 2026-11-30 it kept p99 ≤ 1 ms to 4000 req/s, one worker to 6000). ``ours/bare knee`` is one
-worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core over the
-run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the sims kept up (a
-sim that falls behind piles requests up, and each one past the connection pool is a new connection for the
-client to open); ``overflows``: this host's handshakes dropped over the run because a server's accept queue
-was full (``TcpExt: ListenOverflows``), each a request held up by a 1-s retransmit (the sims and responders
-listen with ``LISTEN_BACKLOG``, 2048, vLLM's and SGLang's). With ``--server canned`` the K processes are not
-sims but canned responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST with one write of
-the same vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token events with running
-usage, the usage event, ``[DONE]``) and every GET with a model list: a server far cheaper per request than the
-sim, so the figures are the load generator's even where the sims would fall behind (the ``sim`` columns are
-then the responders'). ``--warm-connections K``: each worker opens K connections before its stage
-(``SessionSettings.warm_connections``), so a late burst reuses them instead of connecting. With ``--vllm``,
-row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf, and its request function on
-asyncio's loop), pinned like one worker; its intended time is ``start + (i+1)/rate``.
+worker's knee over the bare sender's. ``sim E2E p50``, ``sim CPU`` (the busiest sim's share of a core over
+the run) and ``sim µs/req`` (the sims' CPU time over the run per request planned) say whether the sims kept
+up (a sim that falls behind piles requests up, and each one past the connection pool is a new connection for
+the client to open); ``overflows``: this host's handshakes dropped over the run because a server's accept
+queue was full (``TcpExt: ListenOverflows``), each a request held up by a 1-s retransmit (the sims and
+responders listen with ``API_LISTEN_BACKLOG``, 2048, vLLM's and SGLang's). With ``--server canned`` the K
+processes are not sims but canned responders: a bare ``asyncio.Protocol`` on uvloop that answers every POST
+with one write of the same vLLM-shaped stream (``engine_harness.sim.openai_wire.StreamEncoder``: 4 token
+events with running usage, the usage event, ``[DONE]``) and every GET with a model list: a server far
+cheaper per request than the sim, so the figures are the load generator's even where the sims would fall
+behind (the ``sim`` columns are then the responders'). ``--warm-connections K``: each worker opens K
+connections before its stage (``SessionSettings.warm_connections``), so a late burst reuses them instead of
+connecting. With ``--vllm``, row ``vllm``: ``vllm bench serve``'s own loop (``get_request``, burstiness=inf,
+and its request function on asyncio's loop), pinned like one worker; its intended time is ``start +
+(i+1)/rate``.
 
 The garbage collector's part: the collector passes that began in each run's sending window (every
 worker's), their longest pause, and the late sends (later than ``--knee-ms``) that a pass could explain
@@ -72,10 +73,10 @@ import msgspec
 import numpy as np
 import psutil
 
+from engine_harness.engines import API_LISTEN_BACKLOG
 from engine_harness.launch import free_port
 from engine_harness.process_group import child_preexec
 from engine_harness.sim.openai_wire import DONE_EVENT, StreamEncoder
-from engine_harness.sim.server import LISTEN_BACKLOG
 from microbench.client import aio
 from microbench.client.requests import ApiSettings, RequestSpec, build_payload
 from microbench.loadgen.handshakes import listen_overflows
@@ -491,7 +492,7 @@ def serve_canned(port: int) -> None:
         answer = canned_answer()
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: CannedResponder(answer), "127.0.0.1", port, reuse_port=True, backlog=LISTEN_BACKLOG
+            lambda: CannedResponder(answer), "127.0.0.1", port, reuse_port=True, backlog=API_LISTEN_BACKLOG
         )
         print("serving canned answers", flush=True)
         await server.serve_forever()

@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -198,3 +199,30 @@ def spawn_group() -> Iterator[Callable[[str], int]]:
     for proc in started:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture
+def handshakes_waited() -> Callable[[int, int], int]:
+    """``waited(port, n)``: open ``n`` connections to ``port`` on 127.0.0.1, blocking (from a test's own
+    event loop, a server there cannot accept them meanwhile), then close them; how many waited past 0.2 s
+    for a handshake the kernel dropped on a full accept queue (it retransmits after 1 s). Skips where the
+    kernel caps every listen backlog below ``n`` (``net.core.somaxconn``)."""
+    if int(Path("/proc/sys/net/core/somaxconn").read_text()) < 300:
+        pytest.skip("the kernel caps every listen backlog below 300 (net.core.somaxconn)")
+
+    def waited(port: int, n: int) -> int:
+        socks, late = [], 0
+        for _ in range(n):
+            sock = socket.socket()
+            sock.settimeout(0.2)
+            try:
+                sock.connect(("127.0.0.1", port))
+                socks.append(sock)
+            except OSError:
+                late += 1
+                sock.close()
+        for sock in socks:
+            sock.close()
+        return late
+
+    return waited

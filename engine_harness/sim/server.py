@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine_harness.engines import SIM_API_KEY_VAR
+from engine_harness.engines import API_LISTEN_BACKLOG, SIM_API_KEY_VAR
 from engine_harness.sim.engine import EngineDead, RequestStream, SimEngine
 from engine_harness.sim.faults import VLLM_DEATH_GRACE_S, VLLM_DEATH_MESSAGE, FaultInjector, vllm_death_events
 from engine_harness.sim.kv_transfer import LinkMetrics, consumer_transfer, producer_params
@@ -45,16 +45,12 @@ from engine_harness.sim.step_record import StepRecord
 from engine_harness.sim.tokenizer import decode_token
 from engine_harness.sim.vllm_metrics import CONTENT_TYPE
 
-__all__ = ["LISTEN_BACKLOG", "SIM_VERSION", "SimServer"]
+__all__ = ["SIM_VERSION", "SimServer"]
 
 SIM_VERSION = "sim-0.1.0"
 # a /metrics render and its reply on the sim's loop: 1.9 + about 1 ms on the box of 2026-11-30, with room
 _RENDER_NS = 5_000_000
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-# the listen backlog of vLLM's and SGLang's API servers (uvicorn's default): with aiohttp's 128 a burst of new
-# connections overflowed the accept queue, and each handshake the kernel dropped cost its request a 1-s
-# retransmit (a burst of 1000 against a sim core, 2026-12-01: 713 overflows, 373 requests over 0.9 s)
-LISTEN_BACKLOG = 2048
 
 
 def _error(message: str, status: int, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -115,7 +111,7 @@ class SimServer:
             self.config.host,
             self.config.port,
             reuse_port=self.config.reuse_port or None,
-            backlog=LISTEN_BACKLOG,
+            backlog=API_LISTEN_BACKLOG,
         )
         await self._site.start()
         self.port = int(self._runner.addresses[0][1])

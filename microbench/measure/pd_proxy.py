@@ -26,6 +26,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from engine_harness.engines import API_LISTEN_BACKLOG
 from microbench.client.session import engine_session
 from microbench.client.streams import parse_sse_line
 
@@ -99,7 +100,7 @@ class PDProxy:
         self._session = engine_session(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        site = web.TCPSite(self._runner, self.host, 0, backlog=API_LISTEN_BACKLOG)  # as the engines listen
         await site.start()
         self.port = int(self._runner.addresses[0][1])
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -375,35 +374,14 @@ async def test_sims_with_reuse_port_share_one_port() -> None:
             assert resp.status == 200
 
 
-def _somaxconn() -> int:
-    return int(Path("/proc/sys/net/core/somaxconn").read_text())
-
-
-def _connect(port: int, n: int, timeout_s: float) -> int:
-    """Open ``n`` connections to ``port``, blocking (on the caller's loop: the server there cannot accept
-    them meanwhile), then close them; how many waited past ``timeout_s`` for a dropped handshake."""
-    socks, waited = [], 0
-    for _ in range(n):
-        sock = socket.socket()
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect(("127.0.0.1", port))
-            socks.append(sock)
-        except OSError:
-            waited += 1
-            sock.close()
-    for sock in socks:
-        sock.close()
-    return waited
-
-
-@pytest.mark.skipif(_somaxconn() < 300, reason="the kernel caps every listen backlog below 300 (somaxconn)")
-async def test_a_burst_of_new_connections_fits_the_accept_queue_as_on_vllm() -> None:
+async def test_a_burst_of_new_connections_fits_the_accept_queue_as_on_vllm(
+    handshakes_waited: Callable[[int, int], int],
+) -> None:
     """vLLM and SGLang listen with uvicorn's backlog of 2048; with aiohttp's 128 a burst of new connections
     overflowed the sim's accept queue and the kernel dropped the handshakes past it, each a 1-s wait for its
     request. 300 connections made while the sim's loop is blocked (it accepts none of them meanwhile) must
     all be taken in by the kernel: none waits for a retransmit."""
     async with SimServer(SimConfig(model="m", time_scale=0)) as sim:
-        assert _connect(sim.port, 300, timeout_s=0.2) == 0
+        assert handshakes_waited(sim.port, 300) == 0
         async with aiohttp.ClientSession() as http, http.get(f"{sim.base_url}/health") as resp:
             assert resp.status == 200  # it serves on after taking them in

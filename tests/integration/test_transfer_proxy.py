@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -94,3 +94,12 @@ async def test_a_consumer_that_is_gone_fails_fast_and_the_producer_got_max_token
         stamps = proxy.stamps["r2"]
     assert stamps.failed_phase == "consumer" and stamps.producer_status == 200
     assert stamps.producer_usage is not None and stamps.producer_usage["completion_tokens"] == 1
+
+
+async def test_the_proxy_takes_a_burst_of_new_connections_as_the_engines_do(
+    producer: SimServer, handshakes_waited: Callable[[int, int], int]
+) -> None:
+    """It listens with the engines' backlog (2048): 300 connections made while its loop is blocked all wait
+    in its accept queue, none for a retransmit of a dropped handshake."""
+    async with PDProxy(producer.base_url, producer.base_url, None) as proxy:
+        assert proxy.port is not None and handshakes_waited(proxy.port, 300) == 0
