@@ -73,6 +73,7 @@ class LoadSession:
         (and k's part of a closed loop's slots); ``stage_start()`` gives every stage's common start."""
         self.settings = settings
         self.share = share
+        self._models_url = settings.base_url.rstrip("/") + "/v1/models"  # the round trips' and warm-up's GET
         self._stage_start = stage_start
         self._pulled = 0  # plan items pulled so far, every worker's included
         self.events = EventBus(list(hooks))
@@ -151,7 +152,7 @@ class LoadSession:
     async def _round_trips(self, count: int = _RTT_PROBES) -> list[float]:
         """Milliseconds of ``count`` sequential GET /v1/models (any answer is a round trip; none: [])."""
         assert self._http is not None
-        url, times = self.settings.base_url.rstrip("/") + "/v1/models", []
+        url, times = self._models_url, []
         for _ in range(count):
             t0 = time.perf_counter_ns()
             try:
@@ -166,9 +167,9 @@ class LoadSession:
         pool for the stage. Without it, a late stretch sends its overdue requests in one burst and each one
         past the pool's idle connections opens its own: on a 2-core box's core against a canned responder
         (4000-5000 req/s, 2-s reps, 2026-12-01, results/loadgen-canned-cpu/) reps with p99 delay > 1 ms
-        were 11 of 56 cold and 3 of 56 with 200 opened first. A refused, failed or unanswered GET (2 s)
-        is let be: the stage's own requests record what is wrong."""
-        http, url = self._http, self.settings.base_url.rstrip("/") + "/v1/models"
+        were 11 of 56 cold, 3 of 56 with 200 opened first (at a listen backlog of 100: a cold burst could
+        overflow it; 5 of 16 and 1 of 16 at 2048). A failed or unanswered GET (2 s) is let be."""
+        http, url = self._http, self._models_url
         assert http is not None
 
         async def one() -> None:
